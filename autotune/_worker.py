@@ -1,0 +1,222 @@
+"""What runs inside a trial worker: set up once, then build, measure and guard configurations.
+
+The parent (:mod:`autotune.runner`) starts ``python -m autotune._worker READ_FD WRITE_FD``
+and talks to it over two pipes with pickled messages::
+
+    parent -> ("init", spec)            worker -> ("ready", info) | ("fail", kind, message)
+    parent -> ("trial", config_dict)    worker -> ("result", result_dict)
+    parent -> ("verify", a, b, n_pairs) worker -> ("result", {"pairs": [...]})
+    parent -> ("stop",)
+
+The same :class:`TrialContext` also runs in-process when ``isolation="inprocess"``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .build import BuildState, build
+from .config import Config
+from .data import to_device
+from .errors import InputError, TrialError
+from .guard import Reference, check_finite, collect_outputs, evaluate, make_reference
+from .measure import MeasureSettings, call_model, measure, size_bytes
+
+__all__ = ["TrialContext", "WorkerSpec", "classify"]
+
+
+@dataclasses.dataclass
+class WorkerSpec:
+    """Everything a worker needs, sent once when it starts.
+
+    Attributes:
+        model: An ``nn.Module`` or a zero-argument factory returning one.
+        dataset: The map-style dataset.
+        metric: ``metric(outputs, batch) -> float`` or ``None`` for fidelity.
+        device: Concrete device string.
+        baseline: The baseline configuration (dict).
+        val_indices: Indices of the fixed validation samples.
+        measure: Timing settings.
+        seed: Seeds torch before the factory runs and before each trial.
+    """
+
+    model: Any
+    dataset: Any
+    metric: Callable[[Any, Any], float] | None
+    device: str
+    baseline: dict[str, Any]
+    val_indices: list[int]
+    measure: MeasureSettings
+    seed: int = 0
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, (torch.OutOfMemoryError, MemoryError)):
+        return True
+    text = str(exc).lower()
+    return isinstance(exc, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 400:
+        text = text[:400] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _from_compiler(exc: BaseException) -> bool:
+    if type(exc).__module__.startswith(("torch._dynamo", "torch._inductor")):
+        return True
+    frames = traceback.extract_tb(exc.__traceback__)
+    return any("/torch/_dynamo/" in f.filename or "/torch/_inductor/" in f.filename for f in frames)
+
+
+def classify(exc: BaseException) -> tuple[str, str, str]:
+    """(status, kind, reason) of a trial that raised ``exc``."""
+    if isinstance(exc, TrialError):
+        status = "infeasible" if exc.kind == "nan" else "error"
+        return status, exc.kind, str(exc)
+    if _is_oom(exc):
+        return "oom", "oom", _one_line(exc)
+    if _from_compiler(exc):
+        return "error", "compile", _one_line(exc)
+    return "error", "runtime", _one_line(exc)
+
+
+class TrialContext:
+    """A worker's state: the model, the data, the baseline's reference outputs."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.spec = spec
+        torch.manual_seed(spec.seed)
+        model = spec.model
+        if not isinstance(model, torch.nn.Module):
+            try:
+                model = model()
+            except Exception as exc:
+                raise InputError(f"The model factory raised {_one_line(exc)}") from exc
+            if not isinstance(model, torch.nn.Module):
+                raise InputError(
+                    f"The model factory must return a torch.nn.Module, but returned {type(model).__name__}."
+                )
+        self.model = model.eval()
+        self.samples = [spec.dataset[i] for i in spec.val_indices]
+        baseline = build(self.model, Config(spec.baseline), spec.device)
+        self._probe(baseline)
+        self.reference: Reference = make_reference(baseline, self.samples, spec.metric)
+        self.info = {
+            "n_params": sum(p.numel() for p in self.model.parameters()),
+            "baseline_metric": self.reference.metric,
+            "n_val": len(self.samples),
+        }
+
+    def _probe(self, state: BuildState) -> None:
+        from torch.utils.data import default_collate
+
+        batch = default_collate(self.samples[:2])
+        try:
+            with torch.inference_mode():
+                call_model(state.model, to_device(batch, torch.device(state.device)))
+        except Exception as exc:
+            raise InputError(f"The model's forward pass failed on the first batch: {_one_line(exc)}") from exc
+
+    def build(self, config: dict[str, Any]) -> BuildState:
+        if config.get("compile_mode", "none") != "none":
+            # Compiled trials share the wrapper's code object; a fresh cache keeps the
+            # recompilation limit from silently falling back to eager after a few trials.
+            torch._dynamo.reset()
+        return build(self.model, Config(config), self.spec.device)
+
+    def run_trial(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Build, guard and measure one configuration; never raises."""
+        started = time.perf_counter()
+        result: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
+        try:
+            torch.manual_seed(self.spec.seed)
+            state = self.build(config)
+            # Timing first: compilation lands in its warm-up (compile_s), and the numbers of a
+            # candidate the guard rejects are still recorded.
+            result.update(measure(state, self.spec.dataset, self.spec.measure))
+            result["size_bytes"] = size_bytes(state.model)
+            guard_start = time.perf_counter()
+            outputs = collect_outputs(state, self.samples)
+            check_finite(outputs)
+            value = evaluate(
+                outputs, self.samples, self.reference.chunk, self.spec.device, self.spec.metric,
+                self.reference.outputs,
+            )
+            result["guard_s"] = time.perf_counter() - guard_start
+            result["metric"] = value
+            result["metric_drop"] = self.reference.metric - value
+        except Exception as exc:
+            status, kind, reason = classify(exc)
+            result.update(status=status, kind=kind, reason=reason)
+            if self.spec.device.startswith("cuda"):
+                torch.cuda.empty_cache()
+        result["trial_s"] = time.perf_counter() - started
+        return result
+
+    def verify(self, a: dict[str, Any], b: dict[str, Any], n_pairs: int) -> dict[str, Any]:
+        """Measure ``a`` and ``b`` alternately; return the per-pair throughputs."""
+        state_a, state_b = self.build(a), self.build(b)
+        pairs = []
+        for _ in range(n_pairs):
+            ma = measure(state_a, self.spec.dataset, self.spec.measure)
+            mb = measure(state_b, self.spec.dataset, self.spec.measure)
+            pairs.append((ma["samples_per_s"], mb["samples_per_s"]))
+        return {"pairs": pairs}
+
+
+def serve(conn: Any) -> None:
+    """The worker's loop over one connection."""
+    import cloudpickle
+
+    message = conn.recv()
+    try:
+        spec = cloudpickle.loads(message[1])
+        ctx = TrialContext(spec)
+    except InputError as exc:
+        conn.send(("fail", "input", str(exc)))
+        return
+    except Exception as exc:
+        conn.send(("fail", "error", f"{_one_line(exc)}\n{traceback.format_exc()}"))
+        return
+    conn.send(("ready", ctx.info))
+    while True:
+        message = conn.recv()
+        if message[0] == "trial":
+            conn.send(("result", ctx.run_trial(message[1])))
+        elif message[0] == "verify":
+            try:
+                conn.send(("result", ctx.verify(*message[1:])))
+            except Exception as exc:
+                conn.send(("result", {"error": _one_line(exc)}))
+        else:
+            return
+
+
+def main(argv: list[str]) -> None:
+    from multiprocessing.connection import Connection
+
+    read_fd, write_fd = int(argv[1]), int(argv[2])
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+
+    class _Duplex:
+        recv = inbox.recv
+        send = outbox.send
+
+    try:
+        serve(_Duplex())
+    except EOFError:  # the parent went away
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,190 @@
+"""The ``autotune`` command: argument parsing and printing around library calls."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from .errors import AutotuneError, ConfigError
+
+__all__ = ["main"]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="autotune", description="Tune a PyTorch model's inference pipeline end to end.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="tune the model and dataset defined in a cfg.py")
+    run.add_argument("cfg", help="Python file defining model and dataset (and optionally metric, space, options)")
+    run.add_argument("--trials", type=int, help="measured trials in the study (default 30)")
+    run.add_argument("--timeout", type=float, help="seconds for the search")
+    run.add_argument("--trial-timeout", type=float, help="seconds one trial may take (default 600)")
+    run.add_argument("--out", help="output directory (default autotune-out)")
+    run.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
+    run.add_argument("--space", help="preset name or TOML file (default: default)")
+    run.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE", help="pin a knob (repeatable)")
+    run.add_argument("--storage", help="Optuna storage URL (default sqlite:///OUT/study.db)")
+    run.add_argument("--study", help="study name (default autotune)")
+    run.add_argument("--resume", action="store_true", help="continue an existing study")
+    run.add_argument("--seed", type=int, help="sampler and torch seed (default 0)")
+    run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
+    run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
+    run.add_argument("--quiet", action="store_true", help="print only the final table")
+    run.add_argument("--debug", action="store_true", help="show tracebacks")
+    spaces = sub.add_parser("spaces", help="list the search space presets")
+    spaces.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    return parser
+
+
+def _parse_fix(items: list[str]) -> dict[str, Any]:
+    from .knobs import get_knob
+
+    fixed = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name.strip():
+            raise ConfigError(f"--fix takes NAME=VALUE (for example --fix amp_dtype=bfloat16), but got {item!r}.")
+        fixed[name.strip()] = get_knob(name.strip()).parse(value)
+    return fixed
+
+
+def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+    from ._cfg import load_config
+    from ._optimize import optimize
+
+    cfg = load_config(args.cfg)
+    options = dict(cfg.get("options", {}))
+    known = set(inspect.signature(optimize).parameters) - {"model", "dataset"}
+    for key in options:
+        if key not in known:
+            raise ConfigError(f"Unknown option {key!r} in {args.cfg}'s options. Known: {', '.join(sorted(known))}.")
+    for key in ("metric", "max_metric_drop", "space"):
+        if key in cfg:
+            options[key] = cfg[key]
+    flags = {
+        "n_trials": args.trials, "timeout": args.timeout, "trial_timeout": args.trial_timeout, "out_dir": args.out,
+        "device": args.device, "space": args.space, "storage": args.storage, "study_name": args.study,
+        "seed": args.seed, "isolation": args.isolation,
+    }
+    options.update({k: v for k, v in flags.items() if v is not None})
+    if args.resume:
+        options["resume"] = True
+    if args.fix:
+        options["fix"] = {**options.get("fix", {}), **_parse_fix(args.fix)}
+    return cfg, options
+
+
+def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
+    from rich.table import Table
+
+    console.print(f"device: {env.device} ({env.gpu_name or env.cpu_capability}); dataset: {data.n_samples} samples, "
+                  f"sample shapes {dict(data.shapes)}")
+    table = Table(title=f"search space (up to {space.size():,} configurations)")
+    table.add_column("knob")
+    table.add_column("candidates")
+    table.add_column("baseline")
+    table.add_column("left out (why)")
+    for name, values in space.values.items():
+        left = "; ".join(f"{v}: {why}" for v, why in space.excluded.get(name, {}).items())
+        table.add_row(name, ", ".join(map(str, values)), str(space.baseline[name]), left)
+    console.print(table)
+
+
+class _Progress:
+    def __init__(self, console: Any, quiet: bool) -> None:
+        self.console, self.quiet = console, quiet
+        self.start = time.monotonic()
+        self.baseline: float | None = None
+        self.best = 0.0
+
+    def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
+        sps = rec.get("samples_per_s")
+        if rec.get("baseline") and rec.get("status") == "ok":
+            self.baseline = sps
+        if rec.get("status") == "ok" and sps:
+            self.best = max(self.best, sps)
+        if self.quiet:
+            return
+        elapsed = time.monotonic() - self.start
+        best = f"best {self.best / self.baseline:.2f}x" if self.baseline else "best -"
+        style = {"ok": "green", "infeasible": "yellow"}.get(rec.get("status"), "red")
+        speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
+        changed = {k: v for k, v in rec.get("config", {}).items() if k in self._searched(rec)}
+        detail = rec.get("reason") if rec.get("status") != "ok" else changed
+        self.console.print(
+            f"[{n_done:>3}/{n_total}] {elapsed:6.0f}s  trial {rec['number']:>3}  [{style}]{rec.get('status', '?'):<10}[/{style}] "
+            f"{speed}  {best}  {'(baseline) ' if rec.get('baseline') else ''}{detail}",
+            highlight=False, soft_wrap=True,
+        )
+
+    @staticmethod
+    def _searched(rec: dict[str, Any]) -> list[str]:
+        return [k for k in rec.get("config", {}) if k in ("batch_size", "num_workers", "amp_dtype", "compile_mode",
+                                                             "channels_last", "num_threads", "persistent_workers",
+                                                             "prefetch_factor", "pin_memory", "cudnn_benchmark", "tf32")]
+
+
+def _print_result(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    from .report import summary_rows
+
+    table = Table(title=f"baseline vs best  (speedup {result.speedup:.2f}x, range {result.speedup_min:.2f}-{result.speedup_max:.2f}, interleaved)")
+    table.add_column("")
+    table.add_column("baseline", justify="right")
+    table.add_column("best", justify="right")
+    for row in summary_rows(result.baseline, result.best):
+        table.add_row(*row)
+    console.print(table)
+    console.print(f"best config: {result.best_config}", highlight=False, soft_wrap=True)
+    console.print(f"wrote {result.out_dir}/best_config.json, trials.csv, study.db  (stopped: {result.stop_reason})")
+
+
+def _run(args: argparse.Namespace, console: Any) -> int:
+    from ._optimize import optimize, plan
+
+    cfg, options = _options(args)
+    if args.dry_run:
+        env, data, space = plan(
+            cfg["model"], cfg["dataset"], space=options.get("space", "default"), fix=options.get("fix"),
+            device=options.get("device", "auto"), baseline_batch_size=options.get("baseline_batch_size", 32),
+        )
+        _print_space(console, env, data, space)
+        return 0
+    out = options.get("out_dir", "autotune-out")
+    try:
+        result = optimize(cfg["model"], cfg["dataset"], progress=_Progress(console, args.quiet), **options)
+    except KeyboardInterrupt:
+        console.print(f"Interrupted: every finished trial is saved in {out}/. Continue with --resume.")
+        return 130
+    _print_result(console, result)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``autotune`` console script."""
+    from rich.console import Console
+
+    args = _parser().parse_args(argv)
+    console = Console()
+    try:
+        if args.command == "spaces":
+            from .space import list_presets
+
+            for name, description in list_presets().items():
+                console.print(f"[bold]{name}[/bold]: {description}", highlight=False)
+            return 0
+        return _run(args, console)
+    except AutotuneError as exc:
+        if args.debug:
+            raise
+        message = " ".join(str(exc).split()) if "\n" not in str(exc).strip() else str(exc).strip().splitlines()[0]
+        print(f"autotune: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

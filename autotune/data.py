@@ -1,0 +1,252 @@
+"""Datasets and batches: validation of what the user passed, and the few batch operations
+every stage needs (split into model inputs and target, move to a device, slice, pad).
+
+A sample is a tensor, a tuple/list ``(inputs, target)`` or ``(inputs,)``, or a dict of
+tensors. ``inputs`` may itself be a tensor, a tuple of tensors (passed positionally) or a dict
+(passed as keyword arguments). In a dict sample the keys in :data:`TARGET_KEYS` are the target
+and every other key is a keyword argument of the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import InputError
+
+__all__ = ["TARGET_KEYS", "DataInfo", "describe", "model_inputs", "to_device", "slice_batch", "pad_batch"]
+
+TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})
+_N_SHAPE_CHECKS = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class DataInfo:
+    """What the tuner needs to know about a dataset.
+
+    Attributes:
+        n_samples: ``len(dataset)``.
+        kind: ``"tensor"``, ``"tuple"`` or ``"dict"``: the sample's structure.
+        shapes: Shape of every leaf of one sample, by its path (``"[0]"``, ``"['ids']"``).
+        sample_bytes: Bytes of one sample's tensors.
+        image_input: The model input is an image (3-D per sample, 4-D per batch), so
+            ``channels_last`` applies.
+    """
+
+    n_samples: int
+    kind: str
+    shapes: dict[str, tuple[int, ...]]
+    sample_bytes: int
+    image_input: bool
+
+
+def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
+    import numpy as np
+    import torch
+
+    if isinstance(obj, (torch.Tensor, np.ndarray)):
+        return [(path or "sample", obj)]
+    if isinstance(obj, (bool, numbers.Number)):
+        return [(path or "sample", obj)]
+    if isinstance(obj, Mapping):
+        out = []
+        for key, value in obj.items():
+            out += _leaves(value, f"{path}[{key!r}]")
+        return out
+    if isinstance(obj, (tuple, list)):
+        out = []
+        for i, value in enumerate(obj):
+            out += _leaves(value, f"{path}[{i}]")
+        return out
+    raise InputError(
+        f"A sample must be a tensor, a tuple/list (inputs, target) or a dict of tensors, but "
+        f"{path or 'the sample'} is a {type(obj).__name__}. Convert it to a tensor in the "
+        "dataset's __getitem__."
+    )
+
+
+def _shape(value: Any) -> tuple[int, ...]:
+    return tuple(getattr(value, "shape", ()))
+
+
+def _nbytes(value: Any) -> int:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    return int(getattr(value, "nbytes", 8))
+
+
+def _check_structure(sample: Any) -> str:
+    import torch
+
+    if isinstance(sample, torch.Tensor):
+        return "tensor"
+    if isinstance(sample, Mapping):
+        if not sample:
+            raise InputError("A dict sample must hold at least one tensor, but sample 0 is an empty dict.")
+        return "dict"
+    if isinstance(sample, (tuple, list)):
+        if len(sample) not in (1, 2):
+            raise InputError(
+                f"A tuple sample must be (inputs, target) or (inputs,), but sample 0 has {len(sample)} "
+                "items. Group several inputs as ((x1, x2), target)."
+            )
+        return "tuple"
+    _leaves(sample)  # raises with the type's name
+    raise InputError(f"Unsupported sample type {type(sample).__name__}.")
+
+
+def describe(dataset: Any) -> DataInfo:
+    """Check that ``dataset`` can be batched and describe it.
+
+    Raises:
+        InputError: the dataset is not map-style, is empty, has samples of an unsupported type
+            or of inconsistent shapes.
+
+    Example:
+        >>> import torch
+        >>> describe([(torch.zeros(3, 8, 8), 1)] * 4).image_input
+        True
+    """
+    if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
+        raise InputError(
+            f"`dataset` must be a map-style torch Dataset or a sequence of samples (with __len__ and "
+            f"__getitem__), but got {type(dataset).__name__}. Wrap an iterable dataset in a list."
+        )
+    try:
+        n = len(dataset)
+    except Exception as exc:
+        raise InputError(f"len(dataset) failed: {type(exc).__name__}: {exc}") from exc
+    if n == 0:
+        raise InputError("The dataset is empty: it must hold at least one sample to tune on.")
+
+    def get(i: int) -> Any:
+        try:
+            return dataset[i]
+        except Exception as exc:
+            raise InputError(f"dataset[{i}] failed: {type(exc).__name__}: {exc}") from exc
+
+    first = get(0)
+    kind = _check_structure(first)
+    leaves = _leaves(first)
+    shapes = {path: _shape(value) for path, value in leaves}
+    step = max(1, n // _N_SHAPE_CHECKS)
+    for i in sorted(set(range(step, n, step)) | {n - 1}):
+        other = _leaves(get(i))
+        other_shapes = {path: _shape(value) for path, value in other}
+        if other_shapes.keys() != shapes.keys():
+            raise InputError(
+                f"Samples differ in structure: sample 0 has {sorted(shapes)}, sample {i} has "
+                f"{sorted(other_shapes)}. Every sample must have the same fields."
+            )
+        for path, shape in shapes.items():
+            if other_shapes[path] != shape:
+                raise InputError(
+                    f"Samples have inconsistent shapes: sample 0 has {path} of shape {list(shape)}, "
+                    f"sample {i} has {list(other_shapes[path])}. Every sample must have the same "
+                    "shape to be batched: pad or resize them in the dataset."
+                )
+    image_input = False
+    if kind == "tensor":
+        image_input = len(_shape(first)) == 3
+    elif kind == "tuple":
+        inputs = first[0]
+        image_input = len(_shape(inputs)) == 3 and _is_float(inputs)
+    return DataInfo(
+        n_samples=n,
+        kind=kind,
+        shapes=shapes,
+        sample_bytes=sum(_nbytes(v) for _, v in leaves),
+        image_input=image_input,
+    )
+
+
+def _is_float(value: Any) -> bool:
+    dtype = getattr(value, "dtype", None)
+    return getattr(dtype, "is_floating_point", False) or str(dtype).startswith("float")
+
+
+def model_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Split a collated batch into the model's positional and keyword arguments."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return (batch,), {}
+    if isinstance(batch, Mapping):
+        return (), {k: v for k, v in batch.items() if k not in TARGET_KEYS}
+    inputs = batch[0]
+    if isinstance(inputs, Mapping):
+        return (), dict(inputs)
+    if isinstance(inputs, (tuple, list)):
+        return tuple(inputs), {}
+    return (inputs,), {}
+
+
+def to_device(batch: Any, device: Any, *, non_blocking: bool = False) -> Any:
+    """Move every tensor of ``batch`` to ``device``, keeping the structure."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=non_blocking)
+    if isinstance(batch, Mapping):
+        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(to_device(v, device, non_blocking=non_blocking) for v in batch)
+    return batch
+
+
+def batch_size_of(batch: Any) -> int:
+    """Number of samples in a collated batch."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return int(batch.shape[0])
+    if isinstance(batch, Mapping):
+        return batch_size_of(next(iter(batch.values())))
+    return batch_size_of(batch[0])
+
+
+def slice_batch(batch: Any, n: int) -> Any:
+    """The first ``n`` samples of a collated batch (``outputs`` too: any nested tensors)."""
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        return batch[:n] if batch.dim() > 0 else batch
+    if isinstance(batch, Mapping):
+        return {k: slice_batch(v, n) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(slice_batch(v, n) for v in batch)
+    return batch
+
+
+def pad_batch(batch: Any, size: int) -> Any:
+    """Repeat the last sample until the batch holds ``size`` samples.
+
+    A compiled model sees only one batch shape this way, so no recompilation is triggered by a
+    short final batch; the padded rows are sliced off the outputs.
+    """
+    import torch
+
+    if isinstance(batch, torch.Tensor):
+        missing = size - batch.shape[0]
+        if missing <= 0:
+            return batch
+        return torch.cat([batch, batch[-1:].expand(missing, *batch.shape[1:])])
+    if isinstance(batch, Mapping):
+        return {k: pad_batch(v, size) for k, v in batch.items()}
+    if isinstance(batch, (tuple, list)):
+        return type(batch)(pad_batch(v, size) for v in batch)
+    return batch
+
+
+def validation_indices(n_samples: int, n_val: int, seed: int = 0) -> list[int]:
+    """A fixed subset of sample indices: the same for every trial of a study."""
+    import numpy as np
+
+    if n_samples <= n_val:
+        return list(range(n_samples))
+    rng = np.random.default_rng(seed)
+    return sorted(int(i) for i in rng.choice(n_samples, size=n_val, replace=False))

@@ -1,0 +1,125 @@
+"""The knob contract: one tunable setting of the pipeline.
+
+A knob has a name used everywhere (Optuna parameter, config key, CLI ``--fix name=value``,
+JSON, docs), a :class:`Stage` that orders it in the build, the values it offers on an
+:class:`~autotune.env.Env` (with a reason for every value it leaves out), and ``apply``, which
+changes a :class:`~autotune.build.BuildState`. Adding a knob means adding one file that
+subclasses :class:`Knob` and decorates it with :func:`register`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..build import BuildState
+    from ..data import DataInfo
+    from ..env import Env
+
+__all__ = ["Knob", "Offer", "SpaceContext", "Stage", "REGISTRY", "register", "get_knob"]
+
+
+class Stage(enum.IntEnum):
+    """Order in which knobs are applied when a configuration is built."""
+
+    STRUCTURE = 0  # changes the architecture (pruning)
+    WEIGHTS = 1  # changes weights, precision or layout
+    COMPILE = 2  # turns the model into what runs (torch.compile, TorchScript, ONNX Runtime)
+    LOADER = 3  # DataLoader keyword arguments
+    RUNTIME = 4  # process-wide settings active while the model runs
+
+
+@dataclasses.dataclass(frozen=True)
+class SpaceContext:
+    """What a knob may look at to decide its values."""
+
+    env: Env
+    data: DataInfo
+    baseline_batch_size: int = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class Offer:
+    """Values a knob offers on an Env, and the reason each other value is left out."""
+
+    values: list[Any]
+    excluded: dict[str, str] = dataclasses.field(default_factory=dict)
+
+
+class Knob:
+    """Base class of every knob.
+
+    Subclasses set ``name``, ``stage``, ``choices`` (every value the knob knows, in a sensible
+    order), ``default`` and ``help``, and implement :meth:`apply`. They override
+    :meth:`offer` to leave out values the Env cannot run, and :meth:`applies` when the knob only
+    matters given other knobs' values.
+    """
+
+    name: ClassVar[str]
+    stage: ClassVar[Stage]
+    choices: ClassVar[tuple[Any, ...]]
+    default: ClassVar[Any]
+    help: ClassVar[str] = ""
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        """Values this knob can take on ``ctx.env`` for ``ctx.data``."""
+        return Offer(list(self.choices))
+
+    def baseline(self, ctx: SpaceContext) -> Any:
+        """The value of the untuned pipeline, the reference of every speedup."""
+        return self.default
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        """Whether the knob matters given the other values in ``config``."""
+        return True
+
+    def validate(self, value: Any) -> Any:
+        """Return ``value`` in canonical form, or raise :class:`ConfigError`."""
+        for choice in self.choices:
+            if value == choice and type(value) is type(choice):
+                return choice
+        known = ", ".join(json.dumps(c) for c in self.choices)
+        raise ConfigError(f"Knob {self.name!r} cannot be {value!r}. Known values: {known}.")
+
+    def parse(self, text: str) -> Any:
+        """Parse a value given on the command line (``--fix name=value``)."""
+        text = text.strip()
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        if isinstance(value, str) and value.lower() in ("true", "false"):
+            value = value.lower() == "true"
+        return self.validate(value)
+
+    def apply(self, state: BuildState, value: Any) -> None:
+        """Change ``state`` so that the built pipeline has this knob at ``value``."""
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, Knob] = {}
+
+
+def register(cls: type[Knob]) -> type[Knob]:
+    """Class decorator: add a knob to the registry under its name."""
+    if cls.name in REGISTRY:
+        raise ValueError(f"Knob {cls.name!r} is registered twice.")
+    REGISTRY[cls.name] = cls()
+    return cls
+
+
+def get_knob(name: str) -> Knob:
+    """The registered knob called ``name``.
+
+    Raises:
+        ConfigError: no knob has that name; the message lists the known ones.
+    """
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise ConfigError(f"No knob named {name!r}. Known: {', '.join(REGISTRY)}.") from None

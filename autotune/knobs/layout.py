@@ -1,0 +1,28 @@
+"""``channels_last``: NHWC memory format for image models."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import Knob, Offer, SpaceContext, Stage, register
+
+
+@register
+class ChannelsLast(Knob):
+    name = "channels_last"
+    stage = Stage.WEIGHTS
+    choices = (False, True)
+    default = False
+    help = "Store weights and 4-D inputs as NHWC, which convolution kernels on tensor cores and oneDNN prefer."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.data.image_input:
+            return Offer([False, True])
+        return Offer([False], {"true": "the model's inputs are not 4-D image batches"})
+
+    def apply(self, state: Any, value: bool) -> None:
+        import torch
+
+        state.channels_last = value
+        if value:
+            state.model = state.model.to(memory_format=torch.channels_last)

@@ -1,0 +1,75 @@
+"""DataLoader knobs: ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .base import Knob, Offer, SpaceContext, Stage, register
+
+
+@register
+class NumWorkers(Knob):
+    name = "num_workers"
+    stage = Stage.LOADER
+    choices = (0, 1, 2, 3, 4, 6, 8, 12, 16)
+    default = 0
+    help = "DataLoader worker processes. Helps when loading or decoding samples is the bottleneck."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        cores = os.cpu_count() or 1
+        values = [n for n in self.choices if n <= cores]
+        excluded = {str(n): f"more workers than CPU cores ({cores})" for n in self.choices if n > cores}
+        return Offer(values, excluded)
+
+    def apply(self, state: Any, value: int) -> None:
+        state.loader_kwargs["num_workers"] = value
+
+
+class _NeedsWorkers(Knob):
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("num_workers", 0) > 0
+
+
+@register
+class PrefetchFactor(_NeedsWorkers):
+    name = "prefetch_factor"
+    stage = Stage.LOADER
+    choices = (2, 4, 8)
+    default = 2
+    help = "Batches each loader worker prepares ahead. Only with num_workers > 0."
+
+    def apply(self, state: Any, value: int) -> None:
+        if state.loader_kwargs.get("num_workers", 0) > 0:
+            state.loader_kwargs["prefetch_factor"] = value
+
+
+@register
+class PersistentWorkers(_NeedsWorkers):
+    name = "persistent_workers"
+    stage = Stage.LOADER
+    choices = (False, True)
+    default = False
+    help = "Keep loader workers alive between epochs instead of restarting them. Only with num_workers > 0."
+
+    def apply(self, state: Any, value: bool) -> None:
+        if state.loader_kwargs.get("num_workers", 0) > 0:
+            state.loader_kwargs["persistent_workers"] = value
+
+
+@register
+class PinMemory(Knob):
+    name = "pin_memory"
+    stage = Stage.LOADER
+    choices = (False, True)
+    default = False
+    help = "Page-locked host buffers, so batches reach the GPU faster and asynchronously. CUDA only."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.env.is_cuda:
+            return Offer([False, True])
+        return Offer([False], {"true": "pinned memory only speeds up copies to a CUDA device"})
+
+    def apply(self, state: Any, value: bool) -> None:
+        state.loader_kwargs["pin_memory"] = value
+        state.non_blocking = value

@@ -1,0 +1,90 @@
+"""Result files and summary tables: ``best_config.json``, ``trials.csv`` and the terminal table."""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from .knobs import REGISTRY
+
+__all__ = ["SCHEMA_VERSION", "METRIC_KEYS", "write_trials_csv", "write_json", "summary_rows"]
+
+SCHEMA_VERSION = 1
+METRIC_KEYS = (
+    "samples_per_s",
+    "samples_per_s_min",
+    "samples_per_s_max",
+    "cov",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "peak_mem_mib",
+    "size_bytes",
+    "compile_s",
+    "metric",
+    "metric_drop",
+)
+
+
+def now_iso() -> str:
+    """The current time, ISO 8601, UTC."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # A crash while writing leaves the previous complete file, never half of one.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    _atomic_write(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
+    """One row per trial: number, status, kind, reason, every knob, every metric."""
+    import io
+
+    columns = ["number", "status", "kind", "reason", "baseline", "repeat_of", *REGISTRY, *METRIC_KEYS, "trial_s", "wall_s"]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for rec in records:
+        row = {k: rec.get(k) for k in columns}
+        row.update(rec.get("config", {}))
+        writer.writerow(row)
+    _atomic_write(path, buf.getvalue())
+
+
+def _fmt(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key == "size_bytes":
+        return f"{value / 2**20:.2f} MiB"
+    if key in ("samples_per_s", "peak_mem_mib"):
+        return f"{value:,.0f}"
+    if key.startswith("latency_ms"):
+        return f"{value:.2f}"
+    if key in ("metric", "metric_drop"):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, baseline, best) rows of the summary table."""
+    labels = [
+        ("samples/s", "samples_per_s"),
+        ("latency p50 (ms/batch)", "latency_ms_p50"),
+        ("latency p95 (ms/batch)", "latency_ms_p95"),
+        ("peak memory (MiB)", "peak_mem_mib"),
+        ("model size", "size_bytes"),
+        ("compile/warm-up (s)", "compile_s"),
+        ("metric", "metric"),
+        ("batch size", "batch_size"),
+    ]
+    return [(label, _fmt(key, baseline.get(key)), _fmt(key, best.get(key))) for label, key in labels]

@@ -1,0 +1,180 @@
+"""Search spaces: a preset from ``search_spaces/``, the user's overrides, and the Env's verdict.
+
+A preset is a TOML file with a ``description`` and a ``[knobs]`` table mapping a knob name to a
+list of values or ``"all"`` (every value the Env can run). A knob a preset leaves out is fixed
+at its baseline value. The baseline value of every knob is always a candidate, so the baseline
+itself is a point of the space.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .errors import ConfigError
+from .knobs import REGISTRY, SpaceContext, get_knob
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+__all__ = ["SearchSpace", "list_presets", "load_preset", "resolve_space"]
+
+
+def _preset_files() -> dict[str, Any]:
+    # Installed: the presets are the package autotune.search_spaces. Run from a source checkout
+    # (the package imported from the working directory): they are the folder beside it.
+    checkout = Path(__file__).resolve().parent.parent / "search_spaces"
+    try:
+        root: Any = resources.files("autotune.search_spaces")
+    except ModuleNotFoundError:
+        root = checkout
+    return {p.name[: -len(".toml")]: p for p in root.iterdir() if p.name.endswith(".toml")}
+
+
+def list_presets() -> dict[str, str]:
+    """Preset names with their descriptions."""
+    return {name: _parse(path.read_text(), name).get("description", "") for name, path in sorted(_preset_files().items())}
+
+
+def _parse(text: str, where: str) -> dict[str, Any]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"Search space {where} is not valid TOML: {exc}.") from None
+    knobs = data.get("knobs", {})
+    if not isinstance(knobs, dict):
+        raise ConfigError(f"Search space {where}: [knobs] must be a table of knob = [values] or \"all\".")
+    return data
+
+
+def load_preset(space: str | Path) -> dict[str, Any]:
+    """Knob values of a preset given by name or TOML path (``{knob: list | "all"}``).
+
+    Raises:
+        ConfigError: no such preset or file, or its content is invalid.
+    """
+    files = _preset_files()
+    text_space = str(space)
+    if text_space in files:
+        return dict(_parse(files[text_space].read_text(), f"preset {text_space!r}").get("knobs", {}))
+    path = Path(text_space)
+    if path.suffix == ".toml" or path.exists():
+        if not path.is_file():
+            raise ConfigError(f"Search space file {text_space!r} does not exist.")
+        return dict(_parse(path.read_text(), repr(text_space)).get("knobs", {}))
+    raise ConfigError(f"No preset named {text_space!r}. Known: {', '.join(sorted(files))}; or give a .toml file.")
+
+
+@dataclasses.dataclass
+class SearchSpace:
+    """The resolved space.
+
+    Attributes:
+        values: Candidate values per knob, in registry order (one value = fixed).
+        baseline: The baseline configuration.
+        excluded: Per knob, each value left out with its reason.
+    """
+
+    values: dict[str, list[Any]]
+    baseline: dict[str, Any]
+    excluded: dict[str, dict[str, str]]
+
+    @property
+    def searched(self) -> dict[str, list[Any]]:
+        """Knobs with more than one candidate."""
+        return {n: v for n, v in self.values.items() if len(v) > 1}
+
+    def size(self) -> int:
+        """Upper bound of the number of distinct configurations."""
+        return math.prod(len(v) for v in self.values.values())
+
+    def contains(self, config: Mapping[str, Any]) -> bool:
+        """Whether every active knob of ``config`` has a candidate value."""
+        return all(config[n] in v for n, v in self.values.items() if REGISTRY[n].applies(dict(config)))
+
+
+def _wanted(name: str, spec: Any, offered: list[Any], where: str) -> list[Any] | None:
+    knob = get_knob(name)
+    if spec == "all":
+        return list(offered)
+    if isinstance(spec, (list, tuple)) and spec:
+        return [knob.validate(v) for v in spec]
+    if spec is None:
+        return None
+    if not isinstance(spec, (list, tuple)):
+        return [knob.validate(spec)]
+    raise ConfigError(f"{where}: knob {name!r} needs a non-empty list of values or \"all\", but got {json.dumps(spec)}.")
+
+
+def resolve_space(
+    space: str | Path | Mapping[str, Any],
+    ctx: SpaceContext,
+    fix: Mapping[str, Any] | None = None,
+) -> SearchSpace:
+    """Resolve a preset name, TOML path or dict against the Env.
+
+    A dict maps knob names to values (a list, one value or ``"all"``) on top of the preset named
+    by its optional ``"base"`` entry (default ``"default"``; ``None`` for none, so only the
+    listed knobs are searched). ``fix`` pins knobs to one value each.
+
+    Raises:
+        ConfigError: unknown preset or knob, an invalid value, or a fixed value this Env cannot run.
+    """
+    if isinstance(space, Mapping):
+        overrides = dict(space)
+        base = overrides.pop("base", "default")
+        specs = load_preset(base) if base is not None else {}
+        specs.update(overrides)
+        where = "space"
+    else:
+        specs = load_preset(space)
+        where = f"space {str(space)!r}"
+    for name in specs:
+        get_knob(name)
+    fix = dict(fix or {})
+    for name in fix:
+        get_knob(name)
+
+    values: dict[str, list[Any]] = {}
+    baseline: dict[str, Any] = {}
+    excluded: dict[str, dict[str, str]] = {}
+    for name, knob in REGISTRY.items():
+        offer = knob.offer(ctx)
+        base_value = knob.baseline(ctx)
+        baseline[name] = base_value
+        reasons = dict(offer.excluded)
+        if name in fix:
+            value = knob.validate(fix[name])
+            if value not in offer.values and value != base_value:
+                why = offer.excluded.get(json.dumps(value).strip('"'), "not offered on this device")
+                raise ConfigError(f"Cannot fix {name}={json.dumps(value)}: {why}.")
+            values[name] = [value]
+            excluded[name] = reasons
+            continue
+        wanted = _wanted(name, specs.get(name), offer.values, where)
+        if wanted is None:
+            chosen = [base_value]
+        else:
+            chosen = []
+            for v in wanted:
+                if v in offer.values or v == base_value:
+                    if v not in chosen:
+                        chosen.append(v)
+                else:
+                    key = json.dumps(v).strip('"')
+                    reasons.setdefault(key, "not offered on this device")
+            if base_value not in chosen:
+                chosen.insert(0, base_value)
+        values[name] = chosen
+        excluded[name] = reasons
+    # A fixed knob does not move the baseline: the baseline stays the untuned pipeline, the
+    # fixed value is what every other trial uses.
+    return SearchSpace(values=values, baseline=baseline, excluded=excluded)
