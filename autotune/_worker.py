@@ -176,11 +176,12 @@ class TrialContext:
 
 def serve(conn: Any) -> None:
     """The worker's loop over one connection."""
-    import cloudpickle
+    import io
+    import pickle
 
     message = conn.recv()
     try:
-        spec = cloudpickle.loads(message[1])
+        spec = torch.load(io.BytesIO(message[1]), weights_only=False, pickle_module=pickle)
         ctx = TrialContext(spec)
     except InputError as exc:
         conn.send(("fail", "input", str(exc)))

@@ -88,7 +88,10 @@ def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
     table.add_column("baseline")
     table.add_column("left out (why)")
     for name, values in space.values.items():
-        left = "; ".join(f"{v}: {why}" for v, why in space.excluded.get(name, {}).items())
+        by_reason: dict[str, list[str]] = {}
+        for value, why in space.excluded.get(name, {}).items():
+            by_reason.setdefault(why, []).append(value)
+        left = "; ".join(f"{', '.join(vs)}: {why}" for why, vs in by_reason.items())
         table.add_row(name, ", ".join(map(str, values)), str(space.baseline[name]), left)
     console.print(table)
 
@@ -112,19 +115,16 @@ class _Progress:
         best = f"best {self.best / self.baseline:.2f}x" if self.baseline else "best -"
         style = {"ok": "green", "infeasible": "yellow"}.get(rec.get("status"), "red")
         speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
-        changed = {k: v for k, v in rec.get("config", {}).items() if k in self._searched(rec)}
+        if rec.get("baseline"):
+            self.baseline_config = rec.get("config", {})
+        base = getattr(self, "baseline_config", {})
+        changed = " ".join(f"{k}={v}" for k, v in rec.get("config", {}).items() if base.get(k) != v)
         detail = rec.get("reason") if rec.get("status") != "ok" else changed
         self.console.print(
             f"[{n_done:>3}/{n_total}] {elapsed:6.0f}s  trial {rec['number']:>3}  [{style}]{rec.get('status', '?'):<10}[/{style}] "
             f"{speed}  {best}  {'(baseline) ' if rec.get('baseline') else ''}{detail}",
             highlight=False, soft_wrap=True,
         )
-
-    @staticmethod
-    def _searched(rec: dict[str, Any]) -> list[str]:
-        return [k for k in rec.get("config", {}) if k in ("batch_size", "num_workers", "amp_dtype", "compile_mode",
-                                                             "channels_last", "num_threads", "persistent_workers",
-                                                             "prefetch_factor", "pin_memory", "cudnn_benchmark", "tf32")]
 
 
 def _print_result(console: Any, result: Any) -> None:

@@ -70,6 +70,8 @@ def _fmt(key: str, value: Any) -> str:
         return f"{value:,.0f}"
     if key.startswith("latency_ms"):
         return f"{value:.2f}"
+    if key == "compile_s":
+        return f"{value:.2f}"
     if key in ("metric", "metric_drop"):
         return f"{value:.4f}"
     return str(value)

@@ -25,11 +25,21 @@ _FAULTS_NEEDING_RESTART = {"oom", "timeout", "crash", "error"}
 
 
 def pickle_spec(spec: Any) -> bytes:
-    """Pickle a worker spec, or say what to do when the model or dataset cannot travel."""
-    import cloudpickle
+    """Pickle a worker spec, or say what to do when the model or dataset cannot travel.
 
+    torch.save's pickler stores each tensor storage once; a plain pickle would copy the whole
+    storage for every view of it (a dataset of rows sliced from one tensor would grow by a
+    factor of its length). cloudpickle is its pickler, so script-defined classes travel by value.
+    """
+    import io
+
+    import cloudpickle
+    import torch
+
+    buf = io.BytesIO()
     try:
-        return cloudpickle.dumps(spec)
+        torch.save(spec, buf, pickle_module=cloudpickle)
+        return buf.getvalue()
     except Exception as exc:
         raise InputError(
             f"The model, dataset or metric cannot be sent to a trial worker ({type(exc).__name__}: {exc}). "

@@ -1,10 +1,20 @@
 """Knobs: one file per family, each registering itself in :data:`REGISTRY`.
 
-Import order is the order in which knobs are suggested, so a knob that depends on another
-(``prefetch_factor`` on ``num_workers``) comes after it.
+:data:`REGISTRY` is ordered as the pipeline reads: batch, loader, precision, layout,
+compilation, runtime settings. A knob that depends on another (``prefetch_factor`` on
+``num_workers``) comes after it, since configurations are suggested in this order.
 """
 
-from . import batch, compiler, layout, loader, precision, runtime  # noqa: F401  (registers)
+from . import batch, compiler, layout, loader, precision, runtime  # noqa: F401  (registers the knobs)
 from .base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
+
+_ORDER = (
+    "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
+    "amp_dtype", "channels_last", "compile_mode", "num_threads", "cudnn_benchmark", "tf32",
+)
+_registered = dict(REGISTRY)
+REGISTRY.clear()
+REGISTRY.update({name: _registered.pop(name) for name in _ORDER})
+REGISTRY.update(_registered)  # knobs added later keep their import order, after these
 
 __all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "get_knob", "register"]
