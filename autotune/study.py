@@ -178,7 +178,7 @@ def run_trials(
     seen = {t.user_attrs["key"]: t for t in finished if "key" in t.user_attrs}
     if not any(t.user_attrs.get("baseline") for t in finished):
         study.enqueue_trial({n: space.baseline[n] for n in space.searched if REGISTRY[n].applies(space.baseline)})
-    n_measured = sum(1 for t in finished if not t.user_attrs.get("repeat_of") and t.user_attrs.get("ran", True))
+    n_measured = sum(1 for t in finished if not t.user_attrs.get("repeat_of") and t.user_attrs.get("ran", False))
     started = time.monotonic()
     repeats = 0
     while n_measured < n_trials:
@@ -187,39 +187,60 @@ def run_trials(
         if repeats >= _MAX_REPEATS:
             return "exhausted"
         trial = study.ask()
-        is_baseline = not any(t.user_attrs.get("baseline") for t in _finished(study))
-        config = dict(space.baseline) if is_baseline else _suggest(trial, space)
-        if is_baseline:
-            _suggest(trial, space)  # records the enqueued baseline params
-        key = Config(config).key()
-        attrs = {"config": config, "key": key, "baseline": is_baseline, **extra_attrs}
-        if key in seen:
-            earlier = seen[key]
-            result = {k: v for k, v in earlier.user_attrs.items() if k not in attrs and k != "baseline"}
-            result.update(attrs, repeat_of=earlier.number, ran=False)
-            _tell(study, trial, result, objectives, max_metric_drop)
-            repeats += 1
-            continue
-        rule = _oom_rule(config, _finished(study))
-        if rule is not None:
-            result = {"status": "oom", "kind": "oom-rule", "reason": rule, "ran": False, **attrs}
-        else:
-            try:
-                result = {**runner.run(config), **attrs, "ran": True}
-            except KeyboardInterrupt:
+        try:
+            n_measured, repeats = _one_trial(
+                study, trial, runner, space, objectives, max_metric_drop, extra_attrs, seen, n_measured, repeats, on_trial
+            )
+        except BaseException:
+            # Ctrl-C or an error between ask and tell: no trial is left RUNNING in the storage.
+            if study.trials[trial.number].state == TrialState.RUNNING:
                 trial.set_user_attr("status", "interrupted")
                 study.tell(trial, state=TrialState.FAIL)
-                raise
-            n_measured += 1
-        repeats = 0
-        frozen = _tell(study, trial, result, objectives, max_metric_drop)
-        seen[key] = frozen
-        if is_baseline and result["status"] != "ok":
-            raise TrialError(
-                result.get("kind") or result["status"],
-                f"The baseline (the model as given) failed, so nothing can be compared with it: "
-                f"{result['status']}: {result.get('reason')}. Fix the model, or raise trial_timeout if it is just slow.",
-            )
-        if on_trial is not None:
-            on_trial(trial_record(frozen), n_measured)
+            raise
     return "budget"
+
+
+def _one_trial(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    runner: Runner,
+    space: SearchSpace,
+    objectives: list[str],
+    max_metric_drop: float,
+    extra_attrs: dict[str, Any],
+    seen: dict[str, FrozenTrial],
+    n_measured: int,
+    repeats: int,
+    on_trial: Callable[[dict[str, Any], int], None] | None,
+) -> tuple[int, int]:
+    """Fill and tell one asked trial; return the updated (measured, repeats-in-a-row) counts."""
+    is_baseline = not any(t.user_attrs.get("baseline") for t in _finished(study))
+    config = dict(space.baseline) if is_baseline else _suggest(trial, space)
+    if is_baseline:
+        _suggest(trial, space)  # records the enqueued baseline params
+    key = Config(config).key()
+    attrs = {"config": config, "key": key, "baseline": is_baseline, **extra_attrs}
+    if key in seen:
+        earlier = seen[key]
+        result = {k: v for k, v in earlier.user_attrs.items() if k not in attrs and k != "baseline"}
+        result.update(attrs, repeat_of=earlier.number, ran=False)
+        _tell(study, trial, result, objectives, max_metric_drop)
+        return n_measured, repeats + 1
+    rule = _oom_rule(config, _finished(study))
+    if rule is not None:
+        result = {"status": "oom", "kind": "oom-rule", "reason": rule, "ran": False, **attrs}
+    else:
+        result = {**runner.run(config), **attrs, "ran": True}
+        n_measured += 1
+    repeats = 0
+    frozen = _tell(study, trial, result, objectives, max_metric_drop)
+    seen[key] = frozen
+    if is_baseline and result["status"] != "ok":
+        raise TrialError(
+            result.get("kind") or result["status"],
+            f"The baseline (the model as given) failed, so nothing can be compared with it: "
+            f"{result['status']}: {result.get('reason')}. Fix the model, or raise trial_timeout if it is just slow.",
+        )
+    if on_trial is not None:
+        on_trial(trial_record(frozen), n_measured)
+    return n_measured, repeats

@@ -1,0 +1,129 @@
+"""Tiny models and datasets for the tests, including models that fail on purpose.
+
+Every faulty model misbehaves only at one batch size (or under autocast), so the baseline
+(batch 8, float32) runs and the study can go on past the fault.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import torch
+from torch import nn
+
+
+def _projection(features: int = 16, classes: int = 4) -> torch.Tensor:
+    return torch.randn(features, classes, generator=torch.Generator().manual_seed(1234))
+
+
+def classification_data(n: int = 256, features: int = 16, classes: int = 4, seed: int = 0) -> list:
+    """(features,) float inputs with integer labels from a fixed projection."""
+    x = torch.randn(n, features, generator=torch.Generator().manual_seed(seed))
+    y = (x @ _projection(features, classes)).argmax(1)
+    return list(zip(x, y))
+
+
+def image_data(n: int = 64, seed: int = 0) -> list:
+    """(3, 8, 8) images with labels."""
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(3, 8, 8, generator=gen), torch.tensor(i % 4)) for i in range(n)]
+
+
+class MLP(nn.Module):
+    def __init__(self, features: int = 16, classes: int = 4) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(features, 32), nn.ReLU(), nn.Linear(32, classes))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class TinyCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+class HangAt(MLP):
+    """Sleeps far past any trial timeout at one batch size."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == self.batch:
+            time.sleep(3600)
+        return super().forward(x)
+
+
+class KillAt(MLP):
+    """Kills its own process at one batch size, as a segfault in a kernel would."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return super().forward(x)
+
+
+class OomAt(MLP):
+    """Raises the allocator's out-of-memory error from a batch size on."""
+
+    def __init__(self, batch: int) -> None:
+        super().__init__()
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= self.batch:
+            raise torch.OutOfMemoryError(f"Tried to allocate {x.shape[0] * 1024} MiB (test)")
+        return super().forward(x)
+
+
+class NanUnderAutocast(MLP):
+    """Overflows to NaN in reduced precision."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        if torch.is_autocast_enabled("cpu"):
+            return out * float("nan")
+        return out
+
+
+class Oracle(nn.Module):
+    """Knows the projection behind :func:`classification_data`: 100% accuracy."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(16, 4, bias=False)
+        with torch.no_grad():
+            self.lin.weight.copy_(_projection().T)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(x)
+
+
+class WrongButFastUnderAutocast(Oracle):
+    """Under autocast skips its work and returns negated logits: the fastest candidate, and a wrong one."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heavy = nn.Linear(16, 16)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.is_autocast_enabled("cpu"):
+            return -super().forward(x)  # top-1 becomes the least likely class
+        for _ in range(50):
+            x = x + 0.0 * self.heavy(x)
+        return super().forward(x)

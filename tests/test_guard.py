@@ -1,0 +1,60 @@
+"""The accuracy guard: fidelity by default, the user's metric when given."""
+
+import pytest
+import torch
+
+import autotune
+from autotune.guard import fidelity
+from tests.models import MLP, WrongButFastUnderAutocast, classification_data
+
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+
+
+def test_fidelity_scores_top1_agreement_for_logits():
+    ref = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    assert fidelity(ref.clone(), ref) == 1.0
+    flipped = ref.clone()
+    flipped[0] = torch.tensor([0.0, 1.0])
+    assert fidelity(flipped, ref) == pytest.approx(0.75)
+
+
+def test_fidelity_scores_relative_error_for_other_outputs():
+    ref = torch.ones(10)
+    assert fidelity(ref * 1.001, ref) == pytest.approx(0.999, abs=1e-6)
+    assert fidelity(ref * 3, ref) == 0.0
+
+
+def accuracy(outputs, batch):
+    return (outputs.argmax(1) == batch[1]).float().mean().item()
+
+
+@pytest.mark.parametrize("metric", [None, accuracy], ids=["fidelity", "user-metric"])
+def test_guard_rejects_a_destructive_candidate_even_when_it_is_fastest(tmp_path, cpu_env, metric):
+    if not cpu_env.bf16:
+        pytest.skip("bfloat16 autocast is not offered on this CPU")
+    result = autotune.optimize(
+        WrongButFastUnderAutocast(), classification_data(), space={"base": None, "amp_dtype": "all"},
+        metric=metric, out_dir=tmp_path, baseline_batch_size=8, n_val=64, measure=FAST, n_verify_pairs=1,
+        n_trials=2, device="cpu",
+    )
+    wrong = next(t for t in result.study.trials if t.user_attrs["config"]["amp_dtype"] == "bfloat16")
+    attrs = wrong.user_attrs
+    assert attrs["status"] == "infeasible" and attrs["kind"] == "guard"
+    assert attrs["metric_drop"] > 0.01
+    # Its measured numbers are kept, and it was faster: the guard, not speed, excluded it.
+    assert attrs["samples_per_s"] > result.baseline["samples_per_s"]
+    assert wrong.constraints["metric_drop"] > 0
+    assert result.best_config["amp_dtype"] == "float32"
+
+
+def test_baseline_metric_is_the_users_metric(tmp_path):
+    result = autotune.optimize(
+        MLP(), classification_data(), space={"base": None, "batch_size": [8]}, metric=accuracy,
+        out_dir=tmp_path, baseline_batch_size=8, measure=FAST, n_trials=1, device="cpu", isolation="inprocess",
+    )
+    data = classification_data()
+    model = MLP().eval()
+    with torch.no_grad():
+        expected = sum(int(model(x[None]).argmax(1) == y) for x, y in data) / len(data)
+    assert result.baseline["metric"] == pytest.approx(expected, abs=1e-6)
+    assert result.baseline["metric_drop"] == 0.0

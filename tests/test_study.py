@@ -1,0 +1,105 @@
+"""The search: baseline first, no configuration measured twice, persistent storage, resume."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import optuna
+import pytest
+
+import autotune
+from tests.models import MLP, classification_data
+
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+
+
+def test_baseline_first_no_repeats_and_results_written(tmp_path):
+    result = autotune.optimize(
+        MLP(), classification_data(), space={"base": None, "batch_size": [8, 16, 32], "num_threads": "all"},
+        out_dir=tmp_path, baseline_batch_size=8, measure=FAST, n_verify_pairs=2, n_trials=30, device="cpu",
+    )
+    trials = result.study.trials
+    assert trials[0].user_attrs["baseline"] and trials[0].user_attrs["config"]["batch_size"] == 8
+    measured = [t for t in trials if t.user_attrs.get("ran")]
+    keys = [t.user_attrs["key"] for t in measured]
+    assert len(keys) == len(set(keys)), "a configuration was measured twice"
+    assert result.stop_reason == "exhausted" and len(measured) <= 3 * 2
+    saved = json.loads((tmp_path / "best_config.json").read_text())
+    assert saved["schema_version"] == 1 and saved["config"] == result.best_config
+    assert saved["speedup"]["n_pairs"] in (0, 2) and saved["env"]["device"] == "cpu"
+    assert saved["study"]["storage"].startswith("sqlite:///") and (tmp_path / "study.db").exists()
+    # The study is in SQLite, readable by plain optuna.
+    loaded = optuna.load_study(study_name="autotune", storage=saved["study"]["storage"])
+    assert len(loaded.trials) == len(trials)
+
+
+def test_existing_study_is_not_touched_without_resume(tmp_path):
+    args = dict(space={"base": None, "batch_size": [8, 16]}, out_dir=tmp_path, baseline_batch_size=8,
+                measure=FAST, n_trials=2, device="cpu", isolation="inprocess")
+    autotune.optimize(MLP(), classification_data(), **args)
+    with pytest.raises(autotune.ConfigError, match="already exists.*resume"):
+        autotune.optimize(MLP(), classification_data(), **args)
+    again = autotune.optimize(MLP(), classification_data(), resume=True, **args)
+    assert sum(t.user_attrs.get("baseline", False) for t in again.study.trials) == 1
+
+
+CFG = """
+import time, torch
+from torch import nn
+
+class Slow(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(8, 2)
+    def forward(self, x):
+        time.sleep(0.002)
+        return self.lin(x)
+
+model = Slow()
+dataset = [torch.randn(8) for _ in range(64)]
+space = {"base": None, "batch_size": [1, 2, 4, 8, 16, 32, 64], "num_threads": "all"}
+options = {"measure": {"n_windows": 2, "window_s": 0.3, "warmup_batches": 1}, "baseline_batch_size": 8,
+           "n_verify_pairs": 1, "device": "cpu"}
+"""
+
+
+def _done(db: str) -> int:
+    try:
+        study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{db}")
+    except Exception:
+        return 0
+    return sum(1 for t in study.trials if t.state.is_finished())
+
+
+def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path):
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(textwrap.dedent(CFG))
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "autotune", "run", str(cfg), "--out", str(out), "--trials", "6"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while _done(str(out / "study.db")) < 2 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, output
+    assert "--resume" in output
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{out / 'study.db'}")
+    finished = [t for t in study.trials if t.user_attrs.get("ran") and t.user_attrs.get("status") == "ok"]
+    assert 2 <= len(finished) < 6
+    assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
+    rows = (out / "trials.csv").read_text().strip().splitlines()
+    assert len(rows) - 1 == len(study.trials)
+
+    done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    study = optuna.load_study(study_name="autotune", storage=f"sqlite:///{out / 'study.db'}")
+    measured = [t for t in study.trials if t.user_attrs.get("ran")]
+    assert len([t for t in measured if t.user_attrs["status"] == "ok"]) == 6
+    assert sum(t.user_attrs.get("baseline", False) for t in study.trials) == 1
+    assert json.loads((out / "best_config.json").read_text())["n_trials"] == len(study.trials)
+    assert os.path.getsize(out / "trials.csv") > 0
