@@ -108,7 +108,7 @@ class TrialContext:
                 )
         self.model = model.eval()
         self.samples = [spec.dataset[i] for i in spec.val_indices]
-        baseline = build(self.model, Config(spec.baseline), spec.device)
+        baseline = build(self.fresh_model(), Config(spec.baseline), spec.device, copy_model=False)
         self._probe(baseline)
         self.reference: Reference = make_reference(baseline, self.samples, spec.metric)
         self.info = {
@@ -116,6 +116,22 @@ class TrialContext:
             "baseline_metric": self.reference.metric,
             "n_val": len(self.samples),
         }
+
+    def fresh_model(self) -> torch.nn.Module:
+        """An untouched copy of the model for one build: a deep copy, or the factory's output
+        when the model cannot be copied (it holds a lock or an open file, say)."""
+        import copy
+
+        try:
+            return copy.deepcopy(self.model)
+        except Exception as exc:
+            if isinstance(self.spec.model, torch.nn.Module):
+                raise InputError(
+                    f"The model cannot be copied for each trial ({_one_line(exc)}). Pass a zero-argument "
+                    "function that builds it instead."
+                ) from exc
+            torch.manual_seed(self.spec.seed)
+            return self.spec.model().eval()
 
     def _probe(self, state: BuildState) -> None:
         from torch.utils.data import default_collate
@@ -132,7 +148,7 @@ class TrialContext:
             # Compiled trials share the wrapper's code object; a fresh cache keeps the
             # recompilation limit from silently falling back to eager after a few trials.
             torch._dynamo.reset()
-        return build(self.model, Config(config), self.spec.device)
+        return build(self.fresh_model(), Config(config), self.spec.device, copy_model=False)
 
     def run_trial(self, config: dict[str, Any]) -> dict[str, Any]:
         """Build, guard and measure one configuration; never raises."""

@@ -1,0 +1,42 @@
+import pytest
+import torch
+
+from autotune.data import describe
+from autotune.errors import ConfigError
+from autotune.knobs import SpaceContext
+from autotune.space import load_preset, resolve_space
+
+
+@pytest.fixture()
+def ctx(cpu_env):
+    return SpaceContext(cpu_env, describe([(torch.zeros(3, 8, 8), 0)] * 300), 32)
+
+
+def test_values_the_env_cannot_run_are_removed_with_reasons(ctx):
+    space = resolve_space("default", ctx)
+    assert "float16" not in space.values["amp_dtype"]
+    assert space.excluded["amp_dtype"]["float16"]
+    assert 512 not in space.values["batch_size"] and "larger than the dataset" in space.excluded["batch_size"]["512"]
+
+
+def test_the_baseline_is_always_a_candidate(ctx):
+    space = resolve_space({"base": None, "batch_size": [64, 128]}, ctx)
+    assert space.values["batch_size"] == [32, 64, 128] and space.contains(space.baseline)
+    assert all(len(v) == 1 for k, v in space.values.items() if k != "batch_size")
+
+
+def test_fix_pins_a_knob(ctx):
+    space = resolve_space("quick", ctx, fix={"batch_size": 16})
+    assert space.values["batch_size"] == [16]
+    with pytest.raises(ConfigError, match="Cannot fix pin_memory=true: pinned memory"):
+        resolve_space("quick", ctx, fix={"pin_memory": True})
+
+
+def test_a_toml_file_is_a_space(tmp_path, ctx):
+    path = tmp_path / "mine.toml"
+    path.write_text('[knobs]\nbatch_size = [8, 16]\namp_dtype = "all"\n')
+    space = resolve_space(path, ctx)
+    assert space.values["batch_size"] == [32, 8, 16]
+    path.write_text("[knobs\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_preset(path)
