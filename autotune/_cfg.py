@@ -33,7 +33,9 @@ def load_config(path: str | Path) -> dict[str, Any]:
     """
     path = Path(path)
     if not path.exists():
-        raise InputError(f"cfg file {str(path)!r} does not exist. Give the path of a Python file that defines model and dataset.")
+        raise InputError(
+            f"cfg file {str(path)!r} does not exist. Give the path of a Python file that defines model and dataset."
+        )
     if not path.is_file():
         raise InputError(f"cfg file {str(path)!r} is not a file.")
     try:
@@ -43,7 +45,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     try:
         compile(source, str(path), "exec")
     except SyntaxError as exc:
-        raise InputError(f"cfg file {str(path)} has a syntax error at line {exc.lineno}: {exc.msg}.") from None
+        raise InputError(f"cfg file {path!s} has a syntax error at line {exc.lineno}: {exc.msg}.") from None
     # Its own directory is importable, as when the file is run as a script.
     folder = str(path.resolve().parent)
     if folder not in sys.path:
@@ -51,18 +53,20 @@ def load_config(path: str | Path) -> dict[str, Any]:
     try:
         namespace = runpy.run_path(str(path), run_name="__autotune_cfg__")
     except SystemExit as exc:
-        raise InputError(f"cfg file {str(path)} called exit({exc.code}) while loading.") from None
+        raise InputError(f"cfg file {path!s} called exit({exc.code}) while loading.") from None
     except Exception as exc:
         frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename == str(path)]
         where = f" (line {frames[-1].lineno})" if frames else ""
-        raise InputError(f"cfg file {str(path)} raised {type(exc).__name__}{where}: {exc}") from exc
+        raise InputError(f"cfg file {path!s} raised {type(exc).__name__}{where}: {exc}") from exc
     missing = [k for k in ("model", "dataset") if k not in namespace]
     if missing:
         raise InputError(
-            f"cfg file {str(path)} must define {' and '.join(missing)} (an object or a zero-argument function); "
+            f"cfg file {path!s} must define {' and '.join(missing)} (an object or a zero-argument function); "
             f"it defines: {', '.join(sorted(k for k in namespace if not k.startswith('_'))) or 'nothing'}."
         )
     cfg = {k: namespace[k] for k in CFG_KEYS if k in namespace}
     if "options" in cfg and not isinstance(cfg["options"], dict):
-        raise ConfigError(f"`options` in {str(path)} must be a dict of optimize() keywords, but is {type(cfg['options']).__name__}.")
+        raise ConfigError(
+            f"`options` in {path!s} must be a dict of optimize() keywords, but is {type(cfg['options']).__name__}."
+        )
     return cfg

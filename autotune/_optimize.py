@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -54,8 +52,17 @@ class Result:
         )
 
 
-def _check_options(n_trials: Any, timeout: Any, max_metric_drop: Any, isolation: str, trial_timeout: Any,
-                   n_val: Any, baseline_batch_size: Any, mode: str, metric: Any) -> None:
+def _check_options(
+    n_trials: Any,
+    timeout: Any,
+    max_metric_drop: Any,
+    isolation: str,
+    trial_timeout: Any,
+    n_val: Any,
+    baseline_batch_size: Any,
+    mode: str,
+    metric: Any,
+) -> None:
     def positive_int(name: str, value: Any) -> None:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"`{name}` must be a positive integer, but got {value!r}.")
@@ -67,14 +74,20 @@ def _check_options(n_trials: Any, timeout: Any, max_metric_drop: Any, isolation:
         raise ConfigError(f"`timeout` must be a positive number of seconds or None, but got {timeout!r}.")
     if not isinstance(trial_timeout, (int, float)) or isinstance(trial_timeout, bool) or trial_timeout <= 0:
         raise ConfigError(f"`trial_timeout` must be a positive number of seconds, but got {trial_timeout!r}.")
-    if not isinstance(max_metric_drop, (int, float)) or isinstance(max_metric_drop, bool) or not 0 <= max_metric_drop <= 1:
+    if (
+        not isinstance(max_metric_drop, (int, float))
+        or isinstance(max_metric_drop, bool)
+        or not 0 <= max_metric_drop <= 1
+    ):
         raise ConfigError(f"`max_metric_drop` must be in [0, 1], but got {max_metric_drop!r}.")
     if isolation not in ("subprocess", "inprocess"):
         raise ConfigError(f"`isolation` must be 'subprocess' or 'inprocess', but got {isolation!r}.")
     if mode != "inference":
         raise ConfigError(f"`mode` must be 'inference' (training mode is not available yet), but got {mode!r}.")
     if metric is not None and not callable(metric):
-        raise ConfigError(f"`metric` must be a function metric(outputs, batch) -> float, but got {type(metric).__name__}.")
+        raise ConfigError(
+            f"`metric` must be a function metric(outputs, batch) -> float, but got {type(metric).__name__}."
+        )
 
 
 def _materialize_dataset(dataset: Any) -> Any:
@@ -91,14 +104,21 @@ def _check_model(model: Any) -> None:
 
     if isinstance(model, torch.nn.Module):
         return
-    if not callable(model) or isinstance(model, type) and not issubclass(model, torch.nn.Module):
+    if not callable(model) or (isinstance(model, type) and not issubclass(model, torch.nn.Module)):
         raise InputError(
             f"`model` must be a torch.nn.Module or a zero-argument function returning one, but got {type(model).__name__}."
         )
 
 
-def plan(model: Any, dataset: Any, *, space: Any = "default", fix: Mapping[str, Any] | None = None,
-         device: str = "auto", baseline_batch_size: int = 32) -> tuple[Any, Any, Any]:
+def plan(
+    model: Any,
+    dataset: Any,
+    *,
+    space: Any = "default",
+    fix: Mapping[str, Any] | None = None,
+    device: str = "auto",
+    baseline_batch_size: int = 32,
+) -> tuple[Any, Any, Any]:
     """Check the inputs and resolve the search space without measuring anything.
 
     Returns:
@@ -190,14 +210,17 @@ def optimize(
     from .runner import InProcessRunner, SubprocessRunner, pickle_spec
     from .study import best_trial, open_study, run_trials, trial_record
 
-    _check_options(n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric)
+    _check_options(
+        n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
+    )
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
     except TypeError as exc:
         raise ConfigError(f"`measure` takes n_windows, window_s and warmup_batches: {exc}.") from None
     dataset = _materialize_dataset(dataset)
-    env, data, search_space = plan(model, dataset, space=space, fix=fix, device=device,
-                                   baseline_batch_size=baseline_batch_size)
+    env, data, search_space = plan(
+        model, dataset, space=space, fix=fix, device=device, baseline_batch_size=baseline_batch_size
+    )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     storage = storage or f"sqlite:///{out.resolve() / 'study.db'}"
@@ -205,8 +228,14 @@ def optimize(
     study = open_study(storage, study_name, objectives, seed, resume, sampler)
 
     spec = WorkerSpec(
-        model=model, dataset=dataset, metric=metric, device=env.device, baseline=search_space.baseline,
-        val_indices=validation_indices(data.n_samples, n_val), measure=timing, seed=seed,
+        model=model,
+        dataset=dataset,
+        metric=metric,
+        device=env.device,
+        baseline=search_space.baseline,
+        val_indices=validation_indices(data.n_samples, n_val),
+        measure=timing,
+        seed=seed,
     )
     if isolation == "inprocess":
         runner = InProcessRunner(spec)
@@ -220,12 +249,19 @@ def optimize(
 
     try:
         stop_reason = run_trials(
-            study, runner, search_space, n_trials=n_trials, timeout=timeout, max_metric_drop=max_metric_drop,
-            objectives=objectives, extra_attrs={"hardware": env.hardware_key()}, on_trial=after_trial,
+            study,
+            runner,
+            search_space,
+            n_trials=n_trials,
+            timeout=timeout,
+            max_metric_drop=max_metric_drop,
+            objectives=objectives,
+            extra_attrs={"hardware": env.hardware_key()},
+            on_trial=after_trial,
         )
         records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
         baseline = next(r for r in records if r.get("baseline") and r.get("status") == "ok")
-        best = trial_record(best_trial(study, list(objectives)[0]) or study.trials[baseline["number"]])
+        best = trial_record(best_trial(study, next(iter(objectives))) or study.trials[baseline["number"]])
         ratios = [1.0]
         if best["key"] != baseline["key"]:
             pairs = runner.verify(baseline["config"], best["config"], n_verify_pairs)
@@ -246,26 +282,34 @@ def optimize(
         out_dir=out,
         stop_reason=stop_reason,
     )
-    report.write_json(out / "best_config.json", {
-        "schema_version": report.SCHEMA_VERSION,
-        "created": report.now_iso(),
-        "env": env.manifest(),
-        "mode": mode,
-        "config": result.best_config,
-        "baseline_config": baseline["config"],
-        "best": result.best,
-        "baseline": result.baseline,
-        "speedup": {"median": result.speedup, "min": result.speedup_min, "max": result.speedup_max,
-                    "n_pairs": len(ratios) if best["key"] != baseline["key"] else 0, "method": "interleaved"},
-        "guard": {"metric": "user" if metric is not None else "fidelity", "max_metric_drop": max_metric_drop},
-        "objectives": list(objectives),
-        "trial": best["number"],
-        "n_trials": len(records),
-        "stop_reason": stop_reason,
-        "artifacts": {},
-        "study": {"name": study_name, "storage": storage},
-        "space": search_space.values,
-    })
+    report.write_json(
+        out / "best_config.json",
+        {
+            "schema_version": report.SCHEMA_VERSION,
+            "created": report.now_iso(),
+            "env": env.manifest(),
+            "mode": mode,
+            "config": result.best_config,
+            "baseline_config": baseline["config"],
+            "best": result.best,
+            "baseline": result.baseline,
+            "speedup": {
+                "median": result.speedup,
+                "min": result.speedup_min,
+                "max": result.speedup_max,
+                "n_pairs": len(ratios) if best["key"] != baseline["key"] else 0,
+                "method": "interleaved",
+            },
+            "guard": {"metric": "user" if metric is not None else "fidelity", "max_metric_drop": max_metric_drop},
+            "objectives": list(objectives),
+            "trial": best["number"],
+            "n_trials": len(records),
+            "stop_reason": stop_reason,
+            "artifacts": {},
+            "study": {"name": study_name, "storage": storage},
+            "space": search_space.values,
+        },
+    )
     return result
 
 
@@ -281,7 +325,9 @@ def _read_config(config: Any) -> Config:
         return Config.from_json(path.read_text())
     if isinstance(config, Mapping):
         return Config(config)
-    raise ConfigError(f"`config` must be a dict, a Config or a path to best_config.json, but got {type(config).__name__}.")
+    raise ConfigError(
+        f"`config` must be a dict, a Config or a path to best_config.json, but got {type(config).__name__}."
+    )
 
 
 def apply(model: Any, config: Any, *, device: str = "auto") -> Any:

@@ -165,7 +165,11 @@ class TrialContext:
             outputs = collect_outputs(state, self.samples)
             check_finite(outputs)
             value = evaluate(
-                outputs, self.samples, self.reference.chunk, self.spec.device, self.spec.metric,
+                outputs,
+                self.samples,
+                self.reference.chunk,
+                self.spec.device,
+                self.spec.metric,
                 self.reference.outputs,
             )
             result["guard_s"] = time.perf_counter() - guard_start

@@ -6,7 +6,6 @@ import argparse
 import inspect
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 from .errors import AutotuneError, ConfigError
@@ -15,7 +14,9 @@ __all__ = ["main"]
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="autotune", description="Tune a PyTorch model's inference pipeline end to end.")
+    parser = argparse.ArgumentParser(
+        prog="autotune", description="Tune a PyTorch model's inference pipeline end to end."
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="tune the model and dataset defined in a cfg.py")
     run.add_argument("cfg", help="Python file defining model and dataset (and optionally metric, space, options)")
@@ -65,9 +66,16 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         if key in cfg:
             options[key] = cfg[key]
     flags = {
-        "n_trials": args.trials, "timeout": args.timeout, "trial_timeout": args.trial_timeout, "out_dir": args.out,
-        "device": args.device, "space": args.space, "storage": args.storage, "study_name": args.study,
-        "seed": args.seed, "isolation": args.isolation,
+        "n_trials": args.trials,
+        "timeout": args.timeout,
+        "trial_timeout": args.trial_timeout,
+        "out_dir": args.out,
+        "device": args.device,
+        "space": args.space,
+        "storage": args.storage,
+        "study_name": args.study,
+        "seed": args.seed,
+        "isolation": args.isolation,
     }
     options.update({k: v for k, v in flags.items() if v is not None})
     if args.resume:
@@ -80,8 +88,10 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
 def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
     from rich.table import Table
 
-    console.print(f"device: {env.device} ({env.gpu_name or env.cpu_capability}); dataset: {data.n_samples} samples, "
-                  f"sample shapes {dict(data.shapes)}")
+    console.print(
+        f"device: {env.device} ({env.gpu_name or env.cpu_capability}); dataset: {data.n_samples} samples, "
+        f"sample shapes {dict(data.shapes)}"
+    )
     table = Table(title=f"search space (up to {space.size():,} configurations)")
     table.add_column("knob")
     table.add_column("candidates")
@@ -123,7 +133,8 @@ class _Progress:
         self.console.print(
             f"[{n_done:>3}/{n_total}] {elapsed:6.0f}s  trial {rec['number']:>3}  [{style}]{rec.get('status', '?'):<10}[/{style}] "
             f"{speed}  {best}  {'(baseline) ' if rec.get('baseline') else ''}{detail}",
-            highlight=False, soft_wrap=True,
+            highlight=False,
+            soft_wrap=True,
         )
 
 
@@ -132,7 +143,9 @@ def _print_result(console: Any, result: Any) -> None:
 
     from .report import summary_rows
 
-    table = Table(title=f"baseline vs best  (speedup {result.speedup:.2f}x, range {result.speedup_min:.2f}-{result.speedup_max:.2f}, interleaved)")
+    table = Table(
+        title=f"baseline vs best  (speedup {result.speedup:.2f}x, range {result.speedup_min:.2f}-{result.speedup_max:.2f}, interleaved)"
+    )
     table.add_column("")
     table.add_column("baseline", justify="right")
     table.add_column("best", justify="right")
@@ -149,8 +162,12 @@ def _run(args: argparse.Namespace, console: Any) -> int:
     cfg, options = _options(args)
     if args.dry_run:
         env, data, space = plan(
-            cfg["model"], cfg["dataset"], space=options.get("space", "default"), fix=options.get("fix"),
-            device=options.get("device", "auto"), baseline_batch_size=options.get("baseline_batch_size", 32),
+            cfg["model"],
+            cfg["dataset"],
+            space=options.get("space", "default"),
+            fix=options.get("fix"),
+            device=options.get("device", "auto"),
+            baseline_batch_size=options.get("baseline_batch_size", 32),
         )
         _print_space(console, env, data, space)
         return 0

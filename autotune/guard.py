@@ -92,8 +92,11 @@ def fidelity(outputs: Any, reference: Any) -> float:
     outputs score ``1 - min(1, relative L2 error)``; integer outputs their exact agreement. The
     score is the mean over output tensors.
     """
+    outs, refs = _leaves(outputs), _leaves(reference)
+    if len(outs) != len(refs):
+        return 0.0  # the output structure itself changed
     scores = []
-    for out, ref in zip(_leaves(outputs), _leaves(reference)):
+    for out, ref in zip(outs, refs, strict=True):
         if out.shape != ref.shape:
             scores.append(0.0)
         elif ref.is_floating_point() and ref.dim() == 2 and ref.shape[-1] > 1:
@@ -131,12 +134,13 @@ def evaluate(
     metric: Callable[[Any, Any], float] | None,
     reference: Any | None,
 ) -> float:
-    """The metric of ``outputs``: the user's metric averaged over fixed batches, or fidelity."""
+    """The metric of ``outputs``: the user's metric over fixed batches, each weighted by its
+    size (a short last batch counts as its samples, not as a whole batch), or fidelity."""
     from torch.utils.data import default_collate
 
     if metric is None:
         return 1.0 if reference is None else fidelity(outputs, reference)
-    values = []
+    values, sizes = [], []
     for start in range(0, len(samples), chunk):
         part = list(samples[start : start + chunk])
         batch = to_device(default_collate(part), torch.device(device))
@@ -146,7 +150,8 @@ def evaluate(
         except Exception as exc:
             raise TrialError("error", f"metric(outputs, batch) raised {type(exc).__name__}: {exc}") from exc
         values.append(value)
-    return sum(values) / len(values)
+        sizes.append(len(part))
+    return sum(v * n for v, n in zip(values, sizes, strict=True)) / sum(sizes)
 
 
 def _slice_range(out: Any, start: int, stop: int) -> Any:
@@ -165,7 +170,9 @@ def make_reference(state: BuildState, samples: list[Any], metric: Callable[[Any,
     try:
         check_finite(outputs)
     except TrialError as exc:
-        raise InputError(f"The model's own (baseline) outputs are not finite: {exc}. Fix the model or its inputs.") from None
+        raise InputError(
+            f"The model's own (baseline) outputs are not finite: {exc}. Fix the model or its inputs."
+        ) from None
     try:
         value = evaluate(outputs, samples, state.batch_size, state.device, metric, None)
     except TrialError as exc:

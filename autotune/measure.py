@@ -151,7 +151,7 @@ def measure(state: BuildState, dataset: Any, settings: MeasureSettings = Measure
         "samples_per_s_max": max(windows),
         "cov": statistics.pstdev(windows) / mean if mean else 0.0,
         "latency_ms_p50": lat[len(lat) // 2],
-        "latency_ms_p95": lat[min(len(lat) - 1, int(round(0.95 * (len(lat) - 1))))],
+        "latency_ms_p95": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
         "peak_mem_mib": _peak_mib(device),
         "compile_s": compile_s,
         "timed_s": timed_s,

@@ -50,7 +50,18 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
     """One row per trial: number, status, kind, reason, every knob, every metric."""
     import io
 
-    columns = ["number", "status", "kind", "reason", "baseline", "repeat_of", *REGISTRY, *METRIC_KEYS, "trial_s", "wall_s"]
+    columns = [
+        "number",
+        "status",
+        "kind",
+        "reason",
+        "baseline",
+        "repeat_of",
+        *REGISTRY,
+        *METRIC_KEYS,
+        "trial_s",
+        "wall_s",
+    ]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
     writer.writeheader()

@@ -95,6 +95,7 @@ class SubprocessRunner(Runner):
         self._timeout = trial_timeout
         self._log_path = log_path
         self._proc: subprocess.Popen[bytes] | None = None
+        self._busy = False  # a request is in flight: the worker will not read "stop" soon
         self.n_starts = 0
         self.info = self._start()
 
@@ -144,7 +145,15 @@ class SubprocessRunner(Runner):
         return f"; worker log: {tail}" if tail else ""
 
     def _wait(self, timeout: float, doing: str) -> tuple[Any, ...]:
-        assert self._proc is not None
+        # Stays True if Ctrl-C lands while waiting, so close() kills instead of waiting for the trial.
+        self._busy = True
+        reply = self._wait_unguarded(timeout, doing)
+        self._busy = False
+        return reply
+
+    def _wait_unguarded(self, timeout: float, doing: str) -> tuple[Any, ...]:
+        if self._proc is None:
+            return ("fail", "crash", f"the worker was gone while {doing}")
         try:
             ready = self._recv.poll(timeout)
             if ready:
@@ -209,7 +218,7 @@ class SubprocessRunner(Runner):
         return [tuple(p) for p in reply[1]["pairs"]]
 
     def close(self) -> None:
-        if self._proc is not None:
+        if self._proc is not None and not self._busy:
             try:
                 self._send.send(("stop",))
                 self._proc.wait(timeout=10)

@@ -41,7 +41,9 @@ def _preset_files() -> dict[str, Any]:
 
 def list_presets() -> dict[str, str]:
     """Preset names with their descriptions."""
-    return {name: _parse(path.read_text(), name).get("description", "") for name, path in sorted(_preset_files().items())}
+    return {
+        name: _parse(path.read_text(), name).get("description", "") for name, path in sorted(_preset_files().items())
+    }
 
 
 def _parse(text: str, where: str) -> dict[str, Any]:
@@ -51,7 +53,7 @@ def _parse(text: str, where: str) -> dict[str, Any]:
         raise ConfigError(f"Search space {where} is not valid TOML: {exc}.") from None
     knobs = data.get("knobs", {})
     if not isinstance(knobs, dict):
-        raise ConfigError(f"Search space {where}: [knobs] must be a table of knob = [values] or \"all\".")
+        raise ConfigError(f'Search space {where}: [knobs] must be a table of knob = [values] or "all".')
     return data
 
 
@@ -111,7 +113,7 @@ def _wanted(name: str, spec: Any, offered: list[Any], where: str) -> list[Any] |
         return None
     if not isinstance(spec, (list, tuple)):
         return [knob.validate(spec)]
-    raise ConfigError(f"{where}: knob {name!r} needs a non-empty list of values or \"all\", but got {json.dumps(spec)}.")
+    raise ConfigError(f'{where}: knob {name!r} needs a non-empty list of values or "all", but got {json.dumps(spec)}.')
 
 
 def resolve_space(

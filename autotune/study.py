@@ -133,7 +133,9 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
         if t.user_attrs.get("status") != "oom" or t.user_attrs.get("kind") != "oom":
             continue
         other = t.user_attrs.get("config", {})
-        if all(other.get(k) == config.get(k) for k in _MEMORY_KNOBS) and config["batch_size"] >= other.get("batch_size", math.inf):
+        if all(other.get(k) == config.get(k) for k in _MEMORY_KNOBS) and config["batch_size"] >= other.get(
+            "batch_size", math.inf
+        ):
             same = ", ".join(f"{k}={config[k]}" for k in _MEMORY_KNOBS)
             return (
                 f"not run: batch_size {config['batch_size']} >= {other['batch_size']}, which ran out of memory "
@@ -142,7 +144,9 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
     return None
 
 
-def _tell(study: optuna.Study, trial: optuna.Trial, result: dict[str, Any], objectives: list[str], max_drop: float) -> FrozenTrial:
+def _tell(
+    study: optuna.Study, trial: optuna.Trial, result: dict[str, Any], objectives: list[str], max_drop: float
+) -> FrozenTrial:
     if result["status"] == "ok" and result.get("metric_drop", 0.0) > max_drop + 1e-12:
         result["status"], result["kind"] = "infeasible", "guard"
         result["reason"] = f"metric dropped by {result['metric_drop']:.4g}, more than max_metric_drop={max_drop:g}"
@@ -150,7 +154,9 @@ def _tell(study: optuna.Study, trial: optuna.Trial, result: dict[str, Any], obje
         trial.set_user_attr(key, value)
     keys = [OBJECTIVES[o][0] for o in objectives]
     if result["status"] in ("ok", "infeasible") and all(k in result for k in keys):
-        trial.set_constraint("metric_drop", result.get("metric_drop", 1.0) - max_drop if result["status"] == "ok" else 1.0)
+        trial.set_constraint(
+            "metric_drop", result.get("metric_drop", 1.0) - max_drop if result["status"] == "ok" else 1.0
+        )
         return study.tell(trial, [float(result[k]) for k in keys])
     return study.tell(trial, state=TrialState.FAIL)
 
@@ -189,7 +195,17 @@ def run_trials(
         trial = study.ask()
         try:
             n_measured, repeats = _one_trial(
-                study, trial, runner, space, objectives, max_metric_drop, extra_attrs, seen, n_measured, repeats, on_trial
+                study,
+                trial,
+                runner,
+                space,
+                objectives,
+                max_metric_drop,
+                extra_attrs,
+                seen,
+                n_measured,
+                repeats,
+                on_trial,
             )
         except BaseException:
             # Ctrl-C or an error between ask and tell: no trial is left RUNNING in the storage.

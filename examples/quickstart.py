@@ -1,6 +1,6 @@
 """A cfg.py: a small MLP classifier on synthetic data, tuned with the default options.
 
-    autotune run examples/quickstart.py
+autotune run examples/quickstart.py
 """
 
 import torch
@@ -13,7 +13,7 @@ _x = torch.randn(4096, 64, generator=_gen)
 _w = torch.randn(64, 10, generator=_gen)
 _y = (_x @ _w).argmax(1)
 
-dataset = list(zip(_x, _y))
+dataset = list(zip(_x, _y, strict=True))
 
 
 def model() -> nn.Module:

@@ -22,7 +22,7 @@ def classification_data(n: int = 256, features: int = 16, classes: int = 4, seed
     """(features,) float inputs with integer labels from a fixed projection."""
     x = torch.randn(n, features, generator=torch.Generator().manual_seed(seed))
     y = (x @ _projection(features, classes)).argmax(1)
-    return list(zip(x, y))
+    return list(zip(x, y, strict=True))
 
 
 def image_data(n: int = 64, seed: int = 0) -> list:

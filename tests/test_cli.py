@@ -40,9 +40,29 @@ def test_run_prints_progress_and_table_and_writes_files(tmp_path):
     cfg.write_text(textwrap.dedent(CFG))
     out = tmp_path / "out"
     done = subprocess.run(
-        [sys.executable, "-m", "autotune", "run", str(cfg), "--trials", "4", "--space", "quick", "--out", str(out),
-         "--seed", "3", "--fix", "num_workers=0", "--device", "cpu"],
-        capture_output=True, text=True, timeout=300, env={"COLUMNS": "200", "PATH": ""},
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "run",
+            str(cfg),
+            "--trials",
+            "4",
+            "--space",
+            "quick",
+            "--out",
+            str(out),
+            "--seed",
+            "3",
+            "--fix",
+            "num_workers=0",
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"COLUMNS": "200", "PATH": ""},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()

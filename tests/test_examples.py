@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-import pytest
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -103,11 +102,3 @@ def test_digits_test_accuracy() -> None:
     # No sample is both tuned on and reported on.
     tune = {s[0].numpy().tobytes() for s in cfg["dataset"]}
     assert not any(s[0].numpy().tobytes() in tune for s in test_dataset)
-
-
-@pytest.mark.parametrize("example", ["quickstart.py", "digits.py"])
-def test_cfg_loads(example: str) -> None:
-    import autotune
-
-    cfg = autotune.load_config(EXAMPLES / example)
-    assert {"model", "dataset", "metric", "max_metric_drop", "options"} <= cfg.keys()

@@ -13,8 +13,14 @@ FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
 
 def _optimize(model, tmp_path, space, **kw):
     options = dict(
-        space=space, out_dir=tmp_path, baseline_batch_size=8, n_val=32, measure=FAST, n_verify_pairs=1,
-        n_trials=len(space.get("batch_size", [0, 0])), device="cpu",
+        space=space,
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        n_val=32,
+        measure=FAST,
+        n_verify_pairs=1,
+        n_trials=len(space.get("batch_size", [0, 0])),
+        device="cpu",
     )
     options.update(kw)
     return autotune.optimize(model, classification_data(), **options)

@@ -33,9 +33,17 @@ def test_guard_rejects_a_destructive_candidate_even_when_it_is_fastest(tmp_path,
     if not cpu_env.bf16:
         pytest.skip("bfloat16 autocast is not offered on this CPU")
     result = autotune.optimize(
-        WrongButFastUnderAutocast(), classification_data(), space={"base": None, "amp_dtype": "all"},
-        metric=metric, out_dir=tmp_path, baseline_batch_size=8, n_val=64, measure=FAST, n_verify_pairs=1,
-        n_trials=2, device="cpu",
+        WrongButFastUnderAutocast(),
+        classification_data(),
+        space={"base": None, "amp_dtype": "all"},
+        metric=metric,
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        n_val=64,
+        measure=FAST,
+        n_verify_pairs=1,
+        n_trials=2,
+        device="cpu",
     )
     wrong = next(t for t in result.study.trials if t.user_attrs["config"]["amp_dtype"] == "bfloat16")
     attrs = wrong.user_attrs
@@ -49,8 +57,16 @@ def test_guard_rejects_a_destructive_candidate_even_when_it_is_fastest(tmp_path,
 
 def test_baseline_metric_is_the_users_metric(tmp_path):
     result = autotune.optimize(
-        MLP(), classification_data(), space={"base": None, "batch_size": [8]}, metric=accuracy,
-        out_dir=tmp_path, baseline_batch_size=8, measure=FAST, n_trials=1, device="cpu", isolation="inprocess",
+        MLP(),
+        classification_data(),
+        space={"base": None, "batch_size": [8]},
+        metric=accuracy,
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure=FAST,
+        n_trials=1,
+        device="cpu",
+        isolation="inprocess",
     )
     data = classification_data()
     model = MLP().eval()

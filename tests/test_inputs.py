@@ -25,15 +25,40 @@ CLI_CASES = [
     ("model not a module", "import torch\nmodel = 42\n" + GOOD_DATA, [], "`model` must be a torch.nn.Module"),
     ("empty dataset", GOOD_MODEL + "dataset = []\n", [], "The dataset is empty"),
     ("sample not a tensor", GOOD_MODEL + "dataset = ['a', 'b']\n", [], "A sample must be a tensor"),
-    ("inconsistent shapes", GOOD_MODEL + "dataset = [torch.randn(4)] * 8 + [torch.randn(5)]\n", [], "inconsistent shapes"),
+    (
+        "inconsistent shapes",
+        GOOD_MODEL + "dataset = [torch.randn(4)] * 8 + [torch.randn(5)]\n",
+        [],
+        "inconsistent shapes",
+    ),
     ("iterable dataset", GOOD_MODEL + "dataset = iter([torch.randn(4)])\n", [], "map-style"),
-    ("unknown preset", GOOD_MODEL + GOOD_DATA, ["--space", "gpux"], "No preset named 'gpux'. Known: cpu, default, gpu, quick"),
-    ("unknown knob", GOOD_MODEL + GOOD_DATA, ["--fix", "warp_speed=9"], "No knob named 'warp_speed'. Known: batch_size"),
-    ("invalid knob value", GOOD_MODEL + GOOD_DATA, ["--fix", "amp_dtype=float8"], "Knob 'amp_dtype' cannot be 'float8'"),
+    (
+        "unknown preset",
+        GOOD_MODEL + GOOD_DATA,
+        ["--space", "gpux"],
+        "No preset named 'gpux'. Known: cpu, default, gpu, quick",
+    ),
+    (
+        "unknown knob",
+        GOOD_MODEL + GOOD_DATA,
+        ["--fix", "warp_speed=9"],
+        "No knob named 'warp_speed'. Known: batch_size",
+    ),
+    (
+        "invalid knob value",
+        GOOD_MODEL + GOOD_DATA,
+        ["--fix", "amp_dtype=float8"],
+        "Knob 'amp_dtype' cannot be 'float8'",
+    ),
     ("malformed fix", GOOD_MODEL + GOOD_DATA, ["--fix", "amp_dtype"], "--fix takes NAME=VALUE"),
-    ("unrunnable fix", GOOD_MODEL + GOOD_DATA, ["--fix", "amp_dtype=float16"], "Cannot fix amp_dtype=\"float16\""),
+    ("unrunnable fix", GOOD_MODEL + GOOD_DATA, ["--fix", "amp_dtype=float16"], 'Cannot fix amp_dtype="float16"'),
     ("bad trials", GOOD_MODEL + GOOD_DATA, ["--trials", "0"], "`n_trials` must be a positive integer"),
-    ("bad drop", GOOD_MODEL + GOOD_DATA + "max_metric_drop = 1.5\n", [], "`max_metric_drop` must be in [0, 1], but got 1.5"),
+    (
+        "bad drop",
+        GOOD_MODEL + GOOD_DATA + "max_metric_drop = 1.5\n",
+        [],
+        "`max_metric_drop` must be in [0, 1], but got 1.5",
+    ),
     ("unknown option", GOOD_MODEL + GOOD_DATA + "options = {'n_trails': 3}\n", [], "Unknown option 'n_trails'"),
     ("bad device", GOOD_MODEL + GOOD_DATA, ["--device", "tpu"], "`device` must be 'auto', 'cpu', 'cuda' or 'cuda:N'"),
     ("metric not callable", GOOD_MODEL + GOOD_DATA + "metric = 3\n", [], "`metric` must be a function"),
@@ -62,20 +87,30 @@ def test_cli_unreadable_cfg_is_a_clear_error(tmp_path, capsys):
 def test_forward_failure_shows_the_models_own_error(tmp_path):
     # A real worker process: the probe forward pass fails on the first batch.
     cfg = tmp_path / "cfg.py"
-    cfg.write_text(textwrap.dedent("""
+    cfg.write_text(
+        textwrap.dedent("""
         import torch
         model = torch.nn.Linear(10, 2)          # expects 10 features
         dataset = [torch.randn(4) for _ in range(16)]  # gives 4
-    """))
-    done = subprocess.run([sys.executable, "-m", "autotune", "run", str(cfg), "--out", str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120)
+    """)
+    )
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(cfg), "--out", str(tmp_path / "o")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 2
     assert "forward pass failed on the first batch" in done.stderr
     assert "mat1 and mat2 shapes cannot be multiplied" in done.stderr
     assert "Traceback" not in done.stderr
     # --debug shows the traceback.
-    debug = subprocess.run([sys.executable, "-m", "autotune", "run", str(cfg), "--out", str(tmp_path / "d"), "--debug"],
-                           capture_output=True, text=True, timeout=120)
+    debug = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(cfg), "--out", str(tmp_path / "d"), "--debug"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert "Traceback" in debug.stderr
 
 
@@ -98,8 +133,15 @@ API_CASES = [
 
 @pytest.mark.parametrize("override,error,expected", API_CASES, ids=[str(c[0])[:40] for c in API_CASES])
 def test_api_bad_input_raises_typed_error(tmp_path, override, error, expected):
-    args = dict(model=MLP(), dataset=classification_data(32), out_dir=tmp_path, device="cpu", measure=FAST,
-                isolation="inprocess", n_trials=1)
+    args = dict(
+        model=MLP(),
+        dataset=classification_data(32),
+        out_dir=tmp_path,
+        device="cpu",
+        measure=FAST,
+        isolation="inprocess",
+        n_trials=1,
+    )
     args.update(override)
     with pytest.raises(error) as info:
         autotune.optimize(args.pop("model"), args.pop("dataset"), **args)
@@ -112,7 +154,7 @@ def test_unpicklable_model_error_says_what_to_do(tmp_path):
 
     model = MLP()
     model.lock = threading.Lock()  # cannot be pickled
-    with pytest.raises(autotune.InputError, match="Pass a zero-argument function.*cfg.py.*isolation='inprocess'"):
+    with pytest.raises(autotune.InputError, match=r"Pass a zero-argument function.*cfg\.py.*isolation='inprocess'"):
         autotune.optimize(model, classification_data(32), out_dir=tmp_path, device="cpu", n_trials=1)
 
 
@@ -124,6 +166,7 @@ def test_a_factory_gets_round_an_unpicklable_model(tmp_path):
         model.lock = threading.Lock()
         return model
 
-    result = autotune.optimize(build, classification_data(32), out_dir=tmp_path, device="cpu", n_trials=1,
-                               measure=FAST, space={"base": None})
+    result = autotune.optimize(
+        build, classification_data(32), out_dir=tmp_path, device="cpu", n_trials=1, measure=FAST, space={"base": None}
+    )
     assert result.baseline["samples_per_s"] > 0

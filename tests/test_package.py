@@ -13,7 +13,15 @@ def test_import_is_light():
 
 
 def test_public_names():
-    assert set(autotune.__all__) >= {"optimize", "apply", "dataloader", "load_config", "Config", "Result", "AutotuneError"}
+    assert set(autotune.__all__) >= {
+        "optimize",
+        "apply",
+        "dataloader",
+        "load_config",
+        "Config",
+        "Result",
+        "AutotuneError",
+    }
     for name in autotune.__all__:
         assert getattr(autotune, name) is not None
 

@@ -19,8 +19,15 @@ FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
 
 def test_baseline_first_no_repeats_and_results_written(tmp_path):
     result = autotune.optimize(
-        MLP(), classification_data(), space={"base": None, "batch_size": [8, 16, 32], "num_threads": "all"},
-        out_dir=tmp_path, baseline_batch_size=8, measure=FAST, n_verify_pairs=2, n_trials=30, device="cpu",
+        MLP(),
+        classification_data(),
+        space={"base": None, "batch_size": [8, 16, 32], "num_threads": "all"},
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure=FAST,
+        n_verify_pairs=2,
+        n_trials=30,
+        device="cpu",
     )
     trials = result.study.trials
     assert trials[0].user_attrs["baseline"] and trials[0].user_attrs["config"]["batch_size"] == 8
@@ -38,10 +45,17 @@ def test_baseline_first_no_repeats_and_results_written(tmp_path):
 
 
 def test_existing_study_is_not_touched_without_resume(tmp_path):
-    args = dict(space={"base": None, "batch_size": [8, 16]}, out_dir=tmp_path, baseline_batch_size=8,
-                measure=FAST, n_trials=2, device="cpu", isolation="inprocess")
+    args = dict(
+        space={"base": None, "batch_size": [8, 16]},
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure=FAST,
+        n_trials=2,
+        device="cpu",
+        isolation="inprocess",
+    )
     autotune.optimize(MLP(), classification_data(), **args)
-    with pytest.raises(autotune.ConfigError, match="already exists.*resume"):
+    with pytest.raises(autotune.ConfigError, match=r"already exists.*resume"):
         autotune.optimize(MLP(), classification_data(), **args)
     again = autotune.optimize(MLP(), classification_data(), resume=True, **args)
     assert sum(t.user_attrs.get("baseline", False) for t in again.study.trials) == 1

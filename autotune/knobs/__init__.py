@@ -9,8 +9,17 @@ from . import batch, compiler, layout, loader, precision, runtime  # noqa: F401 
 from .base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
 
 _ORDER = (
-    "batch_size", "num_workers", "prefetch_factor", "persistent_workers", "pin_memory",
-    "amp_dtype", "channels_last", "compile_mode", "num_threads", "cudnn_benchmark", "tf32",
+    "batch_size",
+    "num_workers",
+    "prefetch_factor",
+    "persistent_workers",
+    "pin_memory",
+    "amp_dtype",
+    "channels_last",
+    "compile_mode",
+    "num_threads",
+    "cudnn_benchmark",
+    "tf32",
 )
 _registered = dict(REGISTRY)
 REGISTRY.clear()

@@ -26,7 +26,9 @@ class AmpDtype(Knob):
         elif env.is_cuda:
             excluded["bfloat16"] = f"{env.gpu_name} has no bfloat16 support (needs compute capability 8.0+)"
         else:
-            excluded["bfloat16"] = f"this CPU ({env.cpu_capability}) has no AVX-512 or AMX, so bfloat16 would be emulated slowly"
+            excluded["bfloat16"] = (
+                f"this CPU ({env.cpu_capability}) has no AVX-512 or AMX, so bfloat16 would be emulated slowly"
+            )
         if env.fp16:
             values.append("float16")
         else:

@@ -20,7 +20,10 @@ class NumThreads(Knob):
         if ctx.env.is_cuda:
             return Offer([n], {str(c): "intra-op threads are tuned on CPU only" for c in self.choices if c != n})
         values = sorted({c for c in self.choices if c <= n} | {n})
-        return Offer(values, {str(c): f"more threads than torch's default ({n}, the physical cores)" for c in self.choices if c > n})
+        return Offer(
+            values,
+            {str(c): f"more threads than torch's default ({n}, the physical cores)" for c in self.choices if c > n},
+        )
 
     def baseline(self, ctx: SpaceContext) -> int:
         return ctx.env.cpu_threads
@@ -63,12 +66,16 @@ class CudnnBenchmark(_CudaOnly):
 class Tf32(_CudaOnly):
     name = "tf32"
     stage = Stage.RUNTIME
-    help = "TF32 tensor-core math for float32 matmuls and convolutions (set_float32_matmul_precision('high')). CUDA sm80+."
+    help = (
+        "TF32 tensor-core math for float32 matmuls and convolutions (set_float32_matmul_precision('high')). CUDA sm80+."
+    )
 
     def offer(self, ctx: SpaceContext) -> Offer:
         env = ctx.env
         if env.is_cuda and env.gpu_capability and env.gpu_capability < (8, 0):
-            return Offer([False], {"true": f"TF32 needs compute capability 8.0+, {env.gpu_name} has {env.gpu_capability}"})
+            return Offer(
+                [False], {"true": f"TF32 needs compute capability 8.0+, {env.gpu_name} has {env.gpu_capability}"}
+            )
         return super().offer(ctx)
 
     def apply(self, state: Any, value: bool) -> None:

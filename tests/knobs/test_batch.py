@@ -15,7 +15,9 @@ def test_batch_sizes_are_bounded_by_the_dataset(cpu_env):
 def test_batch_sizes_are_bounded_by_memory(cpu_env):
     big = describe([torch.zeros(1)] * 5000)
     # Pretend one sample is huge relative to memory: only small batches fit under 10%.
-    huge = type(big)(n_samples=5000, kind="tensor", shapes={}, sample_bytes=cpu_env.device_mem_bytes // 200, image_input=False)
+    huge = type(big)(
+        n_samples=5000, kind="tensor", shapes={}, sample_bytes=cpu_env.device_mem_bytes // 200, image_input=False
+    )
     offer = get_knob("batch_size").offer(SpaceContext(cpu_env, huge, 32))
     assert max(offer.values) <= 20 and "of the device's memory" in offer.excluded["32"]
 

@@ -16,7 +16,9 @@ def test_channels_last_only_for_image_inputs(cpu_env):
 def test_channels_last_converts_weights_and_inputs():
     seen = []
     tuned = autotune.apply(TinyCNN(), {"channels_last": True}, device="cpu")
-    tuned.model.conv.register_forward_pre_hook(lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last)))
+    tuned.model.conv.register_forward_pre_hook(
+        lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last))
+    )
     tuned(torch.randn(2, 3, 8, 8))
     assert seen == [True]
     assert tuned.model.conv.weight.is_contiguous(memory_format=torch.channels_last)

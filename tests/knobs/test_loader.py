@@ -31,7 +31,9 @@ def test_pin_memory_is_cuda_only(ctx):
 
 def test_tuned_dataloader_uses_every_loader_knob():
     data = [torch.full((2,), float(i)) for i in range(10)]
-    loader = autotune.dataloader(data, {"batch_size": 4, "num_workers": 1, "prefetch_factor": 4, "persistent_workers": True})
+    loader = autotune.dataloader(
+        data, {"batch_size": 4, "num_workers": 1, "prefetch_factor": 4, "persistent_workers": True}
+    )
     assert loader.batch_size == 4 and loader.num_workers == 1
     assert loader.prefetch_factor == 4 and loader.persistent_workers
     assert torch.cat(list(loader))[:, 0].tolist() == [float(i) for i in range(10)]  # in order, nothing dropped
