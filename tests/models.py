@@ -127,3 +127,11 @@ class WrongButFastUnderAutocast(Oracle):
         for _ in range(50):
             x = x + 0.0 * self.heavy(x)
         return super().forward(x)
+
+
+class CudaMemoryHog(MLP):
+    """Allocates 1 GiB of GPU memory per sample: a real CUDA out-of-memory at large batches."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.empty(x.shape[0], 2**28, device=x.device)  # 2**28 float32 = 1 GiB per sample
+        return super().forward(x) + 0 * scratch[:, :4].sum()
