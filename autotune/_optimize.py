@@ -208,7 +208,7 @@ def optimize(
     from .data import validation_indices
     from .measure import MeasureSettings
     from .runner import InProcessRunner, SubprocessRunner, pickle_spec
-    from .study import best_trial, open_study, run_trials, trial_record
+    from .study import open_study, run_trials, trial_record
 
     _check_options(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
@@ -247,6 +247,14 @@ def optimize(
         if progress is not None:
             progress(record, n_done, n_trials)
 
+    summary = {
+        "env": env.manifest(),
+        "mode": mode,
+        "guard": {"metric": "user" if metric is not None else "fidelity", "max_metric_drop": max_metric_drop},
+        "objectives": list(objectives),
+        "study": {"name": study_name, "storage": storage},
+        "space": search_space.values,
+    }
     try:
         stop_reason = run_trials(
             study,
@@ -259,21 +267,63 @@ def optimize(
             extra_attrs={"hardware": env.hardware_key()},
             on_trial=after_trial,
         )
-        records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
-        baseline = next(r for r in records if r.get("baseline") and r.get("status") == "ok")
-        best = trial_record(best_trial(study, next(iter(objectives))) or study.trials[baseline["number"]])
-        ratios = [1.0]
+        baseline, best = _baseline_and_best(study, objectives)
+        ratios = None
         if best["key"] != baseline["key"]:
-            pairs = runner.verify(baseline["config"], best["config"], n_verify_pairs)
-            ratios = [b / a for a, b in pairs]
+            ratios = [b / a for a, b in runner.verify(baseline["config"], best["config"], n_verify_pairs)]
+    except KeyboardInterrupt:
+        # Keep what was found so far; the ratio then comes from the two trials, unverified.
+        picked = _baseline_and_best(study, objectives, required=False)
+        if picked is not None:
+            _write_best(out, summary, *picked, ratios=None, stop_reason="interrupted", study=study)
+        raise
     finally:
         runner.close()
         report.write_trials_csv(out / "trials.csv", [trial_record(t) for t in study.get_trials(deepcopy=False)])
+    return _write_best(out, summary, baseline, best, ratios=ratios, stop_reason=stop_reason, study=study)
 
+
+def _baseline_and_best(study: Any, objectives: Sequence[str], required: bool = True) -> Any:
+    from .study import best_trial, trial_record
+
+    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
+    if baseline is None:
+        if required:
+            raise InputError("The baseline was never measured successfully; see trials.csv for why.")
+        return None
+    best = best_trial(study, next(iter(objectives)))
+    return baseline, (trial_record(best) if best is not None else baseline)
+
+
+def _write_best(
+    out: Path,
+    summary: dict[str, Any],
+    baseline: dict[str, Any],
+    best: dict[str, Any],
+    *,
+    ratios: list[float] | None,
+    stop_reason: str,
+    study: Any = None,
+) -> Result:
+    """Write ``best_config.json`` and return the :class:`Result`.
+
+    ``ratios`` are the interleaved pair ratios; ``None`` means best is the baseline (ratio 1)
+    or, when interrupted, that the ratio of the two trials' own measurements stands unverified.
+    """
+    from . import report
+
+    if ratios is not None:
+        method = "interleaved"
+    elif best["key"] == baseline["key"]:
+        ratios, method = [1.0], "baseline is best"
+    else:
+        ratios, method = [best["samples_per_s"] / baseline["samples_per_s"]], "trial ratio, not verified"
+    keys = (*report.METRIC_KEYS, "batch_size")
     result = Result(
         best_config=dict(best["config"]),
-        best={k: best.get(k) for k in (*report.METRIC_KEYS, "batch_size")},
-        baseline={k: baseline.get(k) for k in (*report.METRIC_KEYS, "batch_size")},
+        best={k: best.get(k) for k in keys},
+        baseline={k: baseline.get(k) for k in keys},
         speedup=statistics.median(ratios),
         speedup_min=min(ratios),
         speedup_max=max(ratios),
@@ -282,32 +332,23 @@ def optimize(
         out_dir=out,
         stop_reason=stop_reason,
     )
+    speedup = {"median": result.speedup, "min": result.speedup_min, "max": result.speedup_max}
+    speedup.update(n_pairs=len(ratios) if method == "interleaved" else 0, method=method)
     report.write_json(
         out / "best_config.json",
         {
             "schema_version": report.SCHEMA_VERSION,
             "created": report.now_iso(),
-            "env": env.manifest(),
-            "mode": mode,
+            **summary,
             "config": result.best_config,
             "baseline_config": baseline["config"],
             "best": result.best,
             "baseline": result.baseline,
-            "speedup": {
-                "median": result.speedup,
-                "min": result.speedup_min,
-                "max": result.speedup_max,
-                "n_pairs": len(ratios) if best["key"] != baseline["key"] else 0,
-                "method": "interleaved",
-            },
-            "guard": {"metric": "user" if metric is not None else "fidelity", "max_metric_drop": max_metric_drop},
-            "objectives": list(objectives),
+            "speedup": speedup,
             "trial": best["number"],
-            "n_trials": len(records),
+            "n_trials": len(study.trials) if study is not None else None,
             "stop_reason": stop_reason,
             "artifacts": {},
-            "study": {"name": study_name, "storage": storage},
-            "space": search_space.values,
         },
     )
     return result

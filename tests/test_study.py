@@ -108,6 +108,9 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path):
     assert not [t for t in study.trials if t.state == optuna.trial.TrialState.RUNNING]
     rows = (out / "trials.csv").read_text().strip().splitlines()
     assert len(rows) - 1 == len(study.trials)
+    partial = json.loads((out / "best_config.json").read_text())
+    assert partial["stop_reason"] == "interrupted"
+    assert partial["speedup"]["method"] in ("trial ratio, not verified", "baseline is best")
 
     done = subprocess.run([*cmd, "--resume"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -1,0 +1,27 @@
+"""The benchmark script runs end to end (its numbers are not checked: speed is never asserted)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_quick_benchmark_prints_the_three_tables(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.core", "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    for header in ("(a) tuned vs baseline", "(b) measurement spread", "(c) per-trial overhead"):
+        assert header in proc.stdout
+    results = json.loads((tmp_path / "benchmarks.json").read_text())
+    assert [row["example"] for row in results["examples"]] == ["quickstart"]
+    assert len(results["spread"]["samples_per_s"]) == 5
