@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from .config import Config
+from .data import map_tensors
 from .knobs import REGISTRY, Stage
 
 __all__ = ["BuildState", "TunedModule", "apply_settings", "build", "make_loader", "settings_active"]
@@ -55,13 +56,7 @@ class TunedModule(torch.nn.Module):
 
 
 def _to_float32(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out.float() if out.is_floating_point() else out
-    if isinstance(out, dict):
-        return {k: _to_float32(v) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_to_float32(v) for v in out)
-    return out
+    return map_tensors(lambda t: t.float() if t.is_floating_point() else t, out)
 
 
 @dataclasses.dataclass

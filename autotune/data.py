@@ -11,12 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .errors import InputError
 
-__all__ = ["TARGET_KEYS", "DataInfo", "describe", "model_inputs", "to_device", "slice_batch", "pad_batch"]
+__all__ = [
+    "TARGET_KEYS",
+    "DataInfo",
+    "describe",
+    "map_tensors",
+    "model_inputs",
+    "to_device",
+    "slice_batch",
+    "pad_batch",
+]
 
 TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})
 _N_SHAPE_CHECKS = 16
@@ -185,17 +194,27 @@ def model_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
     return (inputs,), {}
 
 
-def to_device(batch: Any, device: Any, *, non_blocking: bool = False) -> Any:
-    """Move every tensor of ``batch`` to ``device``, keeping the structure."""
+def map_tensors(fn: Callable[[Any], Any], obj: Any) -> Any:
+    """Apply ``fn`` to every tensor in a nested tuple/list/dict, keeping the structure.
+
+    Model-output objects with ``to_tuple()`` (as in Hugging Face models) are mapped as tuples.
+    """
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        return batch.to(device, non_blocking=non_blocking)
-    if isinstance(batch, Mapping):
-        return {k: to_device(v, device, non_blocking=non_blocking) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(to_device(v, device, non_blocking=non_blocking) for v in batch)
-    return batch
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, Mapping):
+        return {k: map_tensors(fn, v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(map_tensors(fn, v) for v in obj)
+    if hasattr(obj, "to_tuple"):
+        return map_tensors(fn, obj.to_tuple())
+    return obj
+
+
+def to_device(batch: Any, device: Any, *, non_blocking: bool = False) -> Any:
+    """Move every tensor of ``batch`` to ``device``, keeping the structure."""
+    return map_tensors(lambda t: t.to(device, non_blocking=non_blocking), batch)
 
 
 def batch_size_of(batch: Any) -> int:
@@ -209,17 +228,9 @@ def batch_size_of(batch: Any) -> int:
     return batch_size_of(batch[0])
 
 
-def slice_batch(batch: Any, n: int) -> Any:
-    """The first ``n`` samples of a collated batch (``outputs`` too: any nested tensors)."""
-    import torch
-
-    if isinstance(batch, torch.Tensor):
-        return batch[:n] if batch.dim() > 0 else batch
-    if isinstance(batch, Mapping):
-        return {k: slice_batch(v, n) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(slice_batch(v, n) for v in batch)
-    return batch
+def slice_batch(batch: Any, stop: int, start: int = 0) -> Any:
+    """Samples ``start:stop`` of a collated batch (or of a model's outputs)."""
+    return map_tensors(lambda t: t[start:stop] if t.dim() > 0 else t, batch)
 
 
 def pad_batch(batch: Any, size: int) -> Any:
@@ -230,16 +241,11 @@ def pad_batch(batch: Any, size: int) -> Any:
     """
     import torch
 
-    if isinstance(batch, torch.Tensor):
-        missing = size - batch.shape[0]
-        if missing <= 0:
-            return batch
-        return torch.cat([batch, batch[-1:].expand(missing, *batch.shape[1:])])
-    if isinstance(batch, Mapping):
-        return {k: pad_batch(v, size) for k, v in batch.items()}
-    if isinstance(batch, (tuple, list)):
-        return type(batch)(pad_batch(v, size) for v in batch)
-    return batch
+    def pad(t: Any) -> Any:
+        missing = size - t.shape[0] if t.dim() > 0 else 0
+        return torch.cat([t, t[-1:].expand(missing, *t.shape[1:])]) if missing > 0 else t
+
+    return map_tensors(pad, batch)
 
 
 def validation_indices(n_samples: int, n_val: int, seed: int = 0) -> list[int]:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .build import BuildState, settings_active
-from .data import pad_batch, slice_batch, to_device
+from .data import map_tensors, pad_batch, slice_batch, to_device
 from .errors import InputError, TrialError
 from .measure import call_model
 
@@ -45,16 +45,7 @@ def _concat(chunks: list[Any]) -> Any:
 
 
 def _to_cpu(out: Any) -> Any:
-    if isinstance(out, torch.Tensor):
-        out = out.detach().cpu()
-        return out.float() if out.is_floating_point() else out
-    if isinstance(out, dict):
-        return {k: _to_cpu(v) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_to_cpu(v) for v in out)
-    if hasattr(out, "to_tuple"):
-        return _to_cpu(out.to_tuple())
-    return out
+    return map_tensors(lambda t: t.detach().cpu().float() if t.is_floating_point() else t.detach().cpu(), out)
 
 
 def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
@@ -144,7 +135,7 @@ def evaluate(
     for start in range(0, len(samples), chunk):
         part = list(samples[start : start + chunk])
         batch = to_device(default_collate(part), torch.device(device))
-        out = to_device(_slice_range(outputs, start, start + len(part)), torch.device(device))
+        out = to_device(slice_batch(outputs, start + len(part), start), torch.device(device))
         try:
             value = float(metric(out, batch))
         except Exception as exc:
@@ -152,16 +143,6 @@ def evaluate(
         values.append(value)
         sizes.append(len(part))
     return sum(v * n for v, n in zip(values, sizes, strict=True)) / sum(sizes)
-
-
-def _slice_range(out: Any, start: int, stop: int) -> Any:
-    if isinstance(out, torch.Tensor):
-        return out[start:stop] if out.dim() > 0 else out
-    if isinstance(out, dict):
-        return {k: _slice_range(v, start, stop) for k, v in out.items()}
-    if isinstance(out, (tuple, list)):
-        return type(out)(_slice_range(v, start, stop) for v in out)
-    return out
 
 
 def make_reference(state: BuildState, samples: list[Any], metric: Callable[[Any, Any], float] | None) -> Reference:
