@@ -161,6 +161,7 @@ def optimize(
     n_val: int = 512,
     measure: Mapping[str, Any] | None = None,
     n_verify_pairs: int = 5,
+    n_finalists: int = 3,
     sampler: Any = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> Result:
@@ -190,7 +191,10 @@ def optimize(
         isolation: ``"subprocess"`` (a worker process, restarted after faults) or ``"inprocess"``.
         n_val: Samples in the fixed validation subset of the guard.
         measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``.
-        n_verify_pairs: Baseline/best pairs in the final interleaved re-measurement.
+        n_verify_pairs: Rounds of the final interleaved re-measurement (one baseline/finalist
+            pair per finalist and round).
+        n_finalists: Best trials re-measured against the baseline before the winner is chosen:
+            one measurement per trial can flatter a configuration by chance.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
         progress: Called after each trial with (trial record, trials measured, n_trials).
 
@@ -270,7 +274,8 @@ def optimize(
         baseline, best = _baseline_and_best(study, objectives)
         ratios = None
         if best["key"] != baseline["key"]:
-            ratios = [b / a for a, b in runner.verify(baseline["config"], best["config"], n_verify_pairs)]
+            finalists = _finalists(study, objectives, baseline, n_finalists)
+            best, ratios, summary["finalists"] = _verify(runner, baseline, finalists, n_verify_pairs)
     except KeyboardInterrupt:
         # Keep what was found so far; the ratio then comes from the two trials, unverified.
         picked = _baseline_and_best(study, objectives, required=False)
@@ -294,6 +299,39 @@ def _baseline_and_best(study: Any, objectives: Sequence[str], required: bool = T
         return None
     best = best_trial(study, next(iter(objectives)))
     return baseline, (trial_record(best) if best is not None else baseline)
+
+
+def _finalists(study: Any, objectives: Sequence[str], baseline: dict[str, Any], n: int) -> list[dict[str, Any]]:
+    """The best ``n`` distinct configurations that passed the guard (one unless the objective is throughput)."""
+    from .study import OBJECTIVES, trial_record
+
+    objective = next(iter(objectives))
+    key, direction = OBJECTIVES[objective]
+    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    ok = [r for r in records if r.get("status") == "ok" and r.get("ran") and r["key"] != baseline["key"] and key in r]
+    ok.sort(key=lambda r: r[key], reverse=direction == "maximize")
+    return ok[: n if objective == "throughput" else 1]
+
+
+def _verify(
+    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int
+) -> tuple[dict[str, Any], list[float] | None, list[dict[str, Any]]]:
+    """Re-measure the finalists interleaved with the baseline; return (winner, its ratios, table)."""
+    from .errors import TrialError
+
+    try:
+        rounds = runner.verify(baseline["config"], [f["config"] for f in finalists], n_rounds)
+    except TrialError as exc:  # the study stands; its best trial is reported unverified
+        return finalists[0], None, [{"error": str(exc)}]
+    ratios = [[r[i + 1] / r[0] for r in rounds] for i in range(len(finalists))]
+    table = [
+        {"trial": f["number"], "median": statistics.median(rs), "min": min(rs), "max": max(rs)}
+        for f, rs in zip(finalists, ratios, strict=True)
+    ]
+    pick = max(range(len(finalists)), key=lambda i: statistics.median(ratios[i]))
+    if statistics.median(ratios[pick]) < 1.0:
+        return baseline, None, table  # re-measured, nothing beats the model as given
+    return finalists[pick], ratios[pick], table
 
 
 def _write_best(

@@ -183,15 +183,22 @@ class TrialContext:
         result["trial_s"] = time.perf_counter() - started
         return result
 
-    def verify(self, a: dict[str, Any], b: dict[str, Any], n_pairs: int) -> dict[str, Any]:
-        """Measure ``a`` and ``b`` alternately; return the per-pair throughputs."""
-        state_a, state_b = self.build(a), self.build(b)
-        pairs = []
-        for _ in range(n_pairs):
-            ma = measure(state_a, self.spec.dataset, self.spec.measure)
-            mb = measure(state_b, self.spec.dataset, self.spec.measure)
-            pairs.append((ma["samples_per_s"], mb["samples_per_s"]))
-        return {"pairs": pairs}
+    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> dict[str, Any]:
+        """Measure the baseline and each finalist in turn, ``n_rounds`` times.
+
+        Returns:
+            ``{"rounds": [[baseline, finalist 1, ...], ...]}`` in samples/s. Each finalist's
+            ratio to the baseline of its own round cancels drifts slower than one round.
+        """
+        if any(c.get("compile_mode", "none") != "none" for c in (baseline, *finalists)):
+            torch._dynamo.reset()
+        states = [
+            build(self.fresh_model(), Config(c), self.spec.device, copy_model=False) for c in (baseline, *finalists)
+        ]
+        rounds = []
+        for _ in range(n_rounds):
+            rounds.append([measure(s, self.spec.dataset, self.spec.measure)["samples_per_s"] for s in states])
+        return {"rounds": rounds}
 
 
 def serve(conn: Any) -> None:

@@ -57,8 +57,8 @@ class Runner:
         """Measure one configuration; return the trial's result dict."""
         raise NotImplementedError
 
-    def verify(self, a: dict[str, Any], b: dict[str, Any], n_pairs: int) -> list[tuple[float, float]]:
-        """Interleaved throughputs of ``a`` and ``b``."""
+    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
+        """Interleaved throughputs: per round, the baseline's then each finalist's."""
         raise NotImplementedError
 
     def close(self) -> None:
@@ -77,8 +77,8 @@ class InProcessRunner(Runner):
     def run(self, config: dict[str, Any]) -> dict[str, Any]:
         return self._ctx.run_trial(config)
 
-    def verify(self, a: dict[str, Any], b: dict[str, Any], n_pairs: int) -> list[tuple[float, float]]:
-        return self._ctx.verify(a, b, n_pairs)["pairs"]
+    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
+        return self._ctx.verify(baseline, finalists, n_rounds)["rounds"]
 
 
 class SubprocessRunner(Runner):
@@ -208,14 +208,14 @@ class SubprocessRunner(Runner):
         result["wall_s"] = time.perf_counter() - started
         return result
 
-    def verify(self, a: dict[str, Any], b: dict[str, Any], n_pairs: int) -> list[tuple[float, float]]:
+    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
         self._ensure()
-        self._send.send(("verify", a, b, n_pairs))
-        reply = self._wait(self._timeout * (n_pairs + 1), "re-measuring baseline and best")
+        self._send.send(("verify", baseline, finalists, n_rounds))
+        reply = self._wait(self._timeout * (len(finalists) + 1), "re-measuring the finalists against the baseline")
         if reply[0] == "fail" or "error" in reply[1]:
             self._kill()
-            raise TrialError("error", f"Re-measuring the best against the baseline failed: {reply[-1]}")
-        return [tuple(p) for p in reply[1]["pairs"]]
+            raise TrialError("error", f"Re-measuring the finalists against the baseline failed: {reply[-1]}")
+        return reply[1]["rounds"]
 
     def close(self) -> None:
         if self._proc is not None and not self._busy:

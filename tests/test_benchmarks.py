@@ -5,12 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
 def test_quick_benchmark_prints_the_three_tables(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "benchmarks.core", "--quick", "--out", str(tmp_path)],

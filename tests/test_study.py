@@ -38,6 +38,10 @@ def test_baseline_first_no_repeats_and_results_written(tmp_path):
     saved = json.loads((tmp_path / "best_config.json").read_text())
     assert saved["schema_version"] == 1 and saved["config"] == result.best_config
     assert saved["speedup"]["n_pairs"] in (0, 2) and saved["env"]["device"] == "cpu"
+    if saved["speedup"]["method"] == "interleaved":  # the winner is the finalist re-measured fastest
+        finalists = {f["trial"]: f["median"] for f in saved["finalists"]}
+        assert saved["trial"] in finalists and finalists[saved["trial"]] == max(finalists.values())
+        assert saved["speedup"]["median"] == finalists[saved["trial"]]
     assert saved["study"]["storage"].startswith("sqlite:///") and (tmp_path / "study.db").exists()
     # The study is in SQLite, readable by plain optuna.
     loaded = optuna.load_study(study_name="autotune", storage=saved["study"]["storage"])
