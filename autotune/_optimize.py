@@ -32,6 +32,7 @@ class Result:
         study: The Optuna study with every trial.
         out_dir: Where ``best_config.json``, ``trials.csv`` and ``study.db`` were written.
         stop_reason: ``"budget"``, ``"timeout"`` or ``"exhausted"`` (every configuration measured).
+        pareto: With several objectives, the feasible Pareto front (also in ``pareto.json``).
     """
 
     best_config: dict[str, Any]
@@ -44,6 +45,7 @@ class Result:
     study: Any
     out_dir: Path
     stop_reason: str
+    pareto: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def __repr__(self) -> str:
         return (
@@ -162,6 +164,7 @@ def optimize(
     measure: Mapping[str, Any] | None = None,
     n_verify_pairs: int = 5,
     n_finalists: int = 3,
+    select: Any = None,
     sampler: Any = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> Result:
@@ -195,6 +198,9 @@ def optimize(
             pair per finalist and round).
         n_finalists: Best trials re-measured against the baseline before the winner is chosen:
             one measurement per trial can flatter a configuration by chance.
+        select: With several objectives, which member of the feasible Pareto front wins: an
+            objective name, or a function of the front's records returning one; default the
+            highest throughput.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
         progress: Called after each trial with (trial record, trials measured, n_trials).
 
@@ -207,7 +213,7 @@ def optimize(
         >>> result = autotune.optimize(torch.nn.Linear(16, 4), data, space="quick", n_trials=3,
         ...                            out_dir="/tmp/autotune-doc")  # doctest: +SKIP
     """
-    from . import report
+    from . import _select, report
     from ._worker import WorkerSpec
     from .data import validation_indices
     from .measure import MeasureSettings
@@ -217,6 +223,8 @@ def optimize(
     _check_options(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
     )
+    objectives = _select.check_objectives(objectives)
+    _select.check_select(select)
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
     except TypeError as exc:
@@ -271,25 +279,31 @@ def optimize(
             extra_attrs={"hardware": env.hardware_key()},
             on_trial=after_trial,
         )
-        baseline, best = _baseline_and_best(study, objectives)
+        baseline, best = _baseline_and_best(study, objectives, select)
         ratios = None
-        if best["key"] != baseline["key"]:
-            finalists = _finalists(study, objectives, baseline, n_finalists)
-            best, ratios, summary["finalists"] = _verify(runner, baseline, finalists, n_verify_pairs)
+        records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+        front = _write_pareto(out, records, objectives) if len(objectives) > 1 else []
+        finalists = _select.finalists(records, objectives, baseline["key"], n_finalists, select)
+        if finalists:
+            speed_only = list(objectives) == ["throughput"]
+            best, ratios, summary["finalists"] = _verify(runner, baseline, finalists, n_verify_pairs, speed_only)
     except KeyboardInterrupt:
         # Keep what was found so far; the ratio then comes from the two trials, unverified.
-        picked = _baseline_and_best(study, objectives, required=False)
+        picked = _baseline_and_best(study, objectives, select, required=False)
         if picked is not None:
             _write_best(out, summary, *picked, ratios=None, stop_reason="interrupted", study=study)
         raise
     finally:
         runner.close()
         report.write_trials_csv(out / "trials.csv", [trial_record(t) for t in study.get_trials(deepcopy=False)])
-    return _write_best(out, summary, baseline, best, ratios=ratios, stop_reason=stop_reason, study=study)
+    result = _write_best(out, summary, baseline, best, ratios=ratios, stop_reason=stop_reason, study=study)
+    result.pareto = front
+    return result
 
 
-def _baseline_and_best(study: Any, objectives: Sequence[str], required: bool = True) -> Any:
-    from .study import best_trial, trial_record
+def _baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
+    from ._select import choose
+    from .study import trial_record
 
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
@@ -297,26 +311,17 @@ def _baseline_and_best(study: Any, objectives: Sequence[str], required: bool = T
         if required:
             raise InputError("The baseline was never measured successfully; see trials.csv for why.")
         return None
-    best = best_trial(study, next(iter(objectives)))
-    return baseline, (trial_record(best) if best is not None else baseline)
-
-
-def _finalists(study: Any, objectives: Sequence[str], baseline: dict[str, Any], n: int) -> list[dict[str, Any]]:
-    """The best ``n`` distinct configurations that passed the guard (one unless the objective is throughput)."""
-    from .study import OBJECTIVES, trial_record
-
-    objective = next(iter(objectives))
-    key, direction = OBJECTIVES[objective]
-    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
-    ok = [r for r in records if r.get("status") == "ok" and r.get("ran") and r["key"] != baseline["key"] and key in r]
-    ok.sort(key=lambda r: r[key], reverse=direction == "maximize")
-    return ok[: n if objective == "throughput" else 1]
+    return baseline, choose(records, objectives, select) or baseline
 
 
 def _verify(
-    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int
+    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int, speed_only: bool
 ) -> tuple[dict[str, Any], list[float] | None, list[dict[str, Any]]]:
-    """Re-measure the finalists interleaved with the baseline; return (winner, its ratios, table)."""
+    """Re-measure the finalists interleaved with the baseline; return (winner, its ratios, table).
+
+    When speed is the only objective and no finalist beats the baseline on re-measurement, the
+    baseline wins; with other objectives (size, say) a slower winner can still be the right one.
+    """
     from .errors import TrialError
 
     try:
@@ -329,9 +334,22 @@ def _verify(
         for f, rs in zip(finalists, ratios, strict=True)
     ]
     pick = max(range(len(finalists)), key=lambda i: statistics.median(ratios[i]))
-    if statistics.median(ratios[pick]) < 1.0:
+    if speed_only and statistics.median(ratios[pick]) < 1.0:
         return baseline, None, table  # re-measured, nothing beats the model as given
     return finalists[pick], ratios[pick], table
+
+
+def _write_pareto(out: Path, records: list[dict[str, Any]], objectives: Sequence[str]) -> list[dict[str, Any]]:
+    """Write ``pareto.json``: the feasible Pareto front, best first on the first objective."""
+    from . import report
+    from ._select import pareto_front
+
+    front = [
+        {"trial": r["number"], "config": r["config"], **{k: r.get(k) for k in (*report.METRIC_KEYS, "batch_size")}}
+        for r in pareto_front(records, objectives)
+    ]
+    report.write_json(out / "pareto.json", {"objectives": list(objectives), "front": front})
+    return front
 
 
 def _write_best(

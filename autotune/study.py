@@ -17,43 +17,19 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from ._select import OBJECTIVES, check_objectives
 from .config import Config
 from .errors import ConfigError, TrialError
 from .knobs import REGISTRY
 from .runner import Runner
 from .space import SearchSpace
 
-__all__ = ["OBJECTIVES", "open_study", "run_trials", "best_trial", "trial_record"]
+__all__ = ["open_study", "run_trials", "trial_record"]
 
-# objective name -> (metric key, direction)
-OBJECTIVES: dict[str, tuple[str, str]] = {
-    "throughput": ("samples_per_s", "maximize"),
-    "latency": ("latency_ms_p95", "minimize"),
-    "size": ("size_bytes", "minimize"),
-    "memory": ("peak_mem_mib", "minimize"),
-    "metric": ("metric", "maximize"),
-}
 # Knobs whose values change how much memory a batch needs.
 _MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
 # After this many suggestions in a row that were all measured before, the space is spent.
 _MAX_REPEATS = 30
-
-
-def _check_objectives(objectives: Sequence[str]) -> list[str]:
-    if isinstance(objectives, str):
-        objectives = (objectives,)
-    objectives = list(objectives)
-    if not objectives:
-        raise ConfigError("`objectives` must name at least one of: " + ", ".join(OBJECTIVES) + ".")
-    for name in objectives:
-        if name not in OBJECTIVES:
-            raise ConfigError(f"No objective named {name!r}. Known: {', '.join(OBJECTIVES)}.")
-    if len(objectives) > 1:
-        raise ConfigError(
-            f"Several objectives ({', '.join(objectives)}) need the multi-objective study, which this "
-            "version does not have yet. Pass one objective."
-        )
-    return objectives
 
 
 def open_study(
@@ -69,7 +45,7 @@ def open_study(
     Raises:
         ConfigError: the study exists and ``resume`` is false, or the storage URL is unusable.
     """
-    objectives = _check_objectives(objectives)
+    objectives = check_objectives(objectives)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
         existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
@@ -103,16 +79,6 @@ def trial_record(trial: FrozenTrial) -> dict[str, Any]:
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and "status" in t.user_attrs]
-
-
-def best_trial(study: optuna.Study, objective: str = "throughput") -> FrozenTrial | None:
-    """The best trial whose status is ok (it passed the guard), or ``None``."""
-    key, direction = OBJECTIVES[objective]
-    ok = [t for t in _finished(study) if t.user_attrs.get("status") == "ok" and key in t.user_attrs]
-    if not ok:
-        return None
-    pick = max if direction == "maximize" else min
-    return pick(ok, key=lambda t: t.user_attrs[key])
 
 
 def _suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
@@ -179,7 +145,7 @@ def run_trials(
     Returns:
         Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
     """
-    objectives = _check_objectives(objectives)
+    objectives = check_objectives(objectives)
     finished = _finished(study)
     seen = {t.user_attrs["key"]: t for t in finished if "key" in t.user_attrs}
     if not any(t.user_attrs.get("baseline") for t in finished):

@@ -1,0 +1,59 @@
+"""The Pareto front and the winner on it."""
+
+import json
+
+import pytest
+
+import autotune
+from autotune._select import choose, finalists, pareto_front
+from tests.models import MLP, classification_data
+
+
+def rec(n, sps, lat, status="ok", **extra):
+    return {"number": n, "key": f"k{n}", "status": status, "samples_per_s": sps, "latency_ms_p95": lat, **extra}
+
+
+def test_front_keeps_only_the_undominated_feasible_trials():
+    records = [rec(0, 100, 1.0), rec(1, 200, 2.0), rec(2, 150, 3.0), rec(3, 300, 0.5, status="infeasible")]
+    front = pareto_front(records, ["throughput", "latency"])
+    assert [r["number"] for r in front] == [1, 0]  # 2 is beaten by 1 on both; 3 failed the guard
+    assert choose(records, ["throughput", "latency"])["number"] == 1
+    assert choose(records, ["throughput", "latency"], select="latency")["number"] == 0
+    assert choose(records, ["throughput", "latency"], select=lambda front: front[-1])["number"] == 0
+
+
+def test_finalists_are_the_fastest_distinct_feasible_trials():
+    records = [
+        rec(0, 100, 1),
+        rec(1, 300, 1),
+        rec(2, 200, 1),
+        rec(3, 250, 1, repeat_of=1),
+        rec(4, 900, 1, status="oom"),
+    ]
+    assert [r["number"] for r in finalists(records, ["throughput"], "k0", 2)] == [1, 2]
+
+
+def test_multi_objective_study_writes_a_feasible_front(tmp_path):
+    result = autotune.optimize(
+        MLP(),
+        classification_data(),
+        objectives=("throughput", "latency"),
+        out_dir=tmp_path,
+        device="cpu",
+        space={"base": None, "batch_size": [8, 16, 32, 64], "num_threads": "all"},
+        baseline_batch_size=8,
+        n_trials=8,
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        n_verify_pairs=1,
+    )
+    saved = json.loads((tmp_path / "pareto.json").read_text())
+    assert saved["objectives"] == ["throughput", "latency"] and saved["front"]
+    statuses = {t.number: t.user_attrs["status"] for t in result.study.trials}
+    assert all(statuses[m["trial"]] == "ok" for m in saved["front"])
+    assert len(result.study.directions) == 2
+    assert result.best_config in [m["config"] for m in saved["front"]]
+
+
+def test_unknown_select_is_a_config_error(tmp_path):
+    with pytest.raises(autotune.ConfigError, match="`select` must be an objective name"):
+        autotune.optimize(MLP(), classification_data(), select="fastest", out_dir=tmp_path)
