@@ -36,17 +36,19 @@ __all__ = [
 
 _LAZY = {
     "Config": "autotune.config",
-    "Result": "autotune._optimize",
-    "apply": "autotune._optimize",
-    "dataloader": "autotune._optimize",
+    "Result": "autotune._result",
+    "apply": "autotune._apply",
+    "dataloader": "autotune._apply",
     "optimize": "autotune._optimize",
     "plan": "autotune._optimize",
     "load_config": "autotune._cfg",
 }
 
 if TYPE_CHECKING:
+    from ._apply import apply, dataloader
     from ._cfg import load_config
-    from ._optimize import Result, apply, dataloader, optimize, plan
+    from ._optimize import optimize, plan
+    from ._result import Result
     from .config import Config
 
 

@@ -1,8 +1,9 @@
 """cfg.py: the user's Python file that defines ``model`` and ``dataset``.
 
 It is the user's own code and is executed as such, once, in this process. It may also define
-``metric``, ``max_metric_drop``, ``space`` and ``options`` (a dict of any other keyword of
-:func:`autotune.optimize`).
+``metric``, ``max_metric_drop``, ``space``, ``loss_fn`` (enables recovery fine-tuning after
+pruning), ``train_dataset``, ``test_dataset`` (held-out samples scored after the search) and
+``options`` (a dict of any other keyword of :func:`autotune.optimize`).
 """
 
 from __future__ import annotations
@@ -17,7 +18,17 @@ from .errors import ConfigError, InputError
 
 __all__ = ["load_config", "CFG_KEYS"]
 
-CFG_KEYS = ("model", "dataset", "metric", "max_metric_drop", "space", "options")
+CFG_KEYS = (
+    "model",
+    "dataset",
+    "metric",
+    "max_metric_drop",
+    "space",
+    "options",
+    "loss_fn",
+    "train_dataset",
+    "test_dataset",
+)
 
 
 def load_config(path: str | Path) -> dict[str, Any]:

@@ -17,7 +17,7 @@ __all__ = ["OBJECTIVES", "candidates", "check_objectives", "pareto_front", "choo
 OBJECTIVES: dict[str, tuple[str, str]] = {
     "throughput": ("samples_per_s", "maximize"),
     "latency": ("latency_ms_p95", "minimize"),
-    "size": ("size_bytes", "minimize"),
+    "size": ("size_bytes_compressed", "minimize"),
     "memory": ("peak_mem_mib", "minimize"),
     "metric": ("metric", "maximize"),
 }

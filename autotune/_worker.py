@@ -5,7 +5,7 @@ and talks to it over two pipes with pickled messages::
 
     parent -> ("init", spec)            worker -> ("ready", info) | ("fail", kind, message)
     parent -> ("trial", config_dict)    worker -> ("result", result_dict)
-    parent -> ("verify", a, b, n_pairs) worker -> ("result", {"pairs": [...]})
+    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: verify, held_out)
     parent -> ("stop",)
 
 The same :class:`TrialContext` also runs in-process when ``isolation="inprocess"``.
@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .build import BuildState, build
+from .build import BuildExtras, BuildState, build
 from .config import Config
 from .data import to_device
 from .errors import InputError, TrialError
@@ -45,6 +45,11 @@ class WorkerSpec:
         val_indices: Indices of the fixed validation samples.
         measure: Timing settings.
         seed: Seeds torch before the factory runs and before each trial.
+        loss_fn: ``loss_fn(outputs, batch) -> Tensor`` for recovery fine-tuning, or ``None``.
+        train_dataset: Fine-tuning samples (default: ``dataset``).
+        prune_ignore: Module names pruning keeps whole.
+        n_calibration: Batches (of the baseline batch size) for static quantization.
+        test_dataset: Held-out samples, scored only after the search.
     """
 
     model: Any
@@ -55,6 +60,11 @@ class WorkerSpec:
     val_indices: list[int]
     measure: MeasureSettings
     seed: int = 0
+    loss_fn: Callable[[Any, Any], Any] | None = None
+    train_dataset: Any = None
+    prune_ignore: tuple[str, ...] = ()
+    n_calibration: int = 8
+    test_dataset: Any = None
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -81,7 +91,9 @@ def _from_compiler(exc: BaseException) -> bool:
 def classify(exc: BaseException) -> tuple[str, str, str]:
     """(status, kind, reason) of a trial that raised ``exc``."""
     if isinstance(exc, TrialError):
-        status = "infeasible" if exc.kind == "nan" else "error"
+        # A method that cannot apply to this model (nothing to quantize, say) rules the
+        # candidate out like a guard failure; it says nothing about the rest of the space.
+        status = "infeasible" if exc.kind in ("nan", "unsupported") else "error"
         return status, exc.kind, str(exc)
     if _is_oom(exc):
         return "oom", "oom", _one_line(exc)
@@ -108,7 +120,8 @@ class TrialContext:
                 )
         self.model = model.eval()
         self.samples = [spec.dataset[i] for i in spec.val_indices]
-        baseline = build(self.fresh_model(), Config(spec.baseline), spec.device, copy_model=False)
+        self.extras = self._extras()
+        baseline = self.build(spec.baseline)
         self._probe(baseline)
         self.reference: Reference = make_reference(baseline, self.samples, spec.metric)
         self.info = {
@@ -116,6 +129,30 @@ class TrialContext:
             "baseline_metric": self.reference.metric,
             "n_val": len(self.samples),
         }
+
+    def _extras(self) -> BuildExtras:
+        """Example and calibration batches, drawn once, outside the validation subset if possible."""
+        import numpy as np
+        from torch.utils.data import default_collate
+
+        spec = self.spec
+        size = spec.baseline["batch_size"]
+        held = set(spec.val_indices)
+        pool = [i for i in range(len(spec.dataset)) if i not in held] or list(range(len(spec.dataset)))
+        picked = np.random.default_rng(spec.seed + 1).permutation(pool)[: size * spec.n_calibration].tolist()
+        calibration = [
+            default_collate([spec.dataset[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)
+        ]
+        return BuildExtras(
+            # At least two samples: an export traced at batch 1 would specialise the batch size.
+            example=default_collate(self.samples[: max(2, min(8, len(self.samples)))]),
+            calibration=calibration,
+            loss_fn=spec.loss_fn,
+            train_dataset=spec.train_dataset if spec.train_dataset is not None else spec.dataset,
+            batch_size=size,
+            prune_ignore=tuple(spec.prune_ignore),
+            seed=spec.seed,
+        )
 
     def fresh_model(self) -> torch.nn.Module:
         """An untouched copy of the model for one build: a deep copy, or the factory's output
@@ -148,7 +185,7 @@ class TrialContext:
             # Compiled trials share the wrapper's code object; a fresh cache keeps the
             # recompilation limit from silently falling back to eager after a few trials.
             torch._dynamo.reset()
-        return build(self.fresh_model(), Config(config), self.spec.device, copy_model=False)
+        return build(self.fresh_model(), Config(config), self.spec.device, extras=self.extras, copy_model=False)
 
     def run_trial(self, config: dict[str, Any]) -> dict[str, Any]:
         """Build, guard and measure one configuration; never raises."""
@@ -159,8 +196,9 @@ class TrialContext:
             state = self.build(config)
             # Timing first: compilation lands in its warm-up (compile_s), and the numbers of a
             # candidate the guard rejects are still recorded.
+            result.update(state.info)
             result.update(measure(state, self.spec.dataset, self.spec.measure))
-            result["size_bytes"] = size_bytes(state.model)
+            result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model)
             guard_start = time.perf_counter()
             outputs = collect_outputs(state, self.samples)
             check_finite(outputs)
@@ -190,15 +228,22 @@ class TrialContext:
             ``{"rounds": [[baseline, finalist 1, ...], ...]}`` in samples/s. Each finalist's
             ratio to the baseline of its own round cancels drifts slower than one round.
         """
-        if any(c.get("compile_mode", "none") != "none" for c in (baseline, *finalists)):
-            torch._dynamo.reset()
-        states = [
-            build(self.fresh_model(), Config(c), self.spec.device, copy_model=False) for c in (baseline, *finalists)
-        ]
+        # Builds are lazy (compilation happens in the first measurement), so building them all
+        # first, each after a dynamo reset, is safe.
+        states = [self.build(c) for c in (baseline, *finalists)]
         rounds = []
         for _ in range(n_rounds):
             rounds.append([measure(s, self.spec.dataset, self.spec.measure)["samples_per_s"] for s in states])
         return {"rounds": rounds}
+
+    def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+        """The metric of the baseline and the winner on the held-out test samples."""
+        samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
+        outputs = [collect_outputs(self.build(c), samples) for c in (baseline, best)]
+        chunk, device, metric = self.reference.chunk, self.spec.device, self.spec.metric
+        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0])
+        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0])
+        return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
 
 
 def serve(conn: Any) -> None:
@@ -221,9 +266,9 @@ def serve(conn: Any) -> None:
         message = conn.recv()
         if message[0] == "trial":
             conn.send(("result", ctx.run_trial(message[1])))
-        elif message[0] == "verify":
+        elif message[0] == "call" and message[1] in ("verify", "held_out"):
             try:
-                conn.send(("result", ctx.verify(*message[1:])))
+                conn.send(("result", getattr(ctx, message[1])(*message[2:])))
             except Exception as exc:
                 conn.send(("result", {"error": _one_line(exc)}))
         else:

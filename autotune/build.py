@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from .config import Config
-from .data import map_tensors
+from .data import batch_size_of, map_tensors, model_inputs, to_device
 from .knobs import REGISTRY, Stage
 
 __all__ = ["BuildState", "TunedModule", "apply_settings", "build", "make_loader", "settings_active"]
@@ -55,8 +55,59 @@ class TunedModule(torch.nn.Module):
         return _to_float32(out)
 
 
+class FrozenCompiled(torch.nn.Module):
+    """A compiled module whose calls run with inductor's weight freezing on, so that a statically
+    quantized graph compiles to int8 kernels, without turning freezing on for anything else."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            return self.compiled(*args, **kwargs)
+
+
+def unwrap(model: Any) -> Any:
+    """The user's (tuned) module under the compile, freezing and autocast wrappers."""
+    if isinstance(model, FrozenCompiled):
+        model = model.compiled
+    model = getattr(model, "_orig_mod", model)
+    return model.model if isinstance(model, TunedModule) else model
+
+
 def _to_float32(out: Any) -> Any:
     return map_tensors(lambda t: t.float() if t.is_floating_point() else t, out)
+
+
+@dataclasses.dataclass
+class BuildExtras:
+    """Data some knobs need besides the model: example inputs to trace (pruning, export),
+    calibration batches (static quantization), and what recovery fine-tuning trains with.
+
+    Attributes:
+        example: One collated batch on the CPU.
+        calibration: Collated batches on the CPU.
+        loss_fn: ``loss_fn(outputs, batch) -> Tensor`` or ``None``.
+        train_dataset: Samples for fine-tuning.
+        batch_size: Fine-tuning batch size.
+        prune_ignore: Module names pruning keeps whole (the output layer always is).
+        seed: Seeds fine-tuning's shuffling.
+    """
+
+    example: Any = None
+    calibration: list[Any] = dataclasses.field(default_factory=list)
+    loss_fn: Any = None
+    train_dataset: Any = None
+    batch_size: int = 32
+    prune_ignore: tuple[str, ...] = ()
+    seed: int = 0
+
+    def example_on(self, device: str) -> Any:
+        """The example batch on ``device``."""
+        return to_device(self.example, torch.device(device))
 
 
 @dataclasses.dataclass
@@ -73,6 +124,10 @@ class BuildState:
         loader_kwargs: Keyword arguments of the DataLoader.
         non_blocking: Copy batches to the device asynchronously (with pinned memory).
         settings: Process-wide settings (``num_threads``, ``cudnn_benchmark``, ``tf32``).
+        extras: Example, calibration and fine-tuning data (see :class:`BuildExtras`).
+        prune_ratio: Set by the ``prune_ratio`` knob for ``prune_method`` to act on.
+        quantization: The quantization method applied.
+        info: What the build did: params and MACs before and after pruning, quantization details.
     """
 
     model: Any
@@ -84,10 +139,19 @@ class BuildState:
     loader_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
     non_blocking: bool = False
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extras: BuildExtras | None = None
+    prune_ratio: float = 0.0
+    quantization: str = "none"
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
-def build(model: Any, config: Config, device: str, *, copy_model: bool = True) -> BuildState:
+def build(
+    model: Any, config: Config, device: str, *, extras: BuildExtras | None = None, copy_model: bool = True
+) -> BuildState:
     """Apply every knob of ``config`` to a copy of ``model``, in stage order.
+
+    With ``extras.example``, the model's parameters and MACs after the STRUCTURE stage are
+    recorded in ``state.info`` (``n_params``, ``macs``).
 
     Example:
         >>> import torch
@@ -97,15 +161,30 @@ def build(model: Any, config: Config, device: str, *, copy_model: bool = True) -
     """
     model = copy.deepcopy(model) if copy_model else model
     model = model.to(device).eval()
-    state = BuildState(model=model, device=device)
+    state = BuildState(model=model, device=device, extras=extras)
     knobs = sorted(REGISTRY.values(), key=lambda k: k.stage)
-    wrapped = False
+    stage = Stage.STRUCTURE
     for knob in knobs:
-        if knob.stage >= Stage.COMPILE and not wrapped:
+        if stage == Stage.STRUCTURE and knob.stage > Stage.STRUCTURE:
+            _count_(state)
+        if stage < Stage.COMPILE <= knob.stage:
             state.model = TunedModule(state.model, state.amp_dtype, state.channels_last).eval()
-            wrapped = True
+        stage = knob.stage
         knob.apply(state, config[knob.name])
     return state
+
+
+def _count_(state: BuildState) -> None:
+    state.info["n_params"] = sum(p.numel() for p in state.model.parameters())
+    if state.extras is not None and state.extras.example is not None:
+        from ._prune import count_macs
+
+        example = state.extras.example_on(state.device)
+        args, kwargs = model_inputs(example)
+        try:
+            state.info["macs"] = count_macs(state.model, args, kwargs)[0] // batch_size_of(example)
+        except Exception:  # a counter that cannot trace the model must not fail the trial
+            state.info["macs"] = None
 
 
 def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False) -> Any:

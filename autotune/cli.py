@@ -62,7 +62,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     for key in options:
         if key not in known:
             raise ConfigError(f"Unknown option {key!r} in {args.cfg}'s options. Known: {', '.join(sorted(known))}.")
-    for key in ("metric", "max_metric_drop", "space"):
+    for key in ("metric", "max_metric_drop", "space", "loss_fn", "train_dataset", "test_dataset"):
         if key in cfg:
             options[key] = cfg[key]
     flags = {
@@ -152,8 +152,40 @@ def _print_result(console: Any, result: Any) -> None:
     for row in summary_rows(result.baseline, result.best):
         table.add_row(*row)
     console.print(table)
+    if result.pareto:
+        _print_pareto(console, result)
+    held = result.held_out
+    if held and "error" not in held:
+        console.print(
+            f"held-out test metric ({held['n_samples']} samples): baseline {held['baseline']:.4f}, "
+            f"best {held['best']:.4f} (drop {held['drop']:+.4f})",
+            highlight=False,
+        )
+    elif held:
+        console.print(f"held-out test metric: not measured: {held['error']}", highlight=False)
     console.print(f"best config: {result.best_config}", highlight=False, soft_wrap=True)
     console.print(f"wrote {result.out_dir}/best_config.json, trials.csv, study.db  (stopped: {result.stop_reason})")
+
+
+def _print_pareto(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    from .knobs import REGISTRY
+    from .report import _fmt
+
+    keys = ["samples_per_s", "latency_ms_p95", "size_bytes_compressed", "peak_mem_mib", "metric"]
+    table = Table(title="feasible Pareto front (pareto.json)")
+    for col in ("trial", *keys, "changes"):
+        table.add_column(col)
+    for member in result.pareto:
+        changes = " ".join(
+            f"{k}={v}"
+            for k, v in member["config"].items()
+            if REGISTRY[k].default not in (None, v) and k != "batch_size"
+        )
+        changes = f"batch_size={member['config']['batch_size']} {changes}"
+        table.add_row(str(member["trial"]), *(_fmt(k, member.get(k)) for k in keys), changes)
+    console.print(table)
 
 
 def _run(args: argparse.Namespace, console: Any) -> int:
@@ -168,6 +200,8 @@ def _run(args: argparse.Namespace, console: Any) -> int:
             fix=options.get("fix"),
             device=options.get("device", "auto"),
             baseline_batch_size=options.get("baseline_batch_size", 32),
+            objectives=options.get("objectives"),
+            loss_fn=options.get("loss_fn"),
         )
         _print_space(console, env, data, space)
         return 0

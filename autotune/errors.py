@@ -29,7 +29,8 @@ class TrialError(AutotuneError, RuntimeError):
     """A trial failed in a way that has a kind.
 
     Args:
-        kind: One of ``oom``, ``timeout``, ``crash``, ``compile``, ``nan``, ``error``.
+        kind: One of ``oom``, ``timeout``, ``crash``, ``compile``, ``nan``, ``unsupported`` (a
+            method that cannot apply to this model), ``error``.
         message: What happened, in one line.
     """
 

@@ -9,15 +9,15 @@ reported throughput is the median window, with min, max and coefficient of varia
 from __future__ import annotations
 
 import dataclasses
-import io
 import statistics
 import time
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 
-from .build import BuildState, TunedModule, make_loader, settings_active
+from .build import BuildState, make_loader, settings_active, unwrap
 from .data import model_inputs, to_device
 
 __all__ = ["MeasureSettings", "measure", "call_model", "size_bytes"]
@@ -82,14 +82,14 @@ def _peak_mib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def size_bytes(model: Any) -> int:
-    """Bytes of the serialized weights of the tuned model (what a deployment would ship)."""
-    inner = getattr(model, "_orig_mod", model)
-    if isinstance(inner, TunedModule):
-        inner = inner.model
-    buf = io.BytesIO()
-    torch.save(inner.state_dict(), buf)
-    return buf.tell()
+def size_bytes(model: Any) -> tuple[int, int]:
+    """Bytes of the tuned model's serialized weights (int8 packed, pruned shapes real), plain
+    and zlib-compressed. The compressed size is what an archive ships, so zeroed weights from
+    unstructured pruning count there; it is what the ``size`` objective minimizes."""
+    from ._quantize import serialized_bytes
+
+    data = serialized_bytes(unwrap(model), raw=True)
+    return len(data), len(zlib.compress(data, 1))
 
 
 def measure(state: BuildState, dataset: Any, settings: MeasureSettings = MeasureSettings()) -> dict[str, Any]:

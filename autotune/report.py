@@ -23,6 +23,9 @@ METRIC_KEYS = (
     "latency_ms_p95",
     "peak_mem_mib",
     "size_bytes",
+    "size_bytes_compressed",
+    "n_params",
+    "macs",
     "compile_s",
     "metric",
     "metric_drop",
@@ -75,7 +78,9 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
 def _fmt(key: str, value: Any) -> str:
     if value is None:
         return "-"
-    if key == "size_bytes":
+    if key in ("n_params", "macs"):
+        return f"{value:,}"
+    if key.startswith("size_bytes"):
         return f"{value / 2**20:.2f} MiB"
     if key in ("samples_per_s", "peak_mem_mib"):
         return f"{value:,.0f}"
@@ -96,6 +101,9 @@ def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[s
         ("latency p95 (ms/batch)", "latency_ms_p95"),
         ("peak memory (MiB)", "peak_mem_mib"),
         ("model size", "size_bytes"),
+        ("model size, compressed", "size_bytes_compressed"),
+        ("parameters", "n_params"),
+        ("MACs per sample", "macs"),
         ("compile/warm-up (s)", "compile_s"),
         ("metric", "metric"),
         ("batch size", "batch_size"),

@@ -57,8 +57,12 @@ class Runner:
         """Measure one configuration; return the trial's result dict."""
         raise NotImplementedError
 
-    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
-        """Interleaved throughputs: per round, the baseline's then each finalist's."""
+    def call(self, name: str, *args: Any) -> dict[str, Any]:
+        """Run a :class:`~autotune._worker.TrialContext` method (``verify``, ``held_out``) in the worker.
+
+        Raises:
+            TrialError: the method raised or the worker failed.
+        """
         raise NotImplementedError
 
     def close(self) -> None:
@@ -77,8 +81,11 @@ class InProcessRunner(Runner):
     def run(self, config: dict[str, Any]) -> dict[str, Any]:
         return self._ctx.run_trial(config)
 
-    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
-        return self._ctx.verify(baseline, finalists, n_rounds)["rounds"]
+    def call(self, name: str, *args: Any) -> dict[str, Any]:
+        try:
+            return getattr(self._ctx, name)(*args)
+        except Exception as exc:
+            raise TrialError("error", f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
 
 class SubprocessRunner(Runner):
@@ -208,14 +215,15 @@ class SubprocessRunner(Runner):
         result["wall_s"] = time.perf_counter() - started
         return result
 
-    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
+    def call(self, name: str, *args: Any) -> dict[str, Any]:
         self._ensure()
-        self._send.send(("verify", baseline, finalists, n_rounds))
-        reply = self._wait(self._timeout * (len(finalists) + 1), "re-measuring the finalists against the baseline")
+        self._send.send(("call", name, *args))
+        # verify measures each finalist n times: allow a trial's time for each of them.
+        reply = self._wait(self._timeout * (len(args) + 4), f"running {name}")
         if reply[0] == "fail" or "error" in reply[1]:
             self._kill()
-            raise TrialError("error", f"Re-measuring the finalists against the baseline failed: {reply[-1]}")
-        return reply[1]["rounds"]
+            raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")
+        return reply[1]
 
     def close(self) -> None:
         if self._proc is not None and not self._busy:

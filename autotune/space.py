@@ -25,7 +25,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-__all__ = ["SearchSpace", "list_presets", "load_preset", "resolve_space"]
+__all__ = ["SearchSpace", "list_presets", "load_preset", "preset_options", "resolve_space"]
 
 
 def _preset_files() -> dict[str, Any]:
@@ -63,15 +63,29 @@ def load_preset(space: str | Path) -> dict[str, Any]:
     Raises:
         ConfigError: no such preset or file, or its content is invalid.
     """
+    return dict(_load(space).get("knobs", {}))
+
+
+def preset_options(space: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """What a preset declares besides knobs: ``objectives = [...]`` and ``select = "..."``, which
+    apply when the caller does not give its own."""
+    if isinstance(space, Mapping):
+        base = space.get("base", "default")
+        return preset_options(base) if base is not None else {}
+    data = _load(space)
+    return {k: data[k] for k in ("objectives", "select") if data.get(k)}
+
+
+def _load(space: str | Path) -> dict[str, Any]:
     files = _preset_files()
     text_space = str(space)
     if text_space in files:
-        return dict(_parse(files[text_space].read_text(), f"preset {text_space!r}").get("knobs", {}))
+        return _parse(files[text_space].read_text(), f"preset {text_space!r}")
     path = Path(text_space)
     if path.suffix == ".toml" or path.exists():
         if not path.is_file():
             raise ConfigError(f"Search space file {text_space!r} does not exist.")
-        return dict(_parse(path.read_text(), repr(text_space)).get("knobs", {}))
+        return _parse(path.read_text(), repr(text_space))
     raise ConfigError(f"No preset named {text_space!r}. Known: {', '.join(sorted(files))}; or give a .toml file.")
 
 
@@ -83,11 +97,15 @@ class SearchSpace:
         values: Candidate values per knob, in registry order (one value = fixed).
         baseline: The baseline configuration.
         excluded: Per knob, each value left out with its reason.
+        objectives: What the study optimizes.
+        select: The preset's choice of winner on the Pareto front, if it declares one.
     """
 
     values: dict[str, list[Any]]
     baseline: dict[str, Any]
     excluded: dict[str, dict[str, str]]
+    objectives: list[str] = dataclasses.field(default_factory=lambda: ["throughput"])
+    select: str | None = None
 
     @property
     def searched(self) -> dict[str, list[Any]]:

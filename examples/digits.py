@@ -32,7 +32,8 @@ def _samples(idx: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 
 dataset = _samples(_tune_idx)  # 359 samples of ((1, 8, 8) float32, () int64)
-test_dataset = _samples(_test_idx)  # 359 held-out samples, same shapes; never seen by autotune
+test_dataset = _samples(_test_idx)  # 359 held-out samples: scored after the search, never used to choose
+train_dataset = _samples(_train_idx)  # 1,079 samples: what pruned candidates are fine-tuned on
 
 
 class DigitsCNN(nn.Module):
@@ -92,6 +93,11 @@ print(f"digits: trained in {_train_s:.1f} s, held-out test accuracy {accuracy(mo
 def metric(outputs: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> float:
     """Accuracy of one batch: ``outputs`` (B, 10) logits, ``batch`` ((B, 1, 8, 8), (B,)) on the device."""
     return (outputs.argmax(1) == batch[1]).float().mean().item()
+
+
+def loss_fn(outputs: torch.Tensor, batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Cross-entropy: lets autotune fine-tune pruned candidates (the finetune_steps knob)."""
+    return nn.functional.cross_entropy(outputs, batch[1])
 
 
 # At most one point of accuracy (about 4 of the 359 tuning images) may be traded for speed.

@@ -19,7 +19,7 @@ options = {"measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}, "
 def test_spaces_lists_every_preset(capsys):
     assert main(["spaces"]) == 0
     out = capsys.readouterr().out
-    for name in ("default", "quick", "cpu", "gpu"):
+    for name in ("default", "quick", "cpu", "gpu", "shrink", "cpu-deploy"):
         assert f"{name}:" in out
 
 

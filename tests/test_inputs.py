@@ -36,7 +36,7 @@ CLI_CASES = [
         "unknown preset",
         GOOD_MODEL + GOOD_DATA,
         ["--space", "gpux"],
-        "No preset named 'gpux'. Known: cpu, default, gpu, quick",
+        "No preset named 'gpux'. Known: cpu, cpu-deploy, default, gpu, quick, shrink",
     ),
     (
         "unknown knob",

@@ -5,7 +5,7 @@ compilation, runtime settings. A knob that depends on another (``prefetch_factor
 ``num_workers``) comes after it, since configurations are suggested in this order.
 """
 
-from . import batch, compiler, layout, loader, precision, runtime  # noqa: F401  (registers the knobs)
+from . import batch, compiler, compress, layout, loader, precision, runtime  # noqa: F401  (registers the knobs)
 from .base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
 
 _ORDER = (
@@ -14,6 +14,10 @@ _ORDER = (
     "prefetch_factor",
     "persistent_workers",
     "pin_memory",
+    "prune_ratio",
+    "prune_method",
+    "finetune_steps",
+    "quantization",
     "amp_dtype",
     "channels_last",
     "compile_mode",

@@ -41,6 +41,8 @@ class SpaceContext:
     env: Env
     data: DataInfo
     baseline_batch_size: int = 32
+    objectives: tuple[str, ...] = ("throughput",)
+    has_loss_fn: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,7 +33,15 @@ class CompileMode(Knob):
     def apply(self, state: Any, value: str) -> None:
         import torch
 
-        if value != "none":
+        if value == "none":
+            pass
+        elif state.quantization == "int8_static":
+            from ..build import FrozenCompiled
+
+            # Statically quantized (PT2E) graphs reach the int8 kernels only with weights frozen
+            # into constants, which dynamo decides from inductor's global config while it traces.
+            state.model = FrozenCompiled(torch.compile(state.model, mode=value, dynamic=False))
+        else:
             # dynamic=False: the timed loop feeds one batch shape, and static shapes compile to
             # the fastest kernels.
             state.model = torch.compile(state.model, mode=value, dynamic=False)

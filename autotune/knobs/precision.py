@@ -36,4 +36,12 @@ class AmpDtype(Knob):
         return Offer(values, excluded)
 
     def apply(self, state: Any, value: str) -> None:
+        from ..errors import TrialError
+
+        if value != "float32" and state.device == "cpu" and state.quantization in ("int8_dynamic", "int8_static"):
+            # Known before anything runs: ruled out at once, without a failed trial and a worker restart.
+            raise TrialError(
+                "unsupported",
+                f"{value} autocast does not combine with CPU {state.quantization}: its kernels take float32",
+            )
         state.amp_dtype = None if value == "float32" else value

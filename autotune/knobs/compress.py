@@ -1,0 +1,152 @@
+"""Compression knobs: ``prune_ratio``, ``prune_method``, ``finetune_steps`` and ``quantization``.
+
+They change the model itself, so the accuracy guard decides whether a candidate may win. The
+work is done by :mod:`autotune._prune` (torch-pruning) and :mod:`autotune._quantize`
+(PyTorch and torchao int8 paths).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import ConfigError
+from .base import Knob, Offer, SpaceContext, Stage, register
+
+
+def _extras(state: Any, knob: str) -> Any:
+    if state.extras is None or state.extras.example is None:
+        raise ConfigError(
+            f"The config sets {knob}, which needs example inputs: pass dataset= to autotune.apply "
+            "(a few samples are enough)."
+        )
+    return state.extras
+
+
+@register
+class PruneRatio(Knob):
+    name = "prune_ratio"
+    stage = Stage.STRUCTURE
+    choices = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7)
+    default = 0.0
+    help = "Share of channels, neurons and heads (or of weights, for unstructured) removed."
+
+    def validate(self, value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ConfigError(f"Knob 'prune_ratio' must be a number in [0, 1), but got {value!r}.")
+        return float(value)
+
+    def apply(self, state: Any, value: float) -> None:
+        state.prune_ratio = value
+
+
+@register
+class PruneMethod(Knob):
+    name = "prune_method"
+    stage = Stage.STRUCTURE
+    choices = ("structured", "unstructured", "semi_structured_2_4")
+    default = "structured"
+    help = (
+        "structured: a smaller dense model (torch-pruning); unstructured: zeroed weights, which only "
+        "shrink a compressed artifact; semi_structured_2_4: 2:4 sparse kernels on CUDA sm80+."
+    )
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("prune_ratio", 0.0) > 0
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        values, excluded = ["structured"], {}
+        if "size" in ctx.objectives:
+            values.append("unstructured")
+        else:
+            excluded["unstructured"] = (
+                "zeroed weights only shrink a compressed artifact: offered with the size objective"
+            )
+        cap = ctx.env.gpu_capability
+        if ctx.env.is_cuda and cap is not None and cap >= (8, 0):
+            values.append("semi_structured_2_4")
+        else:
+            excluded["semi_structured_2_4"] = "2:4 sparse kernels need a CUDA GPU with compute capability 8.0+"
+        return Offer(values, excluded)
+
+    def apply(self, state: Any, value: str) -> None:
+        from .. import _prune
+        from ..data import model_inputs
+
+        if state.prune_ratio <= 0:
+            return
+        extras = _extras(state, "prune_ratio")
+        if value == "structured":
+            args, kwargs = model_inputs(extras.example_on(state.device))
+            info = _prune.prune_structured_(state.model, args, kwargs, state.prune_ratio, extras.prune_ignore)
+        elif value == "unstructured":
+            info = _prune.prune_unstructured_(state.model, state.prune_ratio, extras.prune_ignore)
+        else:
+            info = _prune.prune_2_4_(state.model, extras.prune_ignore)
+        state.info.update(info, prune_method=value)
+
+
+@register
+class FinetuneSteps(Knob):
+    name = "finetune_steps"
+    stage = Stage.STRUCTURE
+    choices = (0, 50, 200, 500)
+    default = 0
+    help = "Recovery fine-tuning steps after pruning (needs loss_fn; uses train_dataset or the dataset)."
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        # 2:4 sparse weights are converted to a frozen sparse layout: nothing left to train.
+        return config.get("prune_ratio", 0.0) > 0 and config.get("prune_method") != "semi_structured_2_4"
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.has_loss_fn:
+            return Offer(list(self.choices))
+        return Offer([0], {str(c): "fine-tuning needs loss_fn (in cfg.py or optimize)" for c in self.choices[1:]})
+
+    def apply(self, state: Any, value: int) -> None:
+        from .. import _prune
+
+        if value <= 0 or state.prune_ratio <= 0 or state.info.get("prune_method") == "semi_structured_2_4":
+            return
+        extras = _extras(state, "finetune_steps")
+        if extras.loss_fn is None:
+            raise ConfigError("finetune_steps > 0 needs loss_fn(outputs, batch) -> Tensor; pass loss_fn=.")
+        info = _prune.finetune_(
+            state.model, extras.loss_fn, extras.train_dataset, value, extras.batch_size, state.device, extras.seed
+        )
+        state.info.update(info)
+
+
+@register
+class Quantization(Knob):
+    name = "quantization"
+    stage = Stage.WEIGHTS
+    choices = ("none", "int8_dynamic", "int8_weight_only", "int8_static")
+    default = "none"
+    help = (
+        "INT8: dynamic (int8 weights, activations quantized on the fly), weight-only, or static "
+        "(activations calibrated on dataset batches). Shrinks the model; speed depends on the kernels."
+    )
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        from .. import _quantize
+
+        values, excluded = ["none"], {}
+        for method in self.choices[1:]:
+            reason = _quantize.offered(method, ctx.env)
+            if reason is None:
+                values.append(method)
+            else:
+                excluded[method] = reason
+        return Offer(values, excluded)
+
+    def apply(self, state: Any, value: str) -> None:
+        from .. import _quantize
+
+        if value == "none":
+            return
+        extras = _extras(state, "quantization")
+        state.model, info = _quantize.quantize(
+            state.model, value, state.device, extras.calibration, example=extras.example
+        )
+        state.info.update(info)
+        state.quantization = value

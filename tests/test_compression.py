@@ -1,0 +1,130 @@
+"""Compression inside the search: trials record params and MACs, the guard rules out a
+destructive prune, and the shrink preset's winner holds on held-out data."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import autotune
+from tests.models import classification_data
+
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+
+
+@pytest.fixture(scope="module")
+def digits():
+    return autotune.load_config("examples/digits.py")
+
+
+def test_destructive_prune_is_infeasible_and_never_selected(tmp_path, digits):
+    result = autotune.optimize(
+        digits["model"],
+        digits["dataset"],
+        metric=digits["metric"],
+        max_metric_drop=0.01,
+        space={"base": None, "prune_ratio": [0.7]},
+        fix={"prune_method": "structured"},
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure=FAST,
+        n_verify_pairs=1,
+    )
+    pruned = next(t.user_attrs for t in result.study.trials if t.user_attrs["config"]["prune_ratio"] == 0.7)
+    assert pruned["status"] == "infeasible" and pruned["kind"] == "guard", pruned.get("reason")
+    assert pruned["metric_drop"] > 0.01
+    # Its numbers are kept: the pruned model really is smaller and cheaper.
+    assert pruned["macs_after"] < 0.5 * pruned["macs_before"] and pruned["params_after"] < pruned["params_before"]
+    assert pruned["macs"] < result.baseline["macs"]
+    assert result.best_config["prune_ratio"] == 0.0
+
+
+def test_quantized_trial_is_smaller_and_guarded(tmp_path):
+    from tests.test_quantize import MLP  # Linear 256-512-512-10
+
+    data = [(torch.randn(256), torch.tensor(i % 10)) for i in range(512)]
+    result = autotune.optimize(
+        MLP(),
+        data,
+        space={"base": None, "quantization": ["int8_dynamic"]},
+        objectives=("size",),
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure=FAST,
+        n_verify_pairs=1,
+        max_metric_drop=0.05,
+    )
+    trials = {t.user_attrs["config"]["quantization"]: t.user_attrs for t in result.study.trials}
+    q, base = trials["int8_dynamic"], trials["none"]
+    assert q["status"] == "ok", q.get("reason")
+    assert q["size_bytes"] <= 0.35 * base["size_bytes"]
+    assert result.best_config["quantization"] == "int8_dynamic"  # the size objective picked it
+
+
+def test_unsupported_quantization_is_infeasible_with_the_reason(tmp_path):
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten())
+    data = [torch.randn(3, 8, 8) for _ in range(64)]
+    result = autotune.optimize(
+        conv,
+        data,
+        space={"base": None, "quantization": ["int8_dynamic"]},
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure=FAST,
+        n_verify_pairs=1,
+        baseline_batch_size=8,
+    )
+    q = next(t.user_attrs for t in result.study.trials if t.user_attrs["config"]["quantization"] == "int8_dynamic")
+    assert q["status"] == "infeasible" and q["kind"] == "unsupported" and q["reason"]
+
+
+def test_finetune_needs_a_loss_and_is_offered_with_one(tmp_path):
+    from tests.models import MLP
+
+    _, _, without = autotune.plan(MLP(), classification_data(), space="shrink", device="cpu")
+    assert without.values["finetune_steps"] == [0] and "loss_fn" in without.excluded["finetune_steps"]["50"]
+    _, _, with_loss = autotune.plan(
+        MLP(), classification_data(), space="shrink", device="cpu", loss_fn=lambda o, b: o.sum()
+    )
+    assert with_loss.values["finetune_steps"] == [0, 50, 200, 500]
+    assert with_loss.objectives == ["size", "latency"]  # the preset's own objectives
+    assert "unstructured" in with_loss.values["prune_method"]  # offered because size is an objective
+
+
+def test_digits_shrink_winner_holds_on_held_out_data(tmp_path):
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "run",
+            "examples/digits.py",
+            "--space",
+            "shrink",
+            "--trials",
+            "8",
+            "--out",
+            str(out),
+            "--device",
+            "cpu",
+            "--seed",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env={"COLUMNS": "200", "PATH": ""},
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "feasible Pareto front" in done.stdout and "held-out test metric" in done.stdout
+    best = json.loads((out / "best_config.json").read_text())
+    assert best["objectives"] == ["size", "latency"]
+    assert best["held_out"]["drop"] <= 0.01, best["held_out"]
+    front = json.loads((out / "pareto.json").read_text())["front"]
+    assert front and all(m["metric_drop"] <= 0.01 for m in front)
