@@ -36,6 +36,7 @@ def apply(
     device: str = "auto",
     dataset: Any = None,
     loss_fn: Any = None,
+    train_dataset: Any = None,
     prune_ignore: tuple[str, ...] = (),
 ) -> Any:
     """Return ``model`` tuned as ``config`` says (a copy; the original is untouched).
@@ -43,7 +44,8 @@ def apply(
     The returned module takes the same inputs and returns float32 outputs. Process-wide
     settings in the config (``num_threads``, ``cudnn_benchmark``, ``tf32``) are applied to this
     process. Configs that prune or quantize need ``dataset`` (example inputs to trace, batches to
-    calibrate; fine-tuning trains on it with ``loss_fn``), as during the search.
+    calibrate; fine-tuning trains with ``loss_fn`` on ``train_dataset``, default ``dataset``), as
+    during the search. Give the same data as to :func:`~autotune.optimize` to get the same model.
 
     Example:
         >>> import torch
@@ -74,7 +76,7 @@ def apply(
                 for k in range(0, min(8 * size, n), size)
             ],
             loss_fn=loss_fn,
-            train_dataset=dataset,
+            train_dataset=train_dataset if train_dataset is not None else dataset,
             batch_size=size,
             prune_ignore=tuple(prune_ignore),
         )
