@@ -28,6 +28,7 @@ __all__ = [
     "TrialError",
     "apply",
     "dataloader",
+    "load",
     "load_config",
     "optimize",
     "plan",
@@ -42,11 +43,13 @@ _LAZY = {
     "optimize": "autotune._optimize",
     "plan": "autotune._optimize",
     "load_config": "autotune._cfg",
+    "load": "autotune._load",
 }
 
 if TYPE_CHECKING:
     from ._apply import apply, dataloader
     from ._cfg import load_config
+    from ._load import load
     from ._optimize import optimize, plan
     from ._result import Result
     from .config import Config

@@ -63,6 +63,40 @@ def _materialize_dataset(dataset: Any) -> Any:
     return dataset
 
 
+def _export(runner: Any, best: dict[str, Any], out: Path, formats: Sequence[str], env: Any) -> dict[str, Any]:
+    """Export the winner in the worker; a failure is recorded per format, never raised."""
+    if not formats:
+        return {}
+    try:
+        artifacts = runner.call("export", best["config"], str(out.resolve()), list(formats))["artifacts"]
+    except TrialError as exc:
+        return {fmt: {"status": "failed", "error": str(exc)} for fmt in formats}
+    config = best["config"]
+    ort = config["runtime"] == "onnxruntime"
+    for fmt, artifact in artifacts.items():
+        artifact["batch_size"] = config["batch_size"]
+        if fmt == "onnx":
+            artifact["ort"] = {
+                "provider": config["ort_provider"]
+                if ort
+                else "CPUExecutionProvider"
+                if not env.is_cuda
+                else "CUDAExecutionProvider",
+                "graph_optimization": config["ort_graph_optimization"] if ort else "all",
+                "intra_op_threads": config["num_threads"] or 0,
+            }
+    return artifacts
+
+
+def _check_export(export: Any) -> tuple[str, ...]:
+    formats = (export,) if isinstance(export, str) else tuple(export or ())
+    formats = tuple(f for f in formats if f != "none")
+    for fmt in formats:
+        if fmt not in ("onnx", "torchscript"):
+            raise ConfigError(f"No export format named {fmt!r}. Known: onnx, torchscript (or none).")
+    return formats
+
+
 def _check_like(info: Any, data: Any, name: str) -> None:
     if info.shapes != data.shapes:
         raise InputError(
@@ -150,6 +184,7 @@ def optimize(
     train_dataset: Any = None,
     prune_ignore: Sequence[str] = (),
     test_dataset: Any = None,
+    export: Sequence[str] = ("onnx", "torchscript"),
     sampler: Any = None,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> Result:
@@ -194,6 +229,8 @@ def optimize(
         prune_ignore: Module names (as in ``named_modules()``) that pruning keeps whole.
         test_dataset: Held-out samples: the baseline's and the winner's metric on them is
             reported (``held_out`` in ``best_config.json``), never used to choose.
+        export: Artifacts of the winner to write, each with its parity check: ``"onnx"``
+            (``model.onnx``), ``"torchscript"`` (``model.pt``); ``()`` for none.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
         progress: Called after each trial with (trial record, trials measured, n_trials).
 
@@ -218,6 +255,7 @@ def optimize(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
     )
     _select.check_select(select)
+    export = _check_export(export)
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
     except TypeError as exc:
@@ -261,6 +299,7 @@ def optimize(
         train_dataset=train_dataset,
         prune_ignore=tuple(prune_ignore),
         test_dataset=test_dataset,
+        max_metric_drop=max_metric_drop,
     )
     if isolation == "inprocess":
         runner = InProcessRunner(spec)
@@ -305,6 +344,7 @@ def optimize(
                 summary["held_out"] = runner.call("held_out", baseline["config"], best["config"])
             except TrialError as exc:  # the search's result stands without it
                 summary["held_out"] = {"error": str(exc)}
+        summary["artifacts"] = _export(runner, best, out, export, env)
     except KeyboardInterrupt:
         # Keep what was found so far; the ratio then comes from the two trials, unverified.
         picked = baseline_and_best(study, objectives, select, required=False)

@@ -134,7 +134,25 @@ def quantize(
         model, backend, n = _dynamic_cpu(model)
     else:
         model, backend, n = _static_cpu(model, calibration, example)
+    if example is not None:
+        _probe(model, example, device, method)
     return model, {"method": method, "backend": backend, "n_quantized": n}
+
+
+def _probe(model: nn.Module, example: Any, device: str, method: str) -> None:
+    """Run the quantized model once: some modules quantize without error and then fail in their
+    forward pass (a TransformerEncoderLayer's fused path on dynamically quantized weights), and
+    that is a property of the method on this model, not a fault of the trial."""
+    from .data import model_inputs, to_device
+
+    args, kwargs = model_inputs(to_device(example, torch.device(device)))
+    try:
+        with torch.inference_mode():
+            model(*args, **kwargs)
+    except Exception as exc:
+        if isinstance(exc, torch.OutOfMemoryError):
+            raise
+        raise TrialError("unsupported", f"the {method} model fails to run: {type(exc).__name__}: {exc}") from exc
 
 
 @contextlib.contextmanager

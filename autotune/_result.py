@@ -25,7 +25,7 @@ class Result:
         speedup: Median ratio of best to baseline throughput over interleaved re-measurements.
         speedup_min: Smallest pair ratio.
         speedup_max: Largest pair ratio.
-        artifacts: Exported files by format (none yet in this version).
+        artifacts: Paths of the exported files that passed their parity check, by format.
         study: The Optuna study with every trial.
         out_dir: Where ``best_config.json``, ``trials.csv`` and ``study.db`` were written.
         stop_reason: ``"budget"``, ``"timeout"`` or ``"exhausted"`` (every configuration measured).
@@ -135,7 +135,7 @@ def write_best(
         speedup=statistics.median(ratios),
         speedup_min=min(ratios),
         speedup_max=max(ratios),
-        artifacts={},
+        artifacts={k: str(out / v["path"]) for k, v in summary.get("artifacts", {}).items() if v.get("status") == "ok"},
         study=study,
         out_dir=out,
         stop_reason=stop_reason,
@@ -156,7 +156,7 @@ def write_best(
             "trial": best["number"],
             "n_trials": len(study.trials) if study is not None else None,
             "stop_reason": stop_reason,
-            "artifacts": {},
+            "artifacts": summary.get("artifacts", {}),
         },
     )
     result.held_out = summary.get("held_out")

@@ -50,6 +50,7 @@ class WorkerSpec:
         prune_ignore: Module names pruning keeps whole.
         n_calibration: Batches (of the baseline batch size) for static quantization.
         test_dataset: Held-out samples, scored only after the search.
+        max_metric_drop: The guard's tolerance, also applied to exported artifacts.
     """
 
     model: Any
@@ -65,6 +66,7 @@ class WorkerSpec:
     prune_ignore: tuple[str, ...] = ()
     n_calibration: int = 8
     test_dataset: Any = None
+    max_metric_drop: float = 0.01
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -236,6 +238,33 @@ class TrialContext:
             rounds.append([measure(s, self.spec.dataset, self.spec.measure)["samples_per_s"] for s in states])
         return {"rounds": rounds}
 
+    def export(self, config: dict[str, Any], out_dir: str, formats: list[str]) -> dict[str, Any]:
+        """Write the winner's artifacts into ``out_dir`` with their parity against the tuned model."""
+        import dataclasses as dc
+        from pathlib import Path
+
+        from .export import export_artifacts
+
+        if config.get("compile_mode", "none") != "none":
+            torch._dynamo.reset()
+        extras = dc.replace(self.extras, keep_float=True)
+        state = build(self.fresh_model(), Config(config), self.spec.device, extras=extras, copy_model=False)
+        # A TorchScript or ONNX Runtime winner is exported from the torch model it was made from.
+        tuned = state.torch_model if state.torch_model is not None else state.model
+        artifacts = export_artifacts(
+            tuned,
+            extras.example,
+            self.samples,
+            state.batch_size,
+            Path(out_dir),
+            formats,
+            fallback=state.float_model,
+            metric=self.spec.metric,
+            baseline_metric=self.reference.metric,
+            max_metric_drop=self.spec.max_metric_drop,
+        )
+        return {"artifacts": artifacts}
+
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
         """The metric of the baseline and the winner on the held-out test samples."""
         samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
@@ -266,7 +295,7 @@ def serve(conn: Any) -> None:
         message = conn.recv()
         if message[0] == "trial":
             conn.send(("result", ctx.run_trial(message[1])))
-        elif message[0] == "call" and message[1] in ("verify", "held_out"):
+        elif message[0] == "call" and message[1] in ("verify", "held_out", "export"):
             try:
                 conn.send(("result", getattr(ctx, message[1])(*message[2:])))
             except Exception as exc:

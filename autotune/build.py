@@ -95,6 +95,7 @@ class BuildExtras:
         batch_size: Fine-tuning batch size.
         prune_ignore: Module names pruning keeps whole (the output layer always is).
         seed: Seeds fine-tuning's shuffling.
+        keep_float: Keep a copy of the pruned float model (for export fallbacks).
     """
 
     example: Any = None
@@ -104,6 +105,7 @@ class BuildExtras:
     batch_size: int = 32
     prune_ignore: tuple[str, ...] = ()
     seed: int = 0
+    keep_float: bool = False
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""
@@ -128,6 +130,11 @@ class BuildState:
         prune_ratio: Set by the ``prune_ratio`` knob for ``prune_method`` to act on.
         quantization: The quantization method applied.
         info: What the build did: params and MACs before and after pruning, quantization details.
+        config: The whole configuration, for knobs whose work depends on others' values.
+        runtime: ``torch``, ``torchscript`` or ``onnxruntime``: what runs the model.
+        float_model: With ``extras.keep_float``, a copy of the model after pruning and before
+            quantization: the nearest form an exporter can take when the tuned one fails.
+        torch_model: The torch module a non-torch runtime (TorchScript, ONNX Runtime) replaced.
     """
 
     model: Any
@@ -143,6 +150,10 @@ class BuildState:
     prune_ratio: float = 0.0
     quantization: str = "none"
     info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: Config | None = None
+    runtime: str = "torch"
+    float_model: Any = None
+    torch_model: Any = None
 
 
 def build(
@@ -161,7 +172,7 @@ def build(
     """
     model = copy.deepcopy(model) if copy_model else model
     model = model.to(device).eval()
-    state = BuildState(model=model, device=device, extras=extras)
+    state = BuildState(model=model, device=device, extras=extras, config=config)
     knobs = sorted(REGISTRY.values(), key=lambda k: k.stage)
     stage = Stage.STRUCTURE
     for knob in knobs:
@@ -176,6 +187,8 @@ def build(
 
 def _count_(state: BuildState) -> None:
     state.info["n_params"] = sum(p.numel() for p in state.model.parameters())
+    if state.extras is not None and state.extras.keep_float:
+        state.float_model = copy.deepcopy(state.model)
     if state.extras is not None and state.extras.example is not None:
         from ._prune import count_macs
 

@@ -58,7 +58,7 @@ class Runner:
         raise NotImplementedError
 
     def call(self, name: str, *args: Any) -> dict[str, Any]:
-        """Run a :class:`~autotune._worker.TrialContext` method (``verify``, ``held_out``) in the worker.
+        """Run a :class:`~autotune._worker.TrialContext` method (``verify``, ``held_out``, ``export``) in the worker.
 
         Raises:
             TrialError: the method raised or the worker failed.

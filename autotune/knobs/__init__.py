@@ -5,7 +5,7 @@ compilation, runtime settings. A knob that depends on another (``prefetch_factor
 ``num_workers``) comes after it, since configurations are suggested in this order.
 """
 
-from . import batch, compiler, compress, layout, loader, precision, runtime  # noqa: F401  (registers the knobs)
+from . import backend, batch, compiler, compress, layout, loader, precision, runtime  # noqa: F401  (registers the knobs)
 from .base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
 
 _ORDER = (
@@ -17,10 +17,15 @@ _ORDER = (
     "prune_ratio",
     "prune_method",
     "finetune_steps",
+    "runtime",
     "quantization",
     "amp_dtype",
     "channels_last",
     "compile_mode",
+    "ort_provider",
+    "ort_precision",
+    "ort_graph_optimization",
+    "ort_io_binding",
     "num_threads",
     "cudnn_benchmark",
     "tf32",

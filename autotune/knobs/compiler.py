@@ -20,6 +20,9 @@ class CompileMode(Knob):
         "(reported as compile_s); the CUDA-graph modes also cut launch overhead on GPU."
     )
 
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("runtime", "torch") == "torch"
+
     def offer(self, ctx: SpaceContext) -> Offer:
         env = ctx.env
         if env.compiler is None:

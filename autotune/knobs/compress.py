@@ -127,6 +127,10 @@ class Quantization(Knob):
         "(activations calibrated on dataset batches). Shrinks the model; speed depends on the kernels."
     )
 
+    def applies(self, config: dict[str, Any]) -> bool:
+        # ONNX Runtime quantizes the exported graph itself (ort_precision).
+        return config.get("runtime", "torch") != "onnxruntime"
+
     def offer(self, ctx: SpaceContext) -> Offer:
         from .. import _quantize
 

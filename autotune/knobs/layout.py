@@ -15,6 +15,9 @@ class ChannelsLast(Knob):
     default = False
     help = "Store weights and 4-D inputs as NHWC, which convolution kernels on tensor cores and oneDNN prefer."
 
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("runtime", "torch") != "onnxruntime"
+
     def offer(self, ctx: SpaceContext) -> Offer:
         if ctx.data.image_input:
             return Offer([False, True])

@@ -18,6 +18,10 @@ class AmpDtype(Knob):
         "Large speedups on tensor cores and AVX-512/AMX CPUs; outputs are cast back to float32."
     )
 
+    def applies(self, config: dict[str, Any]) -> bool:
+        # ONNX Runtime has its own precision knob (ort_precision).
+        return config.get("runtime", "torch") != "onnxruntime"
+
     def offer(self, ctx: SpaceContext) -> Offer:
         env = ctx.env
         values, excluded = ["float32"], {}

@@ -1,0 +1,163 @@
+"""Deployable artifacts of a tuned model: ONNX and TorchScript files, each checked for parity
+with the model on the validation samples.
+
+Example:
+    >>> import tempfile, torch
+    >>> from pathlib import Path
+    >>> model = torch.nn.Linear(4, 2).eval()
+    >>> samples = [torch.randn(4) for _ in range(6)]
+    >>> out = export_artifacts(model, torch.randn(2, 4), samples, 2, Path(tempfile.mkdtemp()), ["torchscript"])
+    >>> out["torchscript"]["status"]
+    'ok'
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import ConfigError
+
+__all__ = ["FILE_NAMES", "FORMATS", "ORT_DEFAULTS", "export_artifacts", "file_digest"]
+
+FORMATS = ("onnx", "torchscript")
+FILE_NAMES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+# The ONNX Runtime settings an exported ONNX artifact is checked (and later loaded) with.
+ORT_DEFAULTS = {"provider": "CPUExecutionProvider", "graph_optimization": "all", "intra_op_threads": 0}
+
+
+def file_digest(path: Path) -> str:
+    """The SHA-256 of a file, in hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _example_outputs(model: Any, example: Any) -> Any:
+    import torch
+
+    from ..data import model_inputs
+
+    args, kwargs = model_inputs(example)
+    with torch.no_grad():
+        return model(*args, **kwargs)
+
+
+def _onnx_runner(model: Any, example: Any, path: Path, device: str) -> tuple[dict[str, Any], Callable[..., Any]]:
+    from .onnx import OrtModule, export_onnx
+    from .parity import restore_like
+
+    info = export_onnx(model, example, path)
+    ort = dict(ORT_DEFAULTS, provider="CUDAExecutionProvider" if device.startswith("cuda") else "CPUExecutionProvider")
+    runner = OrtModule(path, info["input_names"], info["output_names"], io_binding=device.startswith("cuda"), **ort)
+    template = _example_outputs(model, example)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        # The graph's outputs are flat; a metric expects the model's own structure.
+        return restore_like(template, runner(*args, **kwargs))
+
+    info.update(ort=ort)
+    return info, run
+
+
+def _torchscript_runner(
+    model: Any, example: Any, path: Path, fallback: Any
+) -> tuple[dict[str, Any], Callable[..., Any]]:
+    import torch
+
+    from .torchscript import export_torchscript, positional_inputs
+
+    info = export_torchscript(model, example, path, fallback=fallback)
+    loaded = torch.jit.load(str(path))  # the saved file is what ships, so it is what is checked
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return loaded(*positional_inputs(info["input_names"], args, kwargs))
+
+    return info, run
+
+
+def _export_one(fmt: str, model: Any, example: Any, out_dir: Path, fallback: Any, check: dict) -> dict[str, Any]:
+    from .parity import check_parity, describe_error, device_of
+
+    path = out_dir / FILE_NAMES[fmt]
+    record: dict[str, Any] = {"path": path.name, "batch_size": check["batch_size"]}
+    try:
+        if fmt == "onnx":
+            info, run = _onnx_runner(model, example, path, str(device_of(model)))
+        else:
+            info, run = _torchscript_runner(model, example, path, fallback)
+    except Exception as exc:  # a failed export is recorded, and must not lose the other format
+        path.unlink(missing_ok=True)
+        return {**record, "status": "failed", "error": describe_error(exc)}
+    info.pop("path")
+    record.update(bytes=path.stat().st_size, sha256=file_digest(path), **info)
+    try:
+        parity = check_parity(run, model, **check)
+    except Exception as exc:  # a metric that raises on the artifact's outputs, say
+        return {**record, "status": "failed", "error": f"the parity check raised {describe_error(exc)}"}
+    record["parity"] = parity
+    if not parity["ok"]:
+        return {**record, "status": "failed", "error": f"parity: {parity['reason']}"}
+    return {**record, "status": "ok"}
+
+
+def export_artifacts(
+    model: Any,
+    example: Any,
+    samples: list,
+    batch_size: int,
+    out_dir: Path,
+    formats: Sequence[str],
+    *,
+    fallback: Any = None,
+    metric: Callable[[Any, Any], float] | None = None,
+    baseline_metric: float | None = None,
+    max_metric_drop: float = 0.01,
+) -> dict[str, dict[str, Any]]:
+    """Write ``model.onnx`` / ``model.pt`` into ``out_dir`` and check each against ``model``.
+
+    A failed export or parity check is recorded in the format's entry (``status: "failed"``,
+    ``error``), never raised; one format failing leaves the others as they are.
+
+    Args:
+        model: The tuned model, in eval mode, on its device.
+        example: One collated batch on the model's device.
+        samples: Validation samples (uncollated) for the parity check.
+        batch_size: Samples per batch, recorded for loading.
+        out_dir: Where the files go.
+        formats: Any of ``"onnx"``, ``"torchscript"``.
+        fallback: For TorchScript: the nearest traceable form of ``model`` (see
+            :func:`~autotune.export.torchscript.export_torchscript`).
+        metric: ``metric(outputs, batch) -> float`` for the parity check; ``None`` compares
+            outputs alone.
+        baseline_metric: The metric the artifact must keep; ``None`` scores ``model``.
+        max_metric_drop: The largest metric drop that passes.
+
+    Returns:
+        Per format: ``{"path"`` (file name in ``out_dir``), ``"bytes", "sha256", "batch_size",``
+        the exporter's details (ONNX: ``opset``, ``exporter``, ``fallback_reason``,
+        ``simplified``, ``input_names``, ``output_names``, ``ort``; TorchScript: ``form``,
+        ``frozen``, ``optimized``, ``reason``, ``input_names``), ``"parity"`` (see
+        :func:`~autotune.export.parity.check_parity`), ``"status"`` (``"ok"`` or
+        ``"failed"``) and, when failed, ``"error"``.
+
+    Raises:
+        ConfigError: an unknown format.
+    """
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown:
+        raise ConfigError(f"No artifact format named {unknown[0]!r}. Known: {', '.join(FORMATS)}.")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    check = {
+        "samples": samples,
+        "batch_size": batch_size,
+        "metric": metric,
+        "baseline_metric": baseline_metric,
+        "max_metric_drop": max_metric_drop,
+    }
+    return {fmt: _export_one(fmt, model, example, out_dir, fallback, check) for fmt in dict.fromkeys(formats)}

@@ -1,0 +1,462 @@
+"""ONNX artifacts: export (dynamo exporter first, TorchScript exporter as fallback), onnxslim
+simplification, INT8 and float16 variants, and :class:`OrtModule`, which runs one like the model.
+
+Graph inputs are named after the batch's structure: positional inputs ``input_0, input_1, ...``,
+keyword inputs by their keyword. Every input and output has a dynamic first (batch) axis.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from ..data import batch_size_of, pad_batch
+from ..errors import ConfigError, ExportError, InputError
+from .parity import describe_error, exportable, flat_inputs, output_leaves, quiet_warnings
+
+__all__ = ["GRAPH_OPTIMIZATIONS", "QUANT_METHODS", "OrtModule", "export_onnx", "quantize_onnx", "to_fp16"]
+
+GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")
+QUANT_METHODS = ("int8_dynamic", "int8_static")
+_MIN_OPSET = 17
+_SIMPLIFY_RTOL = 1e-4
+# ONNX tensor type names (InferenceSession.get_inputs()[i].type) to numpy dtypes.
+_NP_TYPES = {
+    "tensor(float)": np.float32,
+    "tensor(float16)": np.float16,
+    "tensor(double)": np.float64,
+    "tensor(int64)": np.int64,
+    "tensor(int32)": np.int32,
+    "tensor(int8)": np.int8,
+    "tensor(uint8)": np.uint8,
+    "tensor(bool)": np.bool_,
+}
+
+
+class _Flat(nn.Module):
+    """The model behind a flat signature: positional tensors in, a tuple of tensors out, as an
+    ONNX graph has them."""
+
+    def __init__(self, model: nn.Module, n_args: int, keys: list[str]) -> None:
+        super().__init__()
+        self.model = model
+        self.n_args = n_args
+        self.keys = keys
+
+    def forward(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        out = self.model(*flat[: self.n_args], **dict(zip(self.keys, flat[self.n_args :], strict=True)))
+        return tuple(output_leaves(out))
+
+
+def _output_names(out: Any) -> list[str]:
+    if isinstance(out, torch.Tensor):
+        return ["output"]
+    if isinstance(out, Mapping) and all(isinstance(v, torch.Tensor) for v in out.values()):
+        return [str(k) for k in out]
+    return [f"output_{i}" for i in range(len(output_leaves(out)))]
+
+
+def _export(flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple, *, dynamo: bool) -> None:
+    if dynamo:
+        batch = torch.export.Dim("batch")
+        # One entry: the tuple of tensors behind `*flat`; a 0-d input has no batch axis.
+        axes: dict[str, Any] = {"dynamic_shapes": (tuple({0: batch} if t.dim() > 0 else None for t in inputs),)}
+    else:
+        axes = {"dynamic_axes": {name: {0: "batch"} for name in (*names[0], *names[1])}}
+    with quiet_warnings():
+        program = torch.onnx.export(
+            flat,
+            tuple(inputs),
+            None if dynamo else str(path),
+            dynamo=dynamo,
+            opset_version=opset,
+            input_names=names[0],
+            output_names=names[1],
+            verbose=False,
+            **axes,
+        )
+        if dynamo:
+            program.save(str(path))
+
+
+def _export_either(
+    flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple
+) -> tuple[str, str | None]:
+    """Export with the dynamo exporter, else the TorchScript one: (exporter, dynamo's error)."""
+    try:
+        _export(flat, inputs, path, opset, names, dynamo=True)
+        return "dynamo", None
+    except Exception as exc:  # torch.export refuses many models; the older exporter may not
+        reason = describe_error(exc)
+    try:
+        _export(flat, inputs, path, opset, names, dynamo=False)
+    except Exception as exc:
+        path.unlink(missing_ok=True)
+        raise ExportError(
+            f"Neither ONNX exporter could export {type(flat.model).__name__}: dynamo: {reason}; "
+            f"torchscript: {describe_error(exc)}"
+        ) from exc
+    return "torchscript", reason
+
+
+def export_onnx(model: nn.Module, example: Any, path: Path, *, opset: int = 18) -> dict[str, Any]:
+    """Export ``model`` to an ONNX file with a dynamic batch axis, simplified with onnxslim.
+
+    The dynamo-based exporter (``torch.export``) runs first; the TorchScript-based one is the
+    fallback. The onnxslim-simplified graph is kept only if it gives the unsimplified graph's
+    outputs on ``example`` (within 1e-4 relative).
+
+    Args:
+        model: The model, in eval mode; ``torch.compile`` wrappers are removed first.
+        example: One collated batch on the model's device (a batch of 1 is repeated to 2, since
+            ``torch.export`` would fix a size-1 axis).
+        path: The ``.onnx`` file to write.
+        opset: The ONNX opset, at least 17.
+
+    Returns:
+        ``{"path", "opset", "exporter", "fallback_reason", "simplified", "input_names",
+        "output_names"}``; ``exporter`` is ``"dynamo"`` or ``"torchscript"`` and
+        ``fallback_reason`` the dynamo exporter's error when it failed.
+
+    Raises:
+        ConfigError: ``opset`` is below 17.
+        ExportError: both exporters failed; the message gives each one's cause.
+
+    Example:
+        >>> import tempfile
+        >>> out = Path(tempfile.mkdtemp()) / "m.onnx"
+        >>> export_onnx(nn.Linear(4, 2).eval(), torch.randn(2, 4), out)["input_names"]  # doctest: +SKIP
+        ['input_0']
+    """
+    if opset < _MIN_OPSET:
+        raise ConfigError(f"`opset` must be at least {_MIN_OPSET}, but got {opset}.")
+    model = exportable(model)
+    if batch_size_of(example) < 2:
+        example = pad_batch(example, 2)
+    names, inputs, n_args = flat_inputs(example)
+    flat = _Flat(model, n_args, names[n_args:])
+    with torch.no_grad():
+        output_names = _output_names(model(*inputs[:n_args], **dict(zip(names[n_args:], inputs[n_args:], strict=True))))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    raw = path.with_name(path.stem + ".raw.onnx")
+    exporter, fallback_reason = _export_either(flat, inputs, raw, opset, (names, output_names))
+    simplified = _simplify(raw, path, dict(zip(names, inputs, strict=True)))
+    import onnx
+
+    opsets = {o.domain: o.version for o in onnx.load(str(path), load_external_data=False).opset_import}
+    return {
+        "path": str(path),
+        "opset": opsets.get("", opset),
+        "exporter": exporter,
+        "fallback_reason": fallback_reason,
+        "simplified": simplified,
+        "input_names": names,
+        "output_names": output_names,
+    }
+
+
+def _ort_outputs(model: Any, feeds: dict[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # tiny check runs; no thread pool worth starting
+    session = ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return session.run(None, feeds)
+
+
+def _close(got: np.ndarray, expected: np.ndarray) -> bool:
+    got, expected = got.astype(np.float64), expected.astype(np.float64)  # bool and int outputs too
+    scale = float(np.abs(expected).max(initial=1.0))
+    return got.shape == expected.shape and np.allclose(got, expected, rtol=_SIMPLIFY_RTOL, atol=_SIMPLIFY_RTOL * scale)
+
+
+def _simplify(raw: Path, path: Path, inputs: dict[str, torch.Tensor]) -> bool:
+    """Write ``raw`` simplified by onnxslim to ``path`` if outputs hold, else ``raw`` itself."""
+    import onnx
+    import onnxslim
+
+    feeds = {k: v.detach().cpu().numpy() for k, v in inputs.items()}
+    try:
+        slim = onnxslim.slim(onnx.load(str(raw)))
+        expected = _ort_outputs(str(raw), feeds)
+        got = _ort_outputs(slim.SerializeToString(), feeds)
+        same = len(got) == len(expected) and all(_close(g, e) for g, e in zip(got, expected, strict=True))
+    except Exception:  # onnxslim is an optimization: the unsimplified graph is a valid artifact
+        same = False
+    if same:
+        onnx.save(slim, str(path))
+        raw.unlink()
+    else:
+        os.replace(raw, path)
+    return same
+
+
+def _untie_gemm_weights(model: Any) -> None:
+    """Give every Gemm its own copy of a weight it shares with other nodes.
+
+    ONNX Runtime's quantizer rewrites Gemm(transB=1) as MatMul by transposing the weight in
+    place, once per Gemm: a weight two Gemms share (layers deep-copied from one, tied
+    embeddings) ends up transposed twice, and the graph computes garbage.
+    """
+    import collections
+
+    import onnx
+
+    initializers = {t.name: t for t in model.graph.initializer}
+    uses = collections.Counter(name for node in model.graph.node for name in node.input if name in initializers)
+    for node in model.graph.node:
+        if node.op_type == "Gemm" and len(node.input) > 1 and uses[node.input[1]] > 1:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(initializers[node.input[1]])
+            copy.name = f"{node.input[1]}__{node.output[0]}"
+            model.graph.initializer.append(copy)
+            uses[node.input[1]] -= 1
+            node.input[1] = copy.name
+    unused = [t for t in model.graph.initializer if t.name in uses and uses[t.name] == 0]
+    for tensor in unused:
+        model.graph.initializer.remove(tensor)
+
+
+class _BatchReader:
+    """Calibration batches as ONNX Runtime feeds (a ``CalibrationDataReader``)."""
+
+    def __init__(self, batches: list, names: list[str]) -> None:
+        feeds = []
+        for batch in batches:
+            _, tensors, _ = flat_inputs(batch)
+            feeds.append({n: t.detach().cpu().numpy() for n, t in zip(names, tensors, strict=True)})
+        self._feeds = iter(feeds)
+
+    def get_next(self) -> dict[str, np.ndarray] | None:
+        return next(self._feeds, None)
+
+
+def quantize_onnx(src: Path, dst: Path, method: str, calibration: list) -> dict[str, Any]:
+    """Write an INT8 version of the ONNX file ``src`` to ``dst`` with ONNX Runtime's quantizer.
+
+    ``"int8_dynamic"`` quantizes weights to int8 and activations at run time (MatMul-heavy
+    models: transformers, MLPs, RNNs). ``"int8_static"`` inserts QuantizeLinear/DequantizeLinear
+    pairs (QDQ format) with activation ranges calibrated on ``calibration`` and per-channel
+    weights (convolutional models).
+
+    Args:
+        src: A float32 ONNX file, as :func:`export_onnx` writes.
+        dst: The file to write.
+        method: ``"int8_dynamic"`` or ``"int8_static"``.
+        calibration: Collated batches (``int8_static`` only), structured like the export example.
+
+    Returns:
+        ``{"path", "method", "quant_format", "per_channel", "bytes", "src_bytes"}``.
+
+    Raises:
+        ConfigError: unknown ``method``.
+        InputError: ``int8_static`` without calibration batches.
+        ExportError: the quantizer failed.
+    """
+    if method not in QUANT_METHODS:
+        raise ConfigError(f"No ONNX quantization method named {method!r}. Known: {', '.join(QUANT_METHODS)}.")
+    if method == "int8_static" and not calibration:
+        raise InputError("`int8_static` needs calibration batches to observe activation ranges, but got none.")
+    import onnx
+    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+
+    src, dst = Path(src), Path(dst)
+    model = onnx.load(str(src))
+    _untie_gemm_weights(model)
+    prepared = dst.with_name(dst.stem + ".prep.onnx")
+    onnx.save(model, str(prepared))
+    names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    try:
+        if method == "int8_dynamic":
+            quantize_dynamic(prepared, dst, weight_type=QuantType.QInt8)
+        else:
+            reader = _BatchReader(calibration, names)
+            quantize_static(prepared, dst, reader, quant_format=QuantFormat.QDQ, per_channel=True)
+    except Exception as exc:
+        raise ExportError(f"ONNX Runtime could not quantize {src.name} ({method}): {describe_error(exc)}") from exc
+    finally:
+        prepared.unlink(missing_ok=True)
+    return {
+        "path": str(dst),
+        "method": method,
+        "quant_format": "QOperator" if method == "int8_dynamic" else "QDQ",
+        "per_channel": method == "int8_static",
+        "bytes": dst.stat().st_size,
+        "src_bytes": src.stat().st_size,
+    }
+
+
+def to_fp16(src: Path, dst: Path) -> dict[str, Any]:
+    """Write a float16 version of the ONNX file ``src`` (weights and compute) to ``dst``.
+
+    Inputs and outputs stay float32, so callers feed and read it as before; casts at the graph's
+    edges convert. Most useful on CUDA: ONNX Runtime's CPU provider runs the operators it has
+    no float16 kernel for through casts to float32.
+
+    Returns:
+        ``{"path", "bytes", "src_bytes", "keep_io_types"}``.
+
+    Raises:
+        ExportError: the conversion failed.
+    """
+    import onnx
+    from onnxruntime.transformers.float16 import convert_float_to_float16
+
+    src, dst = Path(src), Path(dst)
+    try:
+        converted = convert_float_to_float16(onnx.load(str(src)), keep_io_types=True)
+        onnx.save(converted, str(dst))
+    except Exception as exc:
+        raise ExportError(f"Could not convert {src.name} to float16: {describe_error(exc)}") from exc
+    return {"path": str(dst), "bytes": dst.stat().st_size, "src_bytes": src.stat().st_size, "keep_io_types": True}
+
+
+_LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+
+
+def _torch_dtype(np_type: Any) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, np_type)).dtype
+
+
+class OrtModule(nn.Module):
+    """An ONNX file run by ONNX Runtime, called like the model it was exported from.
+
+    Torch tensors in (positionally in ``input_names`` order, or by keyword), torch tensors out on
+    the inputs' device: one tensor for a one-output graph, else a tuple. The session is created
+    on first call and dropped when pickled, so the module pickles as its path and settings.
+
+    Args:
+        path: The ``.onnx`` file.
+        input_names: Graph input names, in the model's argument order.
+        output_names: Graph output names.
+        provider: ONNX Runtime execution provider (``"CPUExecutionProvider"``,
+            ``"CUDAExecutionProvider"``); CPU runs whatever the provider cannot.
+        graph_optimization: ``"disable"``, ``"basic"``, ``"extended"`` or ``"all"``.
+        intra_op_threads: Threads per operator; 0 lets ONNX Runtime choose.
+        io_binding: Bind the torch tensors' memory as inputs and take the outputs as torch
+            tensors (DLPack), with no copies: on CUDA, no host round trip.
+
+    Example:
+        >>> runner = OrtModule("model.onnx", ["input_0"], ["output"])  # doctest: +SKIP
+        >>> runner(torch.randn(8, 1, 8, 8)).shape  # doctest: +SKIP
+        torch.Size([8, 10])
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        input_names: list[str],
+        output_names: list[str],
+        *,
+        provider: str = "CPUExecutionProvider",
+        graph_optimization: str = "all",
+        intra_op_threads: int = 0,
+        io_binding: bool = False,
+    ) -> None:
+        super().__init__()
+        if graph_optimization not in GRAPH_OPTIMIZATIONS:
+            raise ConfigError(
+                f"No graph optimization level {graph_optimization!r}. Known: {', '.join(GRAPH_OPTIMIZATIONS)}."
+            )
+        if intra_op_threads < 0:
+            raise ConfigError(
+                f"`intra_op_threads` must be >= 0 (0: ONNX Runtime's choice), but got {intra_op_threads}."
+            )
+        self.path = str(path)
+        self.input_names = list(input_names)
+        self.output_names = list(output_names)
+        self.provider = provider
+        self.graph_optimization = graph_optimization
+        self.intra_op_threads = intra_op_threads
+        self.io_binding = io_binding
+        self._session: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_session": None}  # a session does not pickle; it is rebuilt
+
+    @property
+    def session(self) -> Any:
+        """The ``onnxruntime.InferenceSession``, created on first use."""
+        if self._session is None:
+            import onnxruntime as ort
+
+            available = ort.get_available_providers()
+            if self.provider not in available:
+                raise ConfigError(
+                    f"ONNX Runtime has no provider {self.provider!r} here. Available: {', '.join(available)}."
+                )
+            options = ort.SessionOptions()
+            options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[self.graph_optimization])
+            options.intra_op_num_threads = self.intra_op_threads
+            providers = list(dict.fromkeys([self.provider, "CPUExecutionProvider"]))
+            self._session = ort.InferenceSession(self.path, options, providers=providers)
+        return self._session
+
+    def _feeds(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
+        if len(args) > len(self.input_names):
+            raise InputError(
+                f"The graph takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), but got {len(args)} positional."
+            )
+        feeds = dict(zip(self.input_names, args, strict=False))  # fewer args than names: rest by keyword
+        for name, value in kwargs.items():
+            if name not in self.input_names or name in feeds:
+                raise InputError(f"Unexpected or repeated input {name!r}. Known: {', '.join(self.input_names)}.")
+            feeds[name] = value
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise InputError(f"Missing graph inputs: {', '.join(missing)}.")
+        return feeds
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        feeds = self._feeds(args, kwargs)
+        device = next(iter(feeds.values())).device
+        types = {i.name: _NP_TYPES.get(i.type) for i in self.session.get_inputs()}
+        if self.io_binding and device.type in ("cpu", "cuda"):
+            outs = self._run_bound(feeds, types, device)
+        else:
+            arrays = {n: _to_numpy(t, types[n]) for n, t in feeds.items() if n in types}
+            outs = [torch.from_numpy(a).to(device) for a in self.session.run(None, arrays)]
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _run_bound(
+        self, feeds: dict[str, torch.Tensor], types: dict[str, Any], device: torch.device
+    ) -> list[torch.Tensor]:
+        binding = self.session.io_binding()
+        kind, index = device.type, device.index or 0
+        if kind == "cuda" and device.index is None:
+            index = torch.cuda.current_device()
+        kept = []  # the bound tensors must outlive the run
+        for name, tensor in feeds.items():
+            if name not in types:
+                continue
+            if types[name] is not None:
+                tensor = tensor.to(_torch_dtype(types[name]))
+            tensor = tensor.contiguous()
+            kept.append(tensor)
+            binding.bind_input(name, kind, index, types[name] or np.float32, tuple(tensor.shape), tensor.data_ptr())
+        for out in self.session.get_outputs():
+            binding.bind_output(out.name, kind, index)
+        if kind == "cuda":  # ONNX Runtime reads the inputs on its own stream: torch's writes must land first
+            torch.cuda.current_stream(device).synchronize()
+        self.session.run_with_iobinding(binding)
+        binding.synchronize_outputs()
+        return [torch.from_dlpack(value) for value in binding.get_outputs()]
+
+
+def _to_numpy(tensor: torch.Tensor, np_type: Any) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
+        tensor = tensor.float()
+    array = tensor.detach().cpu().numpy()
+    return array.astype(np_type, copy=False) if np_type is not None else array

@@ -1,0 +1,254 @@
+"""Parity of an exported artifact with the model it was exported from, and the helpers the
+exporters share: the exportable form of a model and its flat inputs, outputs flattened to
+tensors and restored to their structure, errors in one line.
+
+An artifact is checked on the same validation samples as the tuned model: both run on batches
+of the tuned batch size, and the artifact's outputs are compared with the model's (max absolute
+and relative L2 error) and, when a metric is given, scored with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..build import FrozenCompiled
+from ..data import model_inputs, pad_batch, slice_batch, to_device
+from ..errors import AutotuneError, InputError
+from ..guard import _concat, _leaves, _to_cpu, evaluate, fidelity
+from ..measure import call_model
+
+__all__ = [
+    "check_parity",
+    "describe_error",
+    "device_of",
+    "exportable",
+    "flat_inputs",
+    "output_leaves",
+    "quiet_warnings",
+    "restore_like",
+]
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_MAX_ERROR_CHARS = 400
+
+
+def describe_error(exc: BaseException) -> str:
+    """``exc`` in one line: the innermost cause's type and first line, or an autotune error's
+    own message.
+
+    Exporters wrap the real cause (an unsupported operator, a data-dependent branch) in several
+    layers of advice; the innermost exception names it.
+
+    Example:
+        >>> try:
+        ...     raise RuntimeError("outer") from ValueError("inner\\nmore")
+        ... except RuntimeError as exc:
+        ...     describe_error(exc)
+        'ValueError: inner'
+    """
+    # autotune's own errors already say what failed and why, in one line.
+    while exc.__cause__ is not None and not isinstance(exc, AutotuneError):
+        exc = exc.__cause__
+    text = _ANSI.sub("", str(exc)).strip()
+    first = next((line.strip() for line in text.splitlines() if line.strip()), "")
+    if len(first) > _MAX_ERROR_CHARS:  # some first lines carry a whole graph or class dump
+        first = first[: _MAX_ERROR_CHARS - 3] + "..."
+    if isinstance(exc, AutotuneError):
+        return first or type(exc).__name__
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def exportable(model: nn.Module) -> nn.Module:
+    """``model`` in eval mode without its ``torch.compile`` and freezing wrappers, which
+    exporters cannot trace through; autocast and channels-last (:class:`~autotune.build.TunedModule`)
+    stay."""
+    if isinstance(model, FrozenCompiled):
+        model = model.compiled
+    model = getattr(model, "_orig_mod", model)
+    model.eval()  # not chained: a PT2E graph's patched eval() returns None
+    return model
+
+
+def flat_inputs(example: Any) -> tuple[list[str], list[torch.Tensor], int]:
+    """A batch's model inputs as (graph input names, tensors, number of positional inputs)."""
+    args, kwargs = model_inputs(example)
+    names = [f"input_{i}" for i in range(len(args))] + list(kwargs)
+    tensors = [*args, *kwargs.values()]
+    for name, value in zip(names, tensors, strict=True):
+        if not isinstance(value, torch.Tensor):
+            raise InputError(f"Model input {name!r} is a {type(value).__name__}; an exported graph takes tensors only.")
+    return names, tensors, len(args)
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """Silence warnings inside the block."""
+    # Tracer and exporter warnings (constant folding, TracerWarning) repeat for every model and
+    # say nothing the parity check does not.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def output_leaves(out: Any) -> list[torch.Tensor]:
+    """The tensors of a model's output in a fixed order (dict values in insertion order)."""
+    return _leaves(out)
+
+
+def restore_like(template: Any, leaves: Any) -> Any:
+    """Put flat ``leaves`` (a tensor or a sequence of them) back in ``template``'s structure.
+
+    An ONNX graph returns its outputs as a flat list; a metric written for the model expects the
+    model's own structure (a dict of logits, say).
+
+    Example:
+        >>> t = torch.zeros(1)
+        >>> restore_like({"a": t, "b": (t, t)}, [t + 1, t + 2, t + 3])["b"][1]
+        tensor([3.])
+    """
+    flat = [leaves] if isinstance(leaves, torch.Tensor) else list(leaves)
+    it = iter(flat)
+
+    def fill(node: Any) -> Any:
+        if isinstance(node, torch.Tensor):
+            return next(it)
+        if isinstance(node, Mapping):
+            return {k: fill(v) for k, v in node.items()}
+        if isinstance(node, (tuple, list)):
+            return type(node)(fill(v) for v in node)
+        if hasattr(node, "to_tuple"):
+            return fill(node.to_tuple())
+        return node
+
+    return fill(template)
+
+
+def device_of(module: nn.Module) -> torch.device:
+    """The device of a module's first parameter or buffer (CPU for one with neither)."""
+    tensor = next(iter(module.parameters()), None)
+    if tensor is None:
+        tensor = next(iter(module.buffers()), None)
+    return tensor.device if tensor is not None else torch.device("cpu")
+
+
+def _run_batches(fn: Callable[..., Any], samples: list[Any], batch_size: int, device: torch.device) -> Any:
+    from torch.utils.data import default_collate
+
+    chunks = []
+    with torch.inference_mode():
+        for start in range(0, len(samples), batch_size):
+            part = list(samples[start : start + batch_size])
+            # Padded to a full batch: an artifact traced or exported at one batch size sees only it.
+            batch = to_device(pad_batch(default_collate(part), batch_size), device)
+            chunks.append(_to_cpu(slice_batch(call_model(fn, batch), len(part))))
+    return _concat(chunks)
+
+
+def _errors(outputs: Any, reference: Any) -> tuple[float, float, str | None]:
+    """(max absolute error, relative L2 error, why they cannot be compared or ``None``)."""
+    outs, refs = output_leaves(outputs), output_leaves(reference)
+    if len(outs) != len(refs):
+        return math.inf, math.inf, f"the artifact returns {len(outs)} tensors, the model {len(refs)}"
+    max_abs, sq_err, sq_ref = 0.0, 0.0, 0.0
+    for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
+        if out.shape != ref.shape:
+            return math.inf, math.inf, f"output {i} has shape {list(out.shape)}, the model's {list(ref.shape)}"
+        out, ref = out.double(), ref.double()
+        if not torch.isfinite(out).all():
+            return math.inf, math.inf, f"output {i} holds NaN/inf values"
+        if out.numel():
+            max_abs = max(max_abs, float((out - ref).abs().max()))
+        sq_err += float(((out - ref) ** 2).sum())
+        sq_ref += float((ref**2).sum())
+    return max_abs, math.sqrt(sq_err) / max(math.sqrt(sq_ref), 1e-12), None
+
+
+def _finite(value: float | None) -> float | None:
+    # JSON has no infinity or NaN; None says "not measurable".
+    return value if value is not None and math.isfinite(value) else None
+
+
+def check_parity(
+    run: Callable[..., Any],
+    reference: nn.Module,
+    samples: list,
+    batch_size: int,
+    *,
+    metric: Callable[[Any, Any], float] | None = None,
+    baseline_metric: float | None = None,
+    atol: float = 1e-3,
+    rtol_l2: float = 1e-2,
+    max_metric_drop: float = 0.01,
+) -> dict[str, Any]:
+    """Run an artifact and its reference model on ``samples`` and compare their outputs.
+
+    Args:
+        run: The artifact, called like the model: ``run(*args, **kwargs)`` with a batch's model
+            inputs (an :class:`~autotune.export.onnx.OrtModule`, a loaded TorchScript module).
+        reference: The model the artifact was exported from; it runs on its own device, and
+            ``run`` gets the batches on that device too.
+        samples: Validation samples (uncollated).
+        batch_size: Samples per batch.
+        metric: ``metric(outputs, batch) -> float``, higher is better; ``None`` checks the
+            outputs' errors alone.
+        baseline_metric: The metric to compare with; ``None`` scores the reference's outputs.
+        atol: The largest absolute error that passes on its own.
+        rtol_l2: The largest relative L2 error (``||out - ref|| / ||ref||``) that passes.
+        max_metric_drop: The largest drop of the metric below ``baseline_metric`` that passes.
+
+    Returns:
+        ``{"max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "ok", "reason"}``:
+        ``fidelity`` is the top-1 agreement for classification logits (see
+        :func:`autotune.guard.fidelity`); ``ok`` holds when (``rel_l2 <= rtol_l2`` or
+        ``max_abs <= atol``) and the metric drop is at most ``max_metric_drop``; ``reason`` says
+        in one line why not (``None`` when ok). Unmeasurable numbers are ``None``.
+
+    Example:
+        >>> model = nn.Linear(4, 2)
+        >>> check_parity(model, model, [torch.randn(4)] * 3, 2)["ok"]
+        True
+    """
+    device = device_of(reference)
+    was_training = reference.training
+    if was_training:
+        reference.eval()
+    try:
+        expected = _run_batches(reference, samples, batch_size, device)
+    finally:
+        if was_training:  # only then: a PT2E graph refuses train()
+            reference.train()
+    result: dict[str, Any] = dict.fromkeys(("max_abs", "rel_l2", "metric", "metric_drop", "fidelity"))
+    try:
+        outputs = _run_batches(run, samples, batch_size, device)
+    except Exception as exc:  # any failure of the artifact is its verdict, not the caller's crash
+        return {**result, "ok": False, "reason": f"the artifact raised {describe_error(exc)}"}
+    max_abs, rel_l2, mismatch = _errors(outputs, expected)
+    result.update(max_abs=_finite(max_abs), rel_l2=_finite(rel_l2), fidelity=fidelity(outputs, expected))
+    if mismatch is not None:
+        return {**result, "ok": False, "reason": mismatch}
+    reason = None
+    if not (rel_l2 <= rtol_l2 or max_abs <= atol):
+        reason = (
+            f"outputs differ from the model's: relative L2 error {rel_l2:.3g} > {rtol_l2:g} "
+            f"and max abs error {max_abs:.3g} > {atol:g}"
+        )
+    if metric is not None:
+        value = evaluate(outputs, samples, batch_size, str(device), metric, None)
+        if baseline_metric is None:
+            baseline_metric = evaluate(expected, samples, batch_size, str(device), metric, None)
+        drop = baseline_metric - value
+        result.update(metric=_finite(value), metric_drop=_finite(drop))
+        if reason is None and not drop <= max_metric_drop:  # `not <=` so that NaN fails too
+            reason = (
+                f"the metric drops by {drop:.4g} (from {baseline_metric:.4g} to {value:.4g}), "
+                f"more than {max_metric_drop:g}"
+            )
+    return {**result, "ok": reason is None, "reason": reason}

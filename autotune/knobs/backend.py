@@ -1,0 +1,147 @@
+"""The runtime that runs the tuned model: ``runtime`` and the ONNX Runtime settings
+``ort_provider``, ``ort_precision``, ``ort_graph_optimization`` and ``ort_io_binding``.
+
+A TorchScript or ONNX Runtime candidate is exported inside its trial and measured end to end
+like any other, so it competes with the torch-side candidates under the same guard.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .base import Knob, Offer, SpaceContext, Stage, register
+
+
+def _ort_providers() -> list[str]:
+    if importlib.util.find_spec("onnxruntime") is None:
+        return []
+    import onnxruntime
+
+    return list(onnxruntime.get_available_providers())
+
+
+@register
+class Runtime(Knob):
+    name = "runtime"
+    stage = Stage.COMPILE
+    choices = ("torch", "torchscript", "onnxruntime")
+    default = "torch"
+    help = "What runs the model: PyTorch, a frozen TorchScript trace, or ONNX Runtime on the exported graph."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if _ort_providers():
+            return Offer(list(self.choices))
+        return Offer(["torch", "torchscript"], {"onnxruntime": "onnxruntime is not installed"})
+
+    def apply(self, state: Any, value: str) -> None:
+        if value == "torch":
+            return
+        from ..errors import TrialError
+        from ..export import torchscript as ts
+        from .compress import _extras
+
+        extras = _extras(state, "runtime")
+        folder = Path(tempfile.mkdtemp(prefix="autotune-runtime-"))
+        state.torch_model = state.model
+        try:
+            if value == "torchscript":
+                info = ts.export_torchscript(state.model, extras.example, folder / "model.pt")
+                import torch
+
+                state.model = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
+            else:
+                state.model, info = _ort_module(state, extras, folder)
+        except Exception as exc:  # an exporter's failure rules this candidate out, nothing more
+            raise TrialError("unsupported", f"{value} export failed: {type(exc).__name__}: {exc}") from exc
+        state.info.update({f"{value}_{k}": v for k, v in info.items() if isinstance(v, (str, int, float, bool))})
+        state.runtime = value
+
+
+def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+    from ..export import onnx as ox
+
+    config = state.config
+    info = ox.export_onnx(state.model, extras.example, folder / "model.onnx")
+    path = folder / "model.onnx"
+    precision = config["ort_precision"]
+    if precision == "fp16":
+        ox.to_fp16(path, folder / "model.fp16.onnx")
+        path = folder / "model.fp16.onnx"
+    elif precision != "fp32":
+        ox.quantize_onnx(path, folder / "model.int8.onnx", precision, extras.calibration)
+        path = folder / "model.int8.onnx"
+    module = ox.OrtModule(
+        path,
+        info["input_names"],
+        info["output_names"],
+        provider=config["ort_provider"],
+        graph_optimization=config["ort_graph_optimization"],
+        intra_op_threads=config["num_threads"] or 0,
+        io_binding=config["ort_io_binding"],
+    )
+    return module, {**info, "precision": precision}
+
+
+class _OrtKnob(Knob):
+    stage = Stage.COMPILE
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("runtime") == "onnxruntime"
+
+    def apply(self, state: Any, value: Any) -> None:
+        pass  # read by ``runtime`` when it builds the ONNX Runtime session
+
+
+@register
+class OrtProvider(_OrtKnob):
+    name = "ort_provider"
+    choices = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
+    default = "CPUExecutionProvider"
+    help = "ONNX Runtime execution provider, from those installed and usable on this device."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        available = _ort_providers()
+        if not ctx.env.is_cuda:
+            return Offer(["CPUExecutionProvider"], {p: "trials run on the CPU" for p in self.choices[1:]})
+        values = [p for p in self.choices if p in available]
+        return Offer(
+            values or ["CPUExecutionProvider"],
+            {p: "not in this onnxruntime build" for p in self.choices if p not in available},
+        )
+
+
+@register
+class OrtPrecision(_OrtKnob):
+    name = "ort_precision"
+    choices = ("fp32", "fp16", "int8_dynamic", "int8_static")
+    default = "fp32"
+    help = "The ONNX graph's precision: float32, float16 (CUDA), or INT8 by onnxruntime.quantization (dynamic for MatMul-heavy models, static QDQ calibrated on dataset batches for convolutional ones)."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.env.is_cuda:
+            return Offer(list(self.choices))
+        return Offer(["fp32", "int8_dynamic", "int8_static"], {"fp16": "float16 ONNX pays off on CUDA only"})
+
+
+@register
+class OrtGraphOptimization(_OrtKnob):
+    name = "ort_graph_optimization"
+    choices = ("basic", "extended", "all")
+    default = "all"
+    help = "ONNX Runtime's graph optimization level (constant folding, node fusions, layout changes)."
+
+
+@register
+class OrtIoBinding(_OrtKnob):
+    name = "ort_io_binding"
+    choices = (False, True)
+    default = False
+    help = "Bind CUDA tensors to ONNX Runtime directly, without copies through host memory. CUDA only."
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.env.is_cuda:
+            return Offer([False, True])
+        return Offer([False], {"true": "I/O binding avoids host copies of CUDA tensors; trials run on the CPU"})
