@@ -251,18 +251,24 @@ class TrialContext:
         state = build(self.fresh_model(), Config(config), self.spec.device, extras=extras, copy_model=False)
         # A TorchScript or ONNX Runtime winner is exported from the torch model it was made from.
         tuned = state.torch_model if state.torch_model is not None else state.model
+        common = {
+            "fallback": state.float_model,
+            "metric": self.spec.metric,
+            "baseline_metric": self.reference.metric,
+            "max_metric_drop": self.spec.max_metric_drop,
+        }
+        rest = [f for f in formats if f != "onnx"]
         artifacts = export_artifacts(
-            tuned,
-            extras.example,
-            self.samples,
-            state.batch_size,
-            Path(out_dir),
-            formats,
-            fallback=state.float_model,
-            metric=self.spec.metric,
-            baseline_metric=self.reference.metric,
-            max_metric_drop=self.spec.max_metric_drop,
+            tuned, extras.example, self.samples, state.batch_size, Path(out_dir), rest, **common
         )
+        if "onnx" in formats:
+            model, note = _onnx_form(tuned, state.device)
+            onnx = export_artifacts(
+                model, extras.example, self.samples, state.batch_size, Path(out_dir), ["onnx"], **common
+            )
+            if note:
+                onnx["onnx"]["form_note"] = note
+            artifacts.update(onnx)
         return {"artifacts": artifacts}
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -273,6 +279,20 @@ class TrialContext:
         base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0])
         value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0])
         return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
+
+
+def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
+    """The form of the tuned model to export to ONNX: itself, except that autocast on the CPU is
+    dropped (the exporter would write a bfloat16 graph ONNX Runtime's CPU provider cannot run).
+    Parity is then measured against that float32 form, and the metric against the baseline."""
+    from .build import TunedModule
+    from .export.parity import exportable
+
+    inner = exportable(tuned)
+    if not (device == "cpu" and isinstance(inner, TunedModule) and inner.amp_dtype is not None):
+        return tuned, None
+    note = f"exported in float32: {inner.amp_dtype} autocast dropped, ONNX Runtime's CPU provider has no such kernels"
+    return TunedModule(inner.model, None, inner.channels_last), note
 
 
 def serve(conn: Any) -> None:

@@ -163,8 +163,28 @@ def _print_result(console: Any, result: Any) -> None:
         )
     elif held:
         console.print(f"held-out test metric: not measured: {held['error']}", highlight=False)
+    _print_artifacts(console, result)
     console.print(f"best config: {result.best_config}", highlight=False, soft_wrap=True)
     console.print(f"wrote {result.out_dir}/best_config.json, trials.csv, study.db  (stopped: {result.stop_reason})")
+
+
+def _print_artifacts(console: Any, result: Any) -> None:
+    import json
+
+    path = result.out_dir / "best_config.json"
+    artifacts = json.loads(path.read_text()).get("artifacts", {}) if path.exists() else {}
+    for fmt, art in artifacts.items():
+        parity = art.get("parity") or {}
+        if art.get("status") == "ok":
+            console.print(
+                f"[green]{fmt}[/green]: {art['path']} ({art['bytes'] / 2**20:.2f} MiB), parity ok "
+                f"(max abs {parity.get('max_abs', 0):.2g}, rel L2 {parity.get('rel_l2', 0):.2g})"
+                + (f"; {art['form_note']}" if art.get("form_note") else ""),
+                highlight=False,
+            )
+        else:
+            why = art.get("error") or parity.get("reason") or "unknown"
+            console.print(f"[red]{fmt}: FAILED[/red] - {why}", highlight=False, soft_wrap=True)
 
 
 def _print_pareto(console: Any, result: Any) -> None:

@@ -69,6 +69,7 @@ def test_run_prints_progress_and_table_and_writes_files(tmp_path):
     assert sum(1 for line in lines if line.lstrip().startswith("[") and "/4]" in line) >= 4  # one per trial
     assert "(baseline)" in done.stdout and "best " in done.stdout
     assert "baseline vs best" in done.stdout and "samples/s" in done.stdout and "latency p95" in done.stdout
+    assert "onnx: model.onnx" in done.stdout and "torchscript: model.pt" in done.stdout  # with their parity
     best = json.loads((out / "best_config.json").read_text())
     assert best["config"]["num_workers"] == 0  # --fix held
     assert best["speedup"]["min"] <= best["speedup"]["median"] <= best["speedup"]["max"]

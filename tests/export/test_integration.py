@@ -1,0 +1,70 @@
+"""The search's winner is exported, checked and served."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+import autotune
+from tests.models import Oracle, classification_data
+
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+
+
+def test_winner_is_exported_with_parity_and_served(tmp_path, cpu_env):
+    fix = {"amp_dtype": "bfloat16"} if cpu_env.bf16 else {}
+    result = autotune.optimize(
+        Oracle(),
+        classification_data(),
+        space={"base": None, "batch_size": [8, 32]},
+        fix=fix,
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure=FAST,
+        n_verify_pairs=1,
+    )
+    saved = json.loads((tmp_path / "best_config.json").read_text())["artifacts"]
+    assert set(result.artifacts) == {"onnx", "torchscript"}
+    for art in saved.values():
+        assert art["status"] == "ok" and art["parity"]["ok"] and len(art["sha256"]) == 64 and art["bytes"] > 0
+    if result.best_config["amp_dtype"] == "bfloat16":  # exported in float32 on the CPU, and says so
+        assert "float32" in saved["onnx"]["form_note"]
+    x = np.stack([s[0].numpy() for s in classification_data(40)])
+    expected = autotune.apply(Oracle(), result.best_config, device="cpu")(torch.from_numpy(x)).detach().numpy()
+    for fmt in ("onnx", "torchscript"):
+        got = autotune.load(tmp_path, format=fmt)(x)
+        assert isinstance(got, np.ndarray) and got.shape == (40, 4)
+        assert (got.argmax(1) == expected.argmax(1)).mean() >= 0.95
+
+
+def test_export_none_writes_no_artifacts(tmp_path):
+    result = autotune.optimize(
+        Oracle(),
+        classification_data(),
+        space={"base": None},
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=1,
+        measure=FAST,
+        export=(),
+        isolation="inprocess",
+    )
+    assert result.artifacts == {} and not (tmp_path / "model.onnx").exists()
+    with pytest.raises(autotune.ConfigError, match="No export format named 'tflite'"):
+        autotune.optimize(Oracle(), classification_data(), out_dir=tmp_path / "x", export=("tflite",))
+
+
+def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_path):
+    from autotune._worker import _onnx_form
+    from autotune.build import TunedModule
+    from autotune.export import export_artifacts
+
+    tuned = TunedModule(Oracle().eval(), "bfloat16", False)
+    model, note = _onnx_form(tuned, "cpu")
+    assert model.amp_dtype is None and "float32" in note
+    samples = classification_data(64)
+    example = torch.utils.data.default_collate(samples[:8])
+    art = export_artifacts(model, example, samples, 16, tmp_path, ["onnx"])["onnx"]
+    assert art["status"] == "ok", art
