@@ -269,6 +269,10 @@ class TrialContext:
             if note:
                 onnx["onnx"]["form_note"] = note
             artifacts.update(onnx)
+        # What `autotune verify` re-checks the artifacts against, on any machine: the validation
+        # samples and the tuned model's outputs on them.
+        outputs = collect_outputs(state, self.samples)
+        torch.save({"samples": self.samples, "outputs": outputs}, Path(out_dir) / "parity.pt")
         return {"artifacts": artifacts}
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:

@@ -154,6 +154,7 @@ def _print_result(console: Any, result: Any) -> None:
     console.print(table)
     if result.pareto:
         _print_pareto(console, result)
+    _print_runtimes(console, result)
     held = result.held_out
     if held and "error" not in held:
         console.print(
@@ -185,6 +186,35 @@ def _print_artifacts(console: Any, result: Any) -> None:
         else:
             why = art.get("error") or parity.get("reason") or "unknown"
             console.print(f"[red]{fmt}: FAILED[/red] - {why}", highlight=False, soft_wrap=True)
+
+
+def _print_runtimes(console: Any, result: Any) -> None:
+    """When several runtimes were measured: the fastest trial of each, against torch's."""
+    from rich.table import Table
+
+    from .knobs import REGISTRY
+    from .report import best_by
+    from .study import trial_record
+
+    best = best_by([trial_record(t) for t in result.study.get_trials(deepcopy=False)], "runtime")
+    if len(best) < 2 or "torch" not in best:
+        return
+    torch_sps = best["torch"]["samples_per_s"]
+    table = Table(title="fastest trial per runtime (each measured end to end, guard held)")
+    for col in ("runtime", "samples/s", "vs torch", "metric drop", "trial", "its settings"):
+        table.add_column(col)
+    for runtime, rec in sorted(best.items(), key=lambda kv: -kv[1]["samples_per_s"]):
+        keys = ("batch_size", "ort_precision", "quantization", "amp_dtype", "compile_mode", "num_threads")
+        settings = " ".join(f"{k}={rec['config'][k]}" for k in keys if REGISTRY[k].applies(rec["config"]))
+        table.add_row(
+            runtime,
+            f"{rec['samples_per_s']:,.0f}",
+            f"{rec['samples_per_s'] / torch_sps:.2f}x",
+            f"{rec.get('metric_drop', 0):+.4f}",
+            str(rec["number"]),
+            settings,
+        )
+    console.print(table)
 
 
 def _print_pareto(console: Any, result: Any) -> None:

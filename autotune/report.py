@@ -11,7 +11,7 @@ from typing import Any
 
 from .knobs import REGISTRY
 
-__all__ = ["SCHEMA_VERSION", "METRIC_KEYS", "write_trials_csv", "write_json", "summary_rows"]
+__all__ = ["SCHEMA_VERSION", "METRIC_KEYS", "best_by", "write_trials_csv", "write_json", "summary_rows"]
 
 SCHEMA_VERSION = 1
 METRIC_KEYS = (
@@ -109,3 +109,15 @@ def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[s
         ("batch size", "batch_size"),
     ]
     return [(label, _fmt(key, baseline.get(key)), _fmt(key, best.get(key))) for label, key in labels]
+
+
+def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any]]:
+    """For each value of ``knob`` among the trials that passed the guard, the fastest trial."""
+    best: dict[Any, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("status") != "ok" or "samples_per_s" not in rec:
+            continue
+        value = rec.get("config", {}).get(knob)
+        if value not in best or rec["samples_per_s"] > best[value]["samples_per_s"]:
+            best[value] = rec
+    return best

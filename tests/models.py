@@ -135,3 +135,32 @@ class CudaMemoryHog(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         scratch = torch.empty(x.shape[0], 2**28, device=x.device)  # 2**28 float32 = 1 GiB per sample
         return super().forward(x) + 0 * scratch[:, :4].sum()
+
+
+class TinyEncoder(nn.Module):
+    """Token ids (B, 16) and a padding mask (B, 16) -> 4 logits: a transformer encoder classifier."""
+
+    def __init__(self, vocab: int = 100, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(width, 4)
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(self.embed(ids), src_key_padding_mask=mask)
+        keep = (~mask).unsqueeze(-1).float()
+        return self.head((hidden * keep).sum(1) / keep.sum(1).clamp_min(1.0))
+
+
+def token_data(n: int = 256, seed: int = 0) -> list:
+    """Dict samples {"ids", "mask", "labels"}: the model's keyword inputs and a target."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(n):
+        ids = torch.randint(0, 100, (16,), generator=gen)
+        mask = torch.zeros(16, dtype=torch.bool)
+        mask[12 + i % 4 :] = True  # the last 0-3 positions are padding
+        samples.append({"ids": ids, "mask": mask, "labels": torch.tensor(int(ids[0]) % 4)})
+    return samples

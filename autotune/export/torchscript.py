@@ -180,3 +180,16 @@ def export_torchscript(
         "reason": reason,
         "input_names": names,
     }
+
+
+class ScriptRunner(nn.Module):
+    """A loaded TorchScript artifact called like the original model (keyword inputs too):
+    what the ``runtime=torchscript`` candidate runs."""
+
+    def __init__(self, script: Any, input_names: list[str]) -> None:
+        super().__init__()
+        self.script = script
+        self.input_names = list(input_names)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.script(*positional_inputs(self.input_names, args, kwargs))

@@ -14,6 +14,17 @@ from typing import Any
 
 from .base import Knob, Offer, SpaceContext, Stage, register
 
+_SCRATCH: tempfile.TemporaryDirectory[str] | None = None
+
+
+def _scratch_dir() -> Path:
+    """A fresh folder for one candidate's exported files, inside one directory per process that
+    is removed when the process exits."""
+    global _SCRATCH
+    if _SCRATCH is None:
+        _SCRATCH = tempfile.TemporaryDirectory(prefix="autotune-runtime-")
+    return Path(tempfile.mkdtemp(dir=_SCRATCH.name))
+
 
 def _ort_providers() -> list[str]:
     if importlib.util.find_spec("onnxruntime") is None:
@@ -44,14 +55,15 @@ class Runtime(Knob):
         from .compress import _extras
 
         extras = _extras(state, "runtime")
-        folder = Path(tempfile.mkdtemp(prefix="autotune-runtime-"))
+        folder = _scratch_dir()
         state.torch_model = state.model
         try:
             if value == "torchscript":
-                info = ts.export_torchscript(state.model, extras.example, folder / "model.pt")
                 import torch
 
-                state.model = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
+                info = ts.export_torchscript(state.model, extras.example, folder / "model.pt")
+                script = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
+                state.model = ts.ScriptRunner(script, info["input_names"])
             else:
                 state.model, info = _ort_module(state, extras, folder)
         except Exception as exc:  # an exporter's failure rules this candidate out, nothing more
