@@ -31,12 +31,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--study", help="study name (default autotune)")
     run.add_argument("--resume", action="store_true", help="continue an existing study")
     run.add_argument("--seed", type=int, help="sampler and torch seed (default 0)")
+    run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
     run.add_argument("--quiet", action="store_true", help="print only the final table")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
     spaces = sub.add_parser("spaces", help="list the search space presets")
     spaces.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    verify = sub.add_parser("verify", help="re-check a run's exported artifacts on this machine")
+    verify.add_argument("out_dir", help="the run's output directory")
+    verify.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    verify.add_argument("--json", action="store_true", help="print the report as JSON")
+    verify.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
 
@@ -76,6 +82,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         "study_name": args.study,
         "seed": args.seed,
         "isolation": args.isolation,
+        "export": None if args.export is None else tuple(f.strip() for f in args.export.split(",") if f.strip()),
     }
     options.update({k: v for k, v in flags.items() if v is not None})
     if args.resume:
@@ -265,6 +272,49 @@ def _run(args: argparse.Namespace, console: Any) -> int:
     return 0
 
 
+def _verify(args: argparse.Namespace, console: Any) -> int:
+    import json
+
+    from rich.table import Table
+
+    from ._verify import verify
+
+    report = verify(args.out_dir, device=args.device)
+    code = 0 if all(a["status"] == "ok" for a in report["artifacts"].values()) else 1
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return code
+    notes = report["throughput_notes"]
+    table = Table(title=f"artifacts of {args.out_dir} on {report['device']}")
+    for col in ("format", "status", "max abs", "rel L2", "fidelity", "samples/s*", "reason"):
+        table.add_column(col, justify="right" if col in ("max abs", "rel L2", "fidelity", "samples/s*") else "left")
+    for fmt, art in report["artifacts"].items():
+        style = "green" if art["status"] == "ok" else "red"
+        nums = [f"{art[k]:.3g}" if art[k] is not None else "-" for k in ("max_abs", "rel_l2", "fidelity")]
+        sps = f"{art['samples_per_s']:,.0f}" if art["samples_per_s"] is not None else "-"
+        table.add_row(fmt, f"[{style}]{art['status']}[/{style}]", *nums, sps, art["reason"] or "")
+    console.print(table)
+    recorded = report["recorded_samples_per_s"]
+    console.print(f"* {notes['samples_per_s']}.", highlight=False)
+    if recorded is not None:
+        console.print(
+            f"  The search recorded {recorded:,.0f} samples/s for the winner {notes['recorded_samples_per_s']}: "
+            "a different measurement, not comparable with samples/s*.",
+            highlight=False,
+            soft_wrap=True,
+        )
+    if not report["env_diff"]:
+        console.print("environment: same hardware and software as recorded")
+        return code
+    env = Table(title="environment: differences from the search's machine")
+    for col in ("", "recorded", "current"):
+        env.add_column(col)
+    for row in report["env_diff"]:
+        env.add_row(row["key"], str(row["recorded"]), str(row["current"]))
+    console.print(env)
+    return code
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``autotune`` console script."""
     from rich.console import Console
@@ -278,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, description in list_presets().items():
                 console.print(f"[bold]{name}[/bold]: {description}", highlight=False)
             return 0
+        if args.command == "verify":
+            return _verify(args, console)
         return _run(args, console)
     except AutotuneError as exc:
         if args.debug:

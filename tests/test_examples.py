@@ -102,3 +102,16 @@ def test_digits_test_accuracy() -> None:
     # No sample is both tuned on and reported on.
     tune = {s[0].numpy().tobytes() for s in cfg["dataset"]}
     assert not any(s[0].numpy().tobytes() in tune for s in test_dataset)
+
+
+def test_deploy_example_serves_every_artifact(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "examples/deploy.py", "--out", str(tmp_path / "out"), "--trials", "2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for server in ("onnxruntime", "torch.jit", "autotune.load"):
+        assert f"{server}: top-1 agreement with the original model 1.000" in done.stdout
