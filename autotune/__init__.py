@@ -32,6 +32,7 @@ __all__ = [
     "load_config",
     "optimize",
     "plan",
+    "verify",
     "__version__",
 ]
 
@@ -44,6 +45,7 @@ _LAZY = {
     "plan": "autotune._optimize",
     "load_config": "autotune._cfg",
     "load": "autotune._load",
+    "verify": "autotune._verify",
 }
 
 if TYPE_CHECKING:
@@ -52,6 +54,7 @@ if TYPE_CHECKING:
     from ._load import load
     from ._optimize import optimize, plan
     from ._result import Result
+    from ._verify import verify
     from .config import Config
 
 

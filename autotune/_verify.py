@@ -56,12 +56,26 @@ def _read_run(out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return artifacts, json.loads((out_dir / "best_config.json").read_text())
 
 
-def _resolve(name: str) -> Any:
-    module, _, attr = name.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+def _numpy_globals(path: Path) -> list[Any] | None:
+    """The numpy reconstructors and dtype classes that ``path``'s pickle needs, or ``None`` when
+    it needs anything else (or this torch cannot tell)."""
+    scan = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
+    names = scan(str(path)) if scan is not None else []
+    if not names or any(n.split(".")[0] != "numpy" for n in names):
+        return None
+    import numpy as np
+
+    found = []
+    for name in names:
+        module, _, attr = name.rpartition(".")
+        found.append(getattr(importlib.import_module(module), attr))
+    # An array's dtype is rebuilt from its class (numpy.dtypes.Float32DType...), which the scan
+    # does not list.
+    dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25
+    return found + [getattr(dtypes, n) for n in getattr(dtypes, "__all__", [])]
 
 
-def _read_parity(out_dir: Path) -> tuple[list[Any], Any]:
+def _read_parity(out_dir: Path) -> tuple[list[Any], Any, dict[str, Any]]:
     """The validation samples and the tuned model's outputs that ``parity.pt`` holds."""
     path = out_dir / "parity.pt"
     if not path.is_file():
@@ -69,22 +83,30 @@ def _read_parity(out_dir: Path) -> tuple[list[Any], Any]:
             f"No parity.pt in {str(out_dir)!r}: it is written with the artifacts; run the tuning again "
             "with export formats to have one."
         )
+    # weights_only: an out dir may come from anywhere, and unpickling runs code. Samples may hold
+    # numpy arrays, whose reconstructors are allowed by name, and nothing else.
     try:
-        # weights_only: an out dir may come from anywhere, and unpickling runs code. numpy
-        # samples need numpy's reconstructors, which are allowed by name and nothing else.
         try:
             data = torch.load(path, map_location="cpu", weights_only=True)
         except pickle.UnpicklingError:
-            names = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
-            if not names or any(n.split(".")[0] != "numpy" for n in names):
-                raise
-            with torch.serialization.safe_globals([_resolve(n) for n in names]):
+            allowed = _numpy_globals(path)
+            if allowed is None:
+                raise ConfigError(
+                    f"{str(path)!r} holds objects other than tensors, numbers and numpy arrays; verify does "
+                    "not unpickle them, as that could run any code. Export the run again with plain samples."
+                ) from None
+            with torch.serialization.safe_globals(allowed):
                 data = torch.load(path, map_location="cpu", weights_only=True)
+    except ConfigError:
+        raise
     except Exception as exc:
         raise ConfigError(f"Cannot read {str(path)!r}: {describe_error(exc)}") from None
     if not isinstance(data, dict) or not data.get("samples") or "outputs" not in data:
         raise ConfigError(f"{str(path)!r} must hold {{'samples': [...], 'outputs': ...}}: export the run again.")
-    return list(data["samples"]), data["outputs"]
+    # An artifact exported from another form than the tuned model (a CPU bfloat16 winner's
+    # float32 ONNX) is compared with that form's outputs, as its export was.
+    by_format = data.get("outputs_by_format") or {}
+    return list(data["samples"]), data["outputs"], by_format
 
 
 def _named_inputs(batch: Any) -> dict[str, torch.Tensor]:
@@ -162,7 +184,8 @@ def _check_one(
         with warnings.catch_warnings():  # loading a failed artifact warns; the report says it
             warnings.simplefilter("ignore")
             predict = load(out_dir, format=fmt, device=device)
-        check = _parity(predict, *parity)
+        samples, outputs, by_format = parity
+        check = _parity(predict, samples, by_format.get(fmt, outputs))
         result.update({k: check[k] for k in ("max_abs", "rel_l2", "fidelity")})
         result["samples_per_s"] = _throughput(predict, parity[0], n_batches)
         reason = check["reason"]

@@ -258,21 +258,22 @@ class TrialContext:
             "max_metric_drop": self.spec.max_metric_drop,
         }
         rest = [f for f in formats if f != "onnx"]
-        artifacts = export_artifacts(
-            tuned, extras.example, self.samples, state.batch_size, Path(out_dir), rest, **common
-        )
+        size, out = state.batch_size, Path(out_dir)
+        artifacts = export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common)
+        by_format = {}
         if "onnx" in formats:
             model, note = _onnx_form(tuned, state.device)
-            onnx = export_artifacts(
-                model, extras.example, self.samples, state.batch_size, Path(out_dir), ["onnx"], **common
-            )
+            onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
             if note:
                 onnx["onnx"]["form_note"] = note
+                state.model = model
+                by_format["onnx"] = collect_outputs(state, self.samples)
             artifacts.update(onnx)
         # What `autotune verify` re-checks the artifacts against, on any machine: the validation
-        # samples and the tuned model's outputs on them.
+        # samples and the outputs of the form each artifact was exported from.
+        state.model = tuned
         outputs = collect_outputs(state, self.samples)
-        torch.save({"samples": self.samples, "outputs": outputs}, Path(out_dir) / "parity.pt")
+        torch.save({"samples": self.samples, "outputs": outputs, "outputs_by_format": by_format}, out / "parity.pt")
         return {"artifacts": artifacts}
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:

@@ -306,7 +306,7 @@ def _verify(args: argparse.Namespace, console: Any) -> int:
     if not report["env_diff"]:
         console.print("environment: same hardware and software as recorded")
         return code
-    env = Table(title="environment: differences from the search's machine")
+    env = Table(title="environment: changed since the search")
     for col in ("", "recorded", "current"):
         env.add_column(col)
     for row in report["env_diff"]:
