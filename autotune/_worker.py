@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from .build import BuildExtras, BuildState, build
+from .build import BuildExtras, BuildState, TunedModule, build
 from .config import Config
 from .data import to_device
 from .errors import InputError, TrialError
@@ -264,6 +264,21 @@ class TrialContext:
         if "onnx" in formats:
             model, note = _onnx_form(tuned, state.device)
             onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
+            if onnx["onnx"]["status"] == "failed" and state.quantization != "none" and state.float_model is not None:
+                # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
+                # by ONNX Runtime with the same method, is the nearest form of the winner.
+                source = (
+                    TunedModule(state.float_model, None, state.channels_last),
+                    state.quantization,
+                    extras.calibration,
+                )
+                first = onnx["onnx"].get("error")
+                onnx = export_artifacts(
+                    model, extras.example, self.samples, size, out, ["onnx"], onnx_source=source, **common
+                )
+                note = (
+                    f"exported from the pruned float model and quantized by onnxruntime ({state.quantization}): {first}"
+                )
             if note:
                 onnx["onnx"]["form_note"] = note
                 state.model = model

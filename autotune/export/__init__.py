@@ -47,11 +47,21 @@ def _example_outputs(model: Any, example: Any) -> Any:
         return model(*args, **kwargs)
 
 
-def _onnx_runner(model: Any, example: Any, path: Path, device: str) -> tuple[dict[str, Any], Callable[..., Any]]:
-    from .onnx import OrtModule, export_onnx
+def _onnx_runner(
+    model: Any, example: Any, path: Path, device: str, source: Any = None
+) -> tuple[dict[str, Any], Callable[..., Any]]:
+    from .onnx import OrtModule, export_onnx, quantize_onnx
     from .parity import restore_like
 
-    info = export_onnx(model, example, path)
+    if source is None:
+        info = export_onnx(model, example, path)
+    else:
+        # The nearest exportable form (the pruned float model), quantized on the ONNX side with
+        # the winner's method; parity is still measured against the tuned model.
+        float_model, method, calibration = source
+        info = export_onnx(float_model, example, path.with_suffix(".float.onnx"))
+        info["quantized"] = quantize_onnx(path.with_suffix(".float.onnx"), path, method, calibration)
+        path.with_suffix(".float.onnx").unlink(missing_ok=True)
     ort = dict(ORT_DEFAULTS, provider="CUDAExecutionProvider" if device.startswith("cuda") else "CPUExecutionProvider")
     runner = OrtModule(path, info["input_names"], info["output_names"], io_binding=device.startswith("cuda"), **ort)
     template = _example_outputs(model, example)
@@ -80,14 +90,16 @@ def _torchscript_runner(
     return info, run
 
 
-def _export_one(fmt: str, model: Any, example: Any, out_dir: Path, fallback: Any, check: dict) -> dict[str, Any]:
+def _export_one(
+    fmt: str, model: Any, example: Any, out_dir: Path, fallback: Any, check: dict, onnx_source: Any = None
+) -> dict[str, Any]:
     from .parity import check_parity, describe_error, device_of
 
     path = out_dir / FILE_NAMES[fmt]
     record: dict[str, Any] = {"path": path.name, "batch_size": check["batch_size"]}
     try:
         if fmt == "onnx":
-            info, run = _onnx_runner(model, example, path, str(device_of(model)))
+            info, run = _onnx_runner(model, example, path, str(device_of(model)), onnx_source)
         else:
             info, run = _torchscript_runner(model, example, path, fallback)
     except Exception as exc:  # a failed export is recorded, and must not lose the other format
@@ -117,6 +129,7 @@ def export_artifacts(
     metric: Callable[[Any, Any], float] | None = None,
     baseline_metric: float | None = None,
     max_metric_drop: float = 0.01,
+    onnx_source: tuple[Any, str, list] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Write ``model.onnx`` / ``model.pt`` into ``out_dir`` and check each against ``model``.
 
@@ -136,6 +149,9 @@ def export_artifacts(
             outputs alone.
         baseline_metric: The metric the artifact must keep; ``None`` scores ``model``.
         max_metric_drop: The largest metric drop that passes.
+        onnx_source: ``(float model, method, calibration batches)``: export the float model and
+            quantize the graph with ONNX Runtime's ``method`` instead of exporting ``model``
+            (a torch-quantized model the exporters cannot take).
 
     Returns:
         Per format: ``{"path"`` (file name in ``out_dir``), ``"bytes", "sha256", "batch_size",``
@@ -160,4 +176,6 @@ def export_artifacts(
         "baseline_metric": baseline_metric,
         "max_metric_drop": max_metric_drop,
     }
-    return {fmt: _export_one(fmt, model, example, out_dir, fallback, check) for fmt in dict.fromkeys(formats)}
+    return {
+        fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source) for fmt in dict.fromkeys(formats)
+    }

@@ -68,3 +68,32 @@ def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_pa
     example = torch.utils.data.default_collate(samples[:8])
     art = export_artifacts(model, example, samples, 16, tmp_path, ["onnx"])["onnx"]
     assert art["status"] == "ok", art
+
+
+def test_int8_winner_onnx_is_the_pruned_float_model_quantized_by_onnxruntime(tmp_path):
+    from tests.test_quantize import MLP
+
+    data = [(torch.randn(256), torch.tensor(i % 10)) for i in range(256)]
+    result = autotune.optimize(
+        MLP(),
+        data,
+        space={"base": None},
+        fix={"quantization": "int8_dynamic"},
+        objectives=("size",),
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure=FAST,
+        n_verify_pairs=1,
+        max_metric_drop=0.05,
+    )
+    assert result.best_config["quantization"] == "int8_dynamic"
+    onnx = json.loads((tmp_path / "best_config.json").read_text())["artifacts"]["onnx"]
+    assert "quantized by onnxruntime" in onnx["form_note"] and onnx["quantized"]
+    # ONNX Runtime's int8 is not torch's int8: the outputs differ by a few percent, which the
+    # parity check measures and judges with the export's tolerances, never hides.
+    parity = onnx["parity"]
+    assert parity["rel_l2"] < 0.1 and parity["fidelity"] >= 0.9
+    assert (onnx["status"] == "ok") == parity["ok"]
+    fp32_bytes = result.baseline["size_bytes"]
+    assert onnx["bytes"] <= 0.35 * fp32_bytes  # the int8 weights really are in the file
