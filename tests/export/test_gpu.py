@@ -1,0 +1,62 @@
+"""ONNX Runtime on CUDA: the CUDA provider, I/O binding and the float16 graph (run on a CUDA machine)."""
+
+import pytest
+import torch
+from torch.utils.data import default_collate
+
+import autotune
+from autotune.export.onnx import OrtModule, export_onnx, to_fp16
+from tests.models import TinyCNN, image_data
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("io_binding", [False, True])
+def test_cuda_provider_matches_torch(tmp_path, io_binding):
+    model = TinyCNN().eval().cuda()
+    batch = default_collate(image_data(16))
+    info = export_onnx(model, (batch[0].cuda(), batch[1].cuda()), tmp_path / "model.onnx")
+    runner = OrtModule(
+        tmp_path / "model.onnx",
+        info["input_names"],
+        info["output_names"],
+        provider="CUDAExecutionProvider",
+        io_binding=io_binding,
+    )
+    x = batch[0].cuda()
+    out = runner(x)
+    assert out.device.type == "cuda"
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=1e-3, atol=1e-4)
+
+
+def test_float16_graph_keeps_float32_io_and_stays_close(tmp_path):
+    model = TinyCNN().eval().cuda()
+    batch = default_collate(image_data(16))
+    info = export_onnx(model, (batch[0].cuda(), batch[1].cuda()), tmp_path / "model.onnx")
+    to_fp16(tmp_path / "model.onnx", tmp_path / "model.fp16.onnx")
+    runner = OrtModule(
+        tmp_path / "model.fp16.onnx", info["input_names"], info["output_names"], provider="CUDAExecutionProvider"
+    )
+    x = batch[0].cuda()
+    out = runner(x)
+    assert out.dtype == torch.float32
+    with torch.no_grad():
+        torch.testing.assert_close(out, model(x), rtol=2e-2, atol=2e-2)
+
+
+def test_onnxruntime_competes_on_cuda(tmp_path):
+    space = {"base": None, "runtime": "all", "ort_precision": "all", "ort_io_binding": "all", "ort_provider": "all"}
+    result = autotune.optimize(
+        TinyCNN(),
+        image_data(512),
+        space=space,
+        device="cuda",
+        out_dir=tmp_path,
+        n_trials=8,
+        measure={"n_windows": 2, "window_s": 0.1, "warmup_batches": 2},
+        n_verify_pairs=2,
+    )
+    ort = [t.user_attrs for t in result.study.trials if t.user_attrs["config"]["runtime"] == "onnxruntime"]
+    assert ort and any(a["status"] == "ok" for a in ort), [a.get("reason") for a in ort]
+    assert set(result.artifacts) == {"onnx", "torchscript"}
