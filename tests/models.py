@@ -164,3 +164,26 @@ def token_data(n: int = 256, seed: int = 0) -> list:
         mask[12 + i % 4 :] = True  # the last 0-3 positions are padding
         samples.append({"ids": ids, "mask": mask, "labels": torch.tensor(int(ids[0]) % 4)})
     return samples
+
+
+class SmallCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Conv2d(1, 8, 3, padding=1)
+        self.head = nn.Linear(8 * 8 * 8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.conv(x)).flatten(1))
+
+
+class ItemBranch(nn.Module):
+    """Branches on a tensor's value: torch.export refuses it, and a trace bakes in one branch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.linear = nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear(x) if x.sum().item() > 0 else -self.linear(x)

@@ -14,17 +14,7 @@ from torch.utils.data import default_collate
 from autotune._load import Predictor, load
 from autotune.errors import ConfigError
 from autotune.export import export_artifacts
-
-
-class SmallCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(1, 8, 3, padding=1)
-        self.head = nn.Linear(8 * 8 * 8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.conv(x)).flatten(1))
+from tests.models import SmallCNN
 
 
 class Pair(nn.Module):

@@ -20,6 +20,7 @@ from autotune.data import model_inputs
 from autotune.errors import ConfigError, ExportError
 from autotune.export.onnx import OrtModule, export_onnx, quantize_onnx, to_fp16
 from autotune.export.parity import check_parity
+from tests.models import ItemBranch
 
 
 class ConvNet(nn.Module):
@@ -62,18 +63,6 @@ class LSTMClassifier(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.lstm(x)[0][:, -1])
-
-
-class ItemBranch(nn.Module):
-    """Python control flow on a tensor's value: torch.export refuses it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x) if x.sum().item() > 0 else -self.linear(x)
 
 
 @torch.library.custom_op("autotune_test_onnx::shift", mutates_args=())

@@ -15,17 +15,7 @@ from torch.utils.data import default_collate
 from autotune.errors import ConfigError, ExportError
 from autotune.export import export_artifacts, file_digest
 from autotune.export.torchscript import export_torchscript
-
-
-class SmallCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Conv2d(1, 8, 3, padding=1)
-        self.head = nn.Linear(8 * 8 * 8, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(torch.relu(self.conv(x)).flatten(1))
+from tests.models import ItemBranch, SmallCNN
 
 
 class Scorer(nn.Module):
@@ -46,18 +36,6 @@ class WithNote(SmallCNN):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, str]:
         return super().forward(x), "note"
-
-
-class ItemBranch(nn.Module):
-    """Branches on a tensor's value: every exporter bakes in the branch the example took."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.linear = nn.Linear(4, 2)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.linear(x) if x.sum().item() > 0 else -self.linear(x)
 
 
 @torch.library.custom_op("autotune_test_ts::shift", mutates_args=())
