@@ -60,8 +60,28 @@ def _traceable(model: nn.Module, grad: bool = True) -> Iterator[None]:
             model.get_parameter(name).requires_grad_(False)
 
 
+def _extra_flop_formulas() -> dict[Any, Any]:
+    """FLOP formulas torch's counter lacks on the CPU: its fused attention and oneDNN's RNN layer.
+    Without them a transformer's attention and a whole LSTM count as zero."""
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    aten = torch.ops.aten
+    formulas: dict[Any, Any] = {}
+    if hasattr(aten, "_scaled_dot_product_flash_attention_for_cpu"):
+        formulas[aten._scaled_dot_product_flash_attention_for_cpu] = lambda q, k, v, *a, out_shape=None, **kw: (
+            sdpa_flop_count(q, k, v)
+        )
+    if hasattr(aten, "mkldnn_rnn_layer"):
+        # x: (batch, seq, in) or (seq, batch, in); per step and sample one (in + hidden) x gates product.
+        formulas[aten.mkldnn_rnn_layer] = lambda x, w_ih, w_hh, *a, out_shape=None, **kw: (
+            2 * x[0] * x[1] * (w_ih[0] * w_ih[1] + w_hh[0] * w_hh[1])
+        )
+    return formulas
+
+
 def _measure(model: nn.Module, args: tuple, kwargs: dict) -> tuple[int, int, list[tuple[int, ...]]]:
-    with _traceable(model, grad=False), FlopCounterMode(display=False) as counter:
+    counting = FlopCounterMode(display=False, custom_mapping=_extra_flop_formulas())
+    with _traceable(model, grad=False), counting as counter:
         outputs = model(*args, **kwargs)
     n_params = sum(p.numel() for p in model.parameters())
     # FlopCounterMode counts a multiply-add as two FLOPs.

@@ -182,7 +182,26 @@ def _dynamic_cpu(model: nn.Module) -> tuple[nn.Module, str, int]:
     n = sum(isinstance(m, (nnqd.Linear, nnqd.LSTM, nnqd.GRU)) for m in model.modules())
     if n == 0:
         raise TrialError("unsupported", "int8_dynamic found no nn.Linear, nn.LSTM or nn.GRU layer to quantize.")
+    if any(isinstance(m, (nn.TransformerEncoderLayer, nn.TransformerDecoderLayer)) for m in model.modules()):
+        # Their fused fast path reads float weights that quantized Linears do not have.
+        model = WithoutFastPath(model)
     return model, torch.backends.quantized.engine, n
+
+
+class WithoutFastPath(nn.Module):
+    """Runs a model with PyTorch's fused transformer fast path off, which only takes float weights."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        enabled = torch.backends.mha.get_fastpath_enabled()
+        torch.backends.mha.set_fastpath_enabled(False)
+        try:
+            return self.model(*args, **kwargs)
+        finally:
+            torch.backends.mha.set_fastpath_enabled(enabled)
 
 
 def _torchao_(model: nn.Module, method: str) -> tuple[nn.Module, str, int]:

@@ -209,3 +209,10 @@ def test_2_4_converts_linear_layers_on_cuda():
     x = torch.randn(64, 128, device="cuda", dtype=torch.half)
     with torch.no_grad():
         torch.testing.assert_close(model(x), reference(x), rtol=1e-2, atol=1e-2)
+
+
+def test_macs_count_cpu_attention_and_lstm_layers():
+    # torch's FLOP counter has no CPU formulas for fused attention or the oneDNN LSTM layer.
+    lstm = nn.LSTM(64, 128, batch_first=True)
+    macs, _ = _prune.count_macs(lstm, (torch.randn(2, 12, 64),), {})
+    assert macs == 2 * 12 * 4 * 128 * (64 + 128)

@@ -198,3 +198,17 @@ def test_torchao_cuda(method):
     x = torch.randn(512, 256, device=env.device, generator=torch.Generator(env.device).manual_seed(2))
     assert _agreement(quantized, reference, x) >= 0.95
     assert _size_ratio(quantized, reference) <= 0.35
+
+
+def test_int8_dynamic_transformer_runs_without_the_float_fast_path():
+    from torch.utils.data import default_collate
+
+    from autotune.data import model_inputs
+    from tests.models import TinyEncoder, token_data
+
+    batch = default_collate(token_data(8))
+    model, info = _quantize.quantize(TinyEncoder().eval(), "int8_dynamic", "cpu", [], example=batch)
+    args, kwargs = model_inputs(batch)
+    with torch.inference_mode():
+        assert model(*args, **kwargs).shape == (8, 4)
+    assert info["n_quantized"] >= 4 and torch.backends.mha.get_fastpath_enabled()  # restored afterwards
