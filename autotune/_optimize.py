@@ -68,7 +68,7 @@ def _export(runner: Any, best: dict[str, Any], out: Path, formats: Sequence[str]
     if not formats:
         return {}
     try:
-        artifacts = runner.call("export", best["config"], str(out.resolve()), list(formats))["artifacts"]
+        artifacts = runner.call("export", best["config"], str(out.resolve()), list(formats), n_trials=2)["artifacts"]
     except TrialError as exc:
         return {fmt: {"status": "failed", "error": str(exc)} for fmt in formats}
     config = best["config"]
@@ -341,7 +341,7 @@ def optimize(
             best, ratios, summary["finalists"] = verify(runner, baseline, finalists, n_verify_pairs, speed_only)
         if test_dataset is not None:
             try:
-                summary["held_out"] = runner.call("held_out", baseline["config"], best["config"])
+                summary["held_out"] = runner.call("held_out", baseline["config"], best["config"], n_trials=2)
             except TrialError as exc:  # the search's result stands without it
                 summary["held_out"] = {"error": str(exc)}
         summary["artifacts"] = _export(runner, best, out, export, env)

@@ -77,7 +77,11 @@ def verify(
     from .errors import TrialError
 
     try:
-        rounds = runner.call("verify", baseline["config"], [f["config"] for f in finalists], n_rounds)["rounds"]
+        # Each of the (finalists + 1) x rounds measurements is at most one trial's work.
+        budget = (len(finalists) + 1) * n_rounds
+        rounds = runner.call("verify", baseline["config"], [f["config"] for f in finalists], n_rounds, n_trials=budget)[
+            "rounds"
+        ]
     except TrialError as exc:  # the study stands; its best trial is reported unverified
         return finalists[0], None, [{"error": str(exc)}]
     ratios = [[r[i + 1] / r[0] for r in rounds] for i in range(len(finalists))]

@@ -228,7 +228,7 @@ def _print_pareto(console: Any, result: Any) -> None:
     from rich.table import Table
 
     from .knobs import REGISTRY
-    from .report import _fmt
+    from .report import format_value
 
     keys = ["samples_per_s", "latency_ms_p95", "size_bytes_compressed", "peak_mem_mib", "metric"]
     table = Table(title="feasible Pareto front (pareto.json)")
@@ -241,7 +241,7 @@ def _print_pareto(console: Any, result: Any) -> None:
             if REGISTRY[k].default not in (None, v) and k != "batch_size"
         )
         changes = f"batch_size={member['config']['batch_size']} {changes}"
-        table.add_row(str(member["trial"]), *(_fmt(k, member.get(k)) for k in keys), changes)
+        table.add_row(str(member["trial"]), *(format_value(k, member.get(k)) for k in keys), changes)
     console.print(table)
 
 

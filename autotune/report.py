@@ -75,7 +75,7 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
     _atomic_write(path, buf.getvalue())
 
 
-def _fmt(key: str, value: Any) -> str:
+def format_value(key: str, value: Any) -> str:
     if value is None:
         return "-"
     if key in ("n_params", "macs"):
@@ -108,7 +108,7 @@ def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[s
         ("metric", "metric"),
         ("batch size", "batch_size"),
     ]
-    return [(label, _fmt(key, baseline.get(key)), _fmt(key, best.get(key))) for label, key in labels]
+    return [(label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in labels]
 
 
 def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any]]:

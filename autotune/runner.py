@@ -57,8 +57,10 @@ class Runner:
         """Measure one configuration; return the trial's result dict."""
         raise NotImplementedError
 
-    def call(self, name: str, *args: Any) -> dict[str, Any]:
+    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         """Run a :class:`~autotune._worker.TrialContext` method (``verify``, ``held_out``, ``export``) in the worker.
+
+        ``n_trials`` is how many trials' worth of work it does: it may take that many trial timeouts.
 
         Raises:
             TrialError: the method raised or the worker failed.
@@ -81,7 +83,7 @@ class InProcessRunner(Runner):
     def run(self, config: dict[str, Any]) -> dict[str, Any]:
         return self._ctx.run_trial(config)
 
-    def call(self, name: str, *args: Any) -> dict[str, Any]:
+    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         try:
             return getattr(self._ctx, name)(*args)
         except Exception as exc:
@@ -215,11 +217,10 @@ class SubprocessRunner(Runner):
         result["wall_s"] = time.perf_counter() - started
         return result
 
-    def call(self, name: str, *args: Any) -> dict[str, Any]:
+    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         self._ensure()
         self._send.send(("call", name, *args))
-        # verify measures each finalist n times: allow a trial's time for each of them.
-        reply = self._wait(self._timeout * (len(args) + 4), f"running {name}")
+        reply = self._wait(self._timeout * n_trials, f"running {name}")
         if reply[0] == "fail" or "error" in reply[1]:
             self._kill()
             raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")
