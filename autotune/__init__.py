@@ -32,6 +32,7 @@ __all__ = [
     "load_config",
     "optimize",
     "plan",
+    "training",
     "verify",
     "__version__",
 ]
@@ -43,13 +44,14 @@ _LAZY = {
     "dataloader": "autotune._apply",
     "optimize": "autotune._optimize",
     "plan": "autotune._optimize",
+    "training": "autotune._apply",
     "load_config": "autotune._cfg",
     "load": "autotune._load",
     "verify": "autotune._verify",
 }
 
 if TYPE_CHECKING:
-    from ._apply import apply, dataloader
+    from ._apply import apply, dataloader, training
     from ._cfg import load_config
     from ._load import load
     from ._optimize import optimize, plan

@@ -9,7 +9,7 @@ from typing import Any
 from .config import Config
 from .errors import ConfigError
 
-__all__ = ["apply", "dataloader"]
+__all__ = ["apply", "dataloader", "training"]
 
 
 def _read_config(config: Any) -> Config:
@@ -113,3 +113,81 @@ def dataloader(dataset: Any, config: Any, **overrides: Any) -> Any:
     if state.loader_kwargs.get("pin_memory") and not torch.cuda.is_available():
         state.loader_kwargs["pin_memory"] = False
     return torch.utils.data.DataLoader(dataset, **{**state.loader_kwargs, **overrides})
+
+
+def _effective_from(config: Any) -> int | None:
+    """The effective batch size recorded in a training run's ``best_config.json``, if any."""
+    import json
+
+    if isinstance(config, (str, Path)):
+        path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
+        try:
+            return json.loads(path.read_text()).get("train", {}).get("effective_batch_size")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None
+
+
+def training(
+    model: Any,
+    optimizer: Any,
+    dataset: Any,
+    config: Any,
+    *,
+    device: str = "auto",
+    effective_batch_size: int | None = None,
+    shuffle: bool = True,
+) -> Any:
+    """The tuned pieces of a training loop, for your own loop: model, optimizer, gradient
+    scaler, autocast context, DataLoader and gradient-accumulation steps.
+
+    Args:
+        model: The model to train (it is copied: the original stays untouched).
+        optimizer: As for :func:`~autotune.optimize`: a class, ``(class, kwargs)`` or a
+            function ``params -> optimizer``.
+        dataset: The training samples.
+        config: A training run's ``best_config.json`` (or its directory), a dict or a Config.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        effective_batch_size: Samples per optimizer step; default what the run recorded, else
+            the config's ``batch_size`` (no accumulation).
+        shuffle: Shuffle the loader (it drops the last short batch, so shapes stay fixed).
+
+    Returns:
+        A :class:`~autotune._train.TrainingSetup` with ``model``, ``optimizer``, ``scaler``,
+        ``autocast()``, ``loader``, ``accumulation_steps``, ``to_device()`` and ``step()``.
+        Process-wide settings of the config (threads, cuDNN, TF32) are applied to this process.
+
+    Example:
+        >>> import torch
+        >>> data = [(torch.randn(8), torch.tensor(i % 2)) for i in range(64)]
+        >>> t = training(torch.nn.Linear(8, 2), (torch.optim.SGD, {"lr": 0.1}), data,
+        ...              {"batch_size": 8}, device="cpu", effective_batch_size=16)
+        >>> t.accumulation_steps, len(t.loader)
+        (2, 8)
+    """
+    import torch
+
+    from ._optimize import _check_model
+    from ._train import optimizer_factory, prepare
+    from .build import apply_settings
+    from .env import resolve_device
+
+    _check_model(model)
+    if not isinstance(model, torch.nn.Module):
+        model = model()
+    cfg = _read_config(config)
+    if effective_batch_size is None:
+        effective_batch_size = _effective_from(config)
+    setup = prepare(
+        model,
+        cfg,
+        resolve_device(device),
+        optimizer_factory(optimizer),
+        dataset,
+        effective_batch_size=effective_batch_size,
+        shuffle=shuffle,
+    )
+    if setup.loader.pin_memory and not torch.cuda.is_available():
+        setup.loader.pin_memory = False
+    apply_settings(setup.settings)
+    return setup

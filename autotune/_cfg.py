@@ -28,6 +28,8 @@ CFG_KEYS = (
     "loss_fn",
     "train_dataset",
     "test_dataset",
+    "mode",
+    "optimizer",
 )
 
 

@@ -46,12 +46,60 @@ def _check_options(
         raise ConfigError(f"`max_metric_drop` must be in [0, 1], but got {max_metric_drop!r}.")
     if isolation not in ("subprocess", "inprocess"):
         raise ConfigError(f"`isolation` must be 'subprocess' or 'inprocess', but got {isolation!r}.")
-    if mode != "inference":
-        raise ConfigError(f"`mode` must be 'inference' (training mode is not available yet), but got {mode!r}.")
+    if mode not in ("inference", "train"):
+        raise ConfigError(f"`mode` must be 'inference' or 'train', but got {mode!r}.")
     if metric is not None and not callable(metric):
         raise ConfigError(
             f"`metric` must be a function metric(outputs, batch) -> float, but got {type(metric).__name__}."
         )
+
+
+def _check_training(
+    loss_fn: Any, optimizer: Any, test_dataset: Any, export: Any, loss_tolerance: Any, n_train_steps: Any
+) -> None:
+    from ._train import optimizer_factory
+
+    if loss_fn is None or not callable(loss_fn):
+        raise ConfigError("Training mode needs `loss_fn(outputs, batch) -> Tensor`, the loss your training step uses.")
+    optimizer_factory(optimizer)
+    if test_dataset is not None:
+        raise ConfigError("`test_dataset` is scored in inference mode only; in training mode pass `metric` instead.")
+    if export:
+        raise ConfigError("Training mode exports nothing: it tunes the training step. Leave `export` unset.")
+    if isinstance(loss_tolerance, bool) or not isinstance(loss_tolerance, (int, float)) or not 0 < loss_tolerance < 1:
+        raise ConfigError(f"`loss_tolerance` must be in (0, 1), a relative change, but got {loss_tolerance!r}.")
+    if isinstance(n_train_steps, bool) or not isinstance(n_train_steps, int) or n_train_steps < 2:
+        raise ConfigError(f"`n_train_steps` must be an integer of at least 2, but got {n_train_steps!r}.")
+
+
+def _check_effective(effective: Any, allow_change: bool, baseline_batch_size: int, data: Any) -> int | None:
+    """The effective batch size of a training study (``None``: it follows the micro-batch)."""
+    if allow_change:
+        if effective is not None:
+            raise ConfigError("Give either `effective_batch_size` or `allow_batch_change=True`, not both.")
+        return None
+    effective = baseline_batch_size if effective is None else effective
+    if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
+        raise ConfigError(f"`effective_batch_size` must be a positive integer, but got {effective!r}.")
+    if effective > data.n_samples:
+        raise ConfigError(
+            f"`effective_batch_size` {effective} is larger than the dataset ({data.n_samples} samples); lower it."
+        )
+    return effective
+
+
+def _guard_summary(mode: str, metric: Any, max_metric_drop: float, loss_tolerance: float) -> dict[str, Any]:
+    if metric is not None:
+        return {"metric": "user", "max_metric_drop": max_metric_drop}
+    if mode == "train":
+        return {"metric": "loss_curve", "loss_tolerance": loss_tolerance}
+    return {"metric": "fidelity", "max_metric_drop": max_metric_drop}
+
+
+def _optimizer_name(optimizer: Any) -> str:
+    if isinstance(optimizer, tuple):
+        return f"{optimizer[0].__name__}({', '.join(f'{k}={v!r}' for k, v in dict(optimizer[1]).items())})"
+    return getattr(optimizer, "__qualname__", None) or getattr(getattr(optimizer, "func", None), "__name__", None) or repr(optimizer)
 
 
 def _materialize_dataset(dataset: Any) -> Any:
@@ -125,8 +173,13 @@ def plan(
     baseline_batch_size: int = 32,
     objectives: Sequence[str] | str | None = None,
     loss_fn: Any = None,
+    mode: str = "inference",
+    effective_batch_size: int | None = None,
 ) -> tuple[Any, Any, Any]:
     """Check the inputs and resolve the search space without measuring anything.
+
+    In training mode (``mode="train"``) with a fixed ``effective_batch_size``, batch sizes are
+    micro-batches that divide it, and inference-only knobs (compression, runtimes) stay off.
 
     Returns:
         ``(env, data_info, search_space)``; ``search_space.excluded`` says why each value left
@@ -147,7 +200,15 @@ def plan(
     env = Env.detect(device)
     declared = preset_options(space)
     objectives = check_objectives(objectives or declared.get("objectives") or ("throughput",))
-    ctx = SpaceContext(env, data, baseline_batch_size, objectives=tuple(objectives), has_loss_fn=loss_fn is not None)
+    ctx = SpaceContext(
+        env,
+        data,
+        baseline_batch_size,
+        objectives=tuple(objectives),
+        has_loss_fn=loss_fn is not None,
+        mode=mode,
+        effective_batch_size=effective_batch_size,
+    )
     resolved = resolve_space(space, ctx, fix)
     resolved.objectives = objectives
     resolved.select = declared.get("select")
@@ -184,8 +245,13 @@ def optimize(
     train_dataset: Any = None,
     prune_ignore: Sequence[str] = (),
     test_dataset: Any = None,
-    export: Sequence[str] = ("onnx", "torchscript"),
+    export: Sequence[str] | None = None,
     sampler: Any = None,
+    optimizer: Any = None,
+    effective_batch_size: int | None = None,
+    allow_batch_change: bool = False,
+    loss_tolerance: float = 0.05,
+    n_train_steps: int = 20,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
@@ -193,7 +259,8 @@ def optimize(
     Args:
         model: An ``nn.Module`` or a zero-argument function returning one.
         dataset: A map-style dataset or sequence of samples (or a function returning one).
-        mode: ``"inference"``.
+        mode: ``"inference"`` (tune the forward pass) or ``"train"`` (tune the training step:
+            needs ``loss_fn`` and ``optimizer``; see docs/training.md).
         space: Preset name (``autotune spaces`` lists them), a TOML file, or a dict of knob
             values on top of a preset (see :func:`autotune.space.resolve_space`).
         metric: ``metric(outputs, batch) -> float``, higher is better; without it, fidelity to
@@ -230,9 +297,21 @@ def optimize(
         test_dataset: Held-out samples: the baseline's and the winner's metric on them is
             reported (``held_out`` in ``best_config.json``), never used to choose.
         export: Artifacts of the winner to write, each with its parity check: ``"onnx"``
-            (``model.onnx``), ``"torchscript"`` (``model.pt``); ``()`` for none.
+            (``model.onnx``), ``"torchscript"`` (``model.pt``); ``()`` for none. Default both
+            in inference mode, none in training mode.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
         progress: Called after each trial with (trial record, trials measured, n_trials).
+        optimizer: Training mode: an optimizer class (``torch.optim.AdamW``), a pair
+            ``(class, kwargs)`` or a function ``params -> optimizer``; its hyper-parameters are
+            never tuned, only its implementation (``optimizer_impl``).
+        effective_batch_size: Training mode: samples per optimizer step, kept by gradient
+            accumulation over micro-batches (``batch_size``); default ``baseline_batch_size``.
+        allow_batch_change: Training mode: let the effective batch size follow ``batch_size``
+            (one micro-batch per step); the loss guard still applies.
+        loss_tolerance: Training mode without a ``metric``: largest relative change of the final
+            mean loss after ``n_train_steps`` steps from the same start, against the baseline's.
+        n_train_steps: Training mode: optimizer steps (at the baseline's effective batch) each
+            trial trains before timing; their losses are the guard.
 
     Returns:
         A :class:`Result`.
@@ -255,7 +334,10 @@ def optimize(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
     )
     _select.check_select(select)
-    export = _check_export(export)
+    train = mode == "train"
+    if train:
+        _check_training(loss_fn, optimizer, test_dataset, export, loss_tolerance, n_train_steps)
+    export = _check_export(export if export is not None else (() if train else ("onnx", "torchscript")))
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
     except TypeError as exc:
@@ -274,8 +356,16 @@ def optimize(
         loss_fn=loss_fn,
     )
     objectives = search_space.objectives
+        mode=mode,
+        effective_batch_size=None if not train or allow_batch_change else (effective_batch_size or baseline_batch_size),
     select = select or search_space.select
     _select.check_select(select)
+    if train and "size" in objectives:
+        raise ConfigError(
+            "Training mode does not change the model's size: objectives may be throughput, latency, memory or metric."
+        )
+    if train:
+        effective_batch_size = _check_effective(effective_batch_size, allow_batch_change, baseline_batch_size, data)
     if test_dataset is not None:
         _check_like(describe(test_dataset), data, "test_dataset")
     if train_dataset is not None:
@@ -302,6 +392,11 @@ def optimize(
         max_metric_drop=max_metric_drop,
     )
     if isolation == "inprocess":
+        mode=mode,
+        optimizer=optimizer,
+        effective_batch_size=effective_batch_size,
+        n_train_steps=n_train_steps,
+        loss_tolerance=loss_tolerance,
         runner = InProcessRunner(spec)
     else:
         runner = SubprocessRunner(pickle_spec(spec), trial_timeout, out / "logs" / "worker.log")
@@ -314,19 +409,26 @@ def optimize(
     summary = {
         "env": env.manifest(),
         "mode": mode,
-        "guard": {"metric": "user" if metric is not None else "fidelity", "max_metric_drop": max_metric_drop},
+        "guard": _guard_summary(mode, metric, max_metric_drop, loss_tolerance),
         "objectives": list(objectives),
         "study": {"name": study_name, "storage": storage},
         "space": search_space.values,
     }
     try:
         stop_reason = run_trials(
+    if train:
+        summary["train"] = {
+            "effective_batch_size": effective_batch_size,
+            "allow_batch_change": allow_batch_change,
+            "optimizer": _optimizer_name(optimizer),
+            "n_train_steps": n_train_steps,
+        }
             study,
             runner,
             search_space,
             n_trials=n_trials,
             timeout=timeout,
-            max_metric_drop=max_metric_drop,
+            max_metric_drop=loss_tolerance if train and metric is None else max_metric_drop,
             objectives=objectives,
             extra_attrs={"hardware": env.hardware_key()},
             on_trial=after_trial,

@@ -131,7 +131,7 @@ def write_best(
         ratios, method = [1.0], "baseline is best"
     else:
         ratios, method = [best["samples_per_s"] / baseline["samples_per_s"]], "trial ratio, not verified"
-    keys = (*report.METRIC_KEYS, "batch_size")
+    keys = (*report.METRIC_KEYS, "batch_size", *(report.TRAIN_KEYS if summary.get("mode") == "train" else ()))
     result = Result(
         best_config=dict(best["config"]),
         best={k: best.get(k) for k in keys},

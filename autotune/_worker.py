@@ -51,6 +51,13 @@ class WorkerSpec:
         n_calibration: Batches (of the baseline batch size) for static quantization.
         test_dataset: Held-out samples, scored only after the search.
         max_metric_drop: The guard's tolerance, also applied to exported artifacts.
+        mode: ``"inference"`` or ``"train"``.
+        optimizer: Training mode: an optimizer class, ``(class, kwargs)`` or factory.
+        effective_batch_size: Training mode: samples per optimizer step (``None``: the trial's
+            batch size, no accumulation).
+        n_train_steps: Training mode: optimizer steps of the loss-curve guard (at the baseline's
+            effective batch size; the same number of samples for every trial).
+        loss_tolerance: Training mode: largest relative change of the final mean loss.
     """
 
     model: Any
@@ -67,6 +74,11 @@ class WorkerSpec:
     n_calibration: int = 8
     test_dataset: Any = None
     max_metric_drop: float = 0.01
+    mode: str = "inference"
+    optimizer: Any = None
+    effective_batch_size: int | None = None
+    n_train_steps: int = 20
+    loss_tolerance: float = 0.05
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -104,23 +116,36 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
     return "error", "runtime", _one_line(exc)
 
 
+def instantiate_model(spec: WorkerSpec) -> torch.nn.Module:
+    """The spec's model: the module itself, or what its factory returns."""
+    model = spec.model
+    if not isinstance(model, torch.nn.Module):
+        try:
+            model = model()
+        except Exception as exc:
+            raise InputError(f"The model factory raised {_one_line(exc)}") from exc
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"The model factory must return a torch.nn.Module, but returned {type(model).__name__}.")
+    return model
+
+
+def make_context(spec: WorkerSpec) -> Any:
+    """The worker state for the spec's mode: :class:`TrialContext` or, in training mode,
+    :class:`autotune._train_trial.TrainContext`."""
+    if spec.mode == "train":
+        from ._train_trial import TrainContext
+
+        return TrainContext(spec)
+    return TrialContext(spec)
+
+
 class TrialContext:
     """A worker's state: the model, the data, the baseline's reference outputs."""
 
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         torch.manual_seed(spec.seed)
-        model = spec.model
-        if not isinstance(model, torch.nn.Module):
-            try:
-                model = model()
-            except Exception as exc:
-                raise InputError(f"The model factory raised {_one_line(exc)}") from exc
-            if not isinstance(model, torch.nn.Module):
-                raise InputError(
-                    f"The model factory must return a torch.nn.Module, but returned {type(model).__name__}."
-                )
-        self.model = model.eval()
+        self.model = instantiate_model(spec).eval()
         self.samples = [spec.dataset[i] for i in spec.val_indices]
         self.extras = self._extras()
         baseline = self.build(spec.baseline)
@@ -323,7 +348,7 @@ def serve(conn: Any) -> None:
     message = conn.recv()
     try:
         spec = torch.load(io.BytesIO(message[1]), weights_only=False, pickle_module=pickle)
-        ctx = TrialContext(spec)
+        ctx = make_context(spec)
     except InputError as exc:
         conn.send(("fail", "input", str(exc)))
         return

@@ -135,6 +135,7 @@ class BuildState:
         float_model: With ``extras.keep_float``, a copy of the model after pruning and before
             quantization: the nearest form an exporter can take when the tuned one fails.
         torch_model: The torch module a non-torch runtime (TorchScript, ONNX Runtime) replaced.
+        optimizer_impl: Training mode: ``default``, ``foreach`` or ``fused`` optimizer step.
     """
 
     model: Any
@@ -154,6 +155,7 @@ class BuildState:
     runtime: str = "torch"
     float_model: Any = None
     torch_model: Any = None
+    optimizer_impl: str = "default"
 
 
 def build(

@@ -68,7 +68,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
     for key in options:
         if key not in known:
             raise ConfigError(f"Unknown option {key!r} in {args.cfg}'s options. Known: {', '.join(sorted(known))}.")
-    for key in ("metric", "max_metric_drop", "space", "loss_fn", "train_dataset", "test_dataset"):
+    for key in ("metric", "max_metric_drop", "space", "loss_fn", "train_dataset", "test_dataset", "mode", "optimizer"):
         if key in cfg:
             options[key] = cfg[key]
     flags = {
@@ -255,6 +255,10 @@ def _run(args: argparse.Namespace, console: Any) -> int:
             cfg["dataset"],
             space=options.get("space", "default"),
             fix=options.get("fix"),
+            mode=options.get("mode", "inference"),
+            effective_batch_size=None
+            if options.get("mode") != "train" or options.get("allow_batch_change")
+            else options.get("effective_batch_size") or options.get("baseline_batch_size", 32),
             device=options.get("device", "auto"),
             baseline_batch_size=options.get("baseline_batch_size", 32),
             objectives=options.get("objectives"),

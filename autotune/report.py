@@ -11,7 +11,7 @@ from typing import Any
 
 from .knobs import REGISTRY
 
-__all__ = ["SCHEMA_VERSION", "METRIC_KEYS", "best_by", "write_trials_csv", "write_json", "summary_rows"]
+__all__ = ["SCHEMA_VERSION", "METRIC_KEYS", "TRAIN_KEYS", "best_by", "write_trials_csv", "write_json", "summary_rows"]
 
 SCHEMA_VERSION = 1
 METRIC_KEYS = (
@@ -29,6 +29,15 @@ METRIC_KEYS = (
     "compile_s",
     "metric",
     "metric_drop",
+)
+# What a training-mode trial adds: the step's shape and the loss curve its guard judged.
+TRAIN_KEYS = (
+    "accumulation_steps",
+    "effective_batch_size",
+    "loss_first",
+    "loss_final",
+    "loss_rel_change",
+    "skipped_steps",
 )
 
 
@@ -62,6 +71,7 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "repeat_of",
         *REGISTRY,
         *METRIC_KEYS,
+        *(TRAIN_KEYS if any("loss_final" in r for r in records) else ()),
         "trial_s",
         "wall_s",
     ]

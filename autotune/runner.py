@@ -75,9 +75,9 @@ class InProcessRunner(Runner):
     """Runs trials in this process: no timeout and no protection from crashes."""
 
     def __init__(self, spec: Any) -> None:
-        from ._worker import TrialContext
+        from ._worker import make_context
 
-        self._ctx = TrialContext(spec)
+        self._ctx = make_context(spec)
         self.info = self._ctx.info
 
     def run(self, config: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
-from .knobs import REGISTRY, SpaceContext, get_knob
+from .knobs import REGISTRY, Offer, SpaceContext, get_knob
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -167,8 +167,12 @@ def resolve_space(
     baseline: dict[str, Any] = {}
     excluded: dict[str, dict[str, str]] = {}
     for name, knob in REGISTRY.items():
-        offer = knob.offer(ctx)
         base_value = knob.baseline(ctx)
+        if ctx.mode in knob.modes:
+            offer = knob.offer(ctx)
+        else:
+            why = f"only used in {' and '.join(knob.modes)} mode"
+            offer = Offer([base_value], {json.dumps(c).strip('"'): why for c in knob.choices if c != base_value})
         baseline[name] = base_value
         reasons = dict(offer.excluded)
         if name in fix:

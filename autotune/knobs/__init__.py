@@ -5,7 +5,7 @@ compilation, runtime settings. A knob that depends on another (``prefetch_factor
 ``num_workers``) comes after it, since configurations are suggested in this order.
 """
 
-from . import backend, batch, compiler, compress, layout, loader, precision, runtime  # noqa: F401  (registers the knobs)
+from . import backend, batch, compiler, compress, layout, loader, precision, runtime, train  # noqa: F401  (registers the knobs)
 from .base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
 
 _ORDER = (
@@ -29,6 +29,7 @@ _ORDER = (
     "num_threads",
     "cudnn_benchmark",
     "tf32",
+    "optimizer_impl",
 )
 _registered = dict(REGISTRY)
 REGISTRY.clear()

@@ -37,6 +37,7 @@ def _ort_providers() -> list[str]:
 @register
 class Runtime(Knob):
     name = "runtime"
+    modes = ("inference",)
     stage = Stage.COMPILE
     choices = ("torch", "torchscript", "onnxruntime")
     default = "torch"
@@ -99,6 +100,7 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
 
 class _OrtKnob(Knob):
     stage = Stage.COMPILE
+    modes = ("inference",)
 
     def applies(self, config: dict[str, Any]) -> bool:
         return config.get("runtime") == "onnxruntime"

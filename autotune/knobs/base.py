@@ -43,6 +43,9 @@ class SpaceContext:
     baseline_batch_size: int = 32
     objectives: tuple[str, ...] = ("throughput",)
     has_loss_fn: bool = False
+    mode: str = "inference"
+    # Training mode with a fixed effective batch: micro-batches must divide it.
+    effective_batch_size: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,7 +60,7 @@ class Knob:
     """Base class of every knob.
 
     Subclasses set ``name``, ``stage``, ``choices`` (every value the knob knows, in a sensible
-    order), ``default`` and ``help``, and implement :meth:`apply`. They override
+    order), ``default``, ``help`` and, for a knob of one mode only, ``modes``, and implement :meth:`apply`. They override
     :meth:`offer` to leave out values the Env cannot run, and :meth:`applies` when the knob only
     matters given other knobs' values.
     """
@@ -67,6 +70,9 @@ class Knob:
     choices: ClassVar[tuple[Any, ...]]
     default: ClassVar[Any]
     help: ClassVar[str] = ""
+    # The modes (``inference``, ``train``) in which the knob is searched; elsewhere it stays at
+    # its baseline value.
+    modes: ClassVar[tuple[str, ...]] = ("inference", "train")
 
     def offer(self, ctx: SpaceContext) -> Offer:
         """Values this knob can take on ``ctx.env`` for ``ctx.data``."""

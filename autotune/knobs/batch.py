@@ -24,8 +24,13 @@ class BatchSize(Knob):
     def offer(self, ctx: SpaceContext) -> Offer:
         values, excluded = [], {}
         limit = int(ctx.env.device_mem_bytes * _MAX_BATCH_MEM_SHARE)
+        effective = ctx.effective_batch_size
         for size in self.choices:
-            if size > ctx.data.n_samples:
+            if effective is not None and (size > effective or effective % size):
+                excluded[str(size)] = (
+                    f"does not divide the effective batch size {effective} (allow_batch_change=True lifts this)"
+                )
+            elif size > ctx.data.n_samples:
                 excluded[str(size)] = f"larger than the dataset ({ctx.data.n_samples} samples)"
             elif size * ctx.data.sample_bytes > limit:
                 excluded[str(size)] = (
@@ -38,6 +43,9 @@ class BatchSize(Knob):
 
     def baseline(self, ctx: SpaceContext) -> int:
         return min(ctx.baseline_batch_size, ctx.data.n_samples)
+
+    # In training mode the value is the micro-batch: gradients of ``effective // batch_size``
+    # micro-batches are accumulated into one optimizer step.
 
     def validate(self, value: Any) -> int:
         from ..errors import ConfigError

@@ -25,6 +25,7 @@ def _extras(state: Any, knob: str) -> Any:
 @register
 class PruneRatio(Knob):
     name = "prune_ratio"
+    modes = ("inference",)
     stage = Stage.STRUCTURE
     choices = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7)
     default = 0.0
@@ -42,6 +43,7 @@ class PruneRatio(Knob):
 @register
 class PruneMethod(Knob):
     name = "prune_method"
+    modes = ("inference",)
     stage = Stage.STRUCTURE
     choices = ("structured", "unstructured", "semi_structured_2_4")
     default = "structured"
@@ -88,6 +90,7 @@ class PruneMethod(Knob):
 @register
 class FinetuneSteps(Knob):
     name = "finetune_steps"
+    modes = ("inference",)
     stage = Stage.STRUCTURE
     choices = (0, 50, 200, 500)
     default = 0
@@ -119,6 +122,7 @@ class FinetuneSteps(Knob):
 @register
 class Quantization(Knob):
     name = "quantization"
+    modes = ("inference",)
     stage = Stage.WEIGHTS
     choices = ("none", "int8_dynamic", "int8_weight_only", "int8_static")
     default = "none"
