@@ -354,18 +354,18 @@ def optimize(
         baseline_batch_size=baseline_batch_size,
         objectives=objectives,
         loss_fn=loss_fn,
-    )
-    objectives = search_space.objectives
         mode=mode,
         effective_batch_size=None if not train or allow_batch_change else (effective_batch_size or baseline_batch_size),
-    select = select or search_space.select
-    _select.check_select(select)
+    )
+    objectives = search_space.objectives
     if train and "size" in objectives:
         raise ConfigError(
             "Training mode does not change the model's size: objectives may be throughput, latency, memory or metric."
         )
     if train:
         effective_batch_size = _check_effective(effective_batch_size, allow_batch_change, baseline_batch_size, data)
+    select = select or search_space.select
+    _select.check_select(select)
     if test_dataset is not None:
         _check_like(describe(test_dataset), data, "test_dataset")
     if train_dataset is not None:
@@ -390,13 +390,13 @@ def optimize(
         prune_ignore=tuple(prune_ignore),
         test_dataset=test_dataset,
         max_metric_drop=max_metric_drop,
-    )
-    if isolation == "inprocess":
         mode=mode,
         optimizer=optimizer,
         effective_batch_size=effective_batch_size,
         n_train_steps=n_train_steps,
         loss_tolerance=loss_tolerance,
+    )
+    if isolation == "inprocess":
         runner = InProcessRunner(spec)
     else:
         runner = SubprocessRunner(pickle_spec(spec), trial_timeout, out / "logs" / "worker.log")
@@ -414,8 +414,6 @@ def optimize(
         "study": {"name": study_name, "storage": storage},
         "space": search_space.values,
     }
-    try:
-        stop_reason = run_trials(
     if train:
         summary["train"] = {
             "effective_batch_size": effective_batch_size,
@@ -423,6 +421,8 @@ def optimize(
             "optimizer": _optimizer_name(optimizer),
             "n_train_steps": n_train_steps,
         }
+    try:
+        stop_reason = run_trials(
             study,
             runner,
             search_space,
