@@ -31,6 +31,9 @@ class Result:
         stop_reason: ``"budget"``, ``"timeout"`` or ``"exhausted"`` (every configuration measured).
         pareto: With several objectives, the feasible Pareto front (also in ``pareto.json``).
         held_out: With a ``test_dataset``: the baseline's and the winner's metric on it.
+        diagnosis: Why it won: the loader alone and the model alone timed for the baseline and
+            the winner, whether each was data- or compute-bound, and a one-sentence ``summary``
+            (or an ``error`` when that measurement failed).
     """
 
     best_config: dict[str, Any]
@@ -45,6 +48,7 @@ class Result:
     stop_reason: str
     pareto: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     held_out: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
 
     def __repr__(self) -> str:
         return (
@@ -164,4 +168,5 @@ def write_best(
         },
     )
     result.held_out = summary.get("held_out")
+    result.diagnosis = summary.get("diagnosis")
     return result

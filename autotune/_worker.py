@@ -5,7 +5,7 @@ and talks to it over two pipes with pickled messages::
 
     parent -> ("init", spec)            worker -> ("ready", info) | ("fail", kind, message)
     parent -> ("trial", config_dict)    worker -> ("result", result_dict)
-    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: verify, held_out)
+    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: verify, held_out, export, diagnose)
     parent -> ("stop",)
 
 The same :class:`TrialContext` also runs in-process when ``isolation="inprocess"``.
@@ -325,6 +325,13 @@ class TrialContext:
         value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0])
         return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
 
+    def diagnose(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Samples/s of ``config``'s loader alone and of its model alone (:mod:`autotune._diagnose`)."""
+        from ._diagnose import diagnose_state
+
+        torch.manual_seed(self.spec.seed)
+        return diagnose_state(self.build(config), self.spec.dataset, self.spec.measure)
+
 
 def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
     """The form of the tuned model to export to ONNX: itself, except that autocast on the CPU is
@@ -360,7 +367,7 @@ def serve(conn: Any) -> None:
         message = conn.recv()
         if message[0] == "trial":
             conn.send(("result", ctx.run_trial(message[1])))
-        elif message[0] == "call" and message[1] in ("verify", "held_out", "export"):
+        elif message[0] == "call" and message[1] in ("verify", "held_out", "export", "diagnose"):
             try:
                 conn.send(("result", getattr(ctx, message[1])(*message[2:])))
             except Exception as exc:

@@ -11,7 +11,17 @@ from typing import Any
 
 from .knobs import REGISTRY
 
-__all__ = ["SCHEMA_VERSION", "METRIC_KEYS", "TRAIN_KEYS", "best_by", "write_trials_csv", "write_json", "summary_rows"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "METRIC_KEYS",
+    "SUMMARY_FIELDS",
+    "TRAIN_KEYS",
+    "best_by",
+    "write_trials_csv",
+    "write_json",
+    "summary_rows",
+    "write_reports",
+]
 
 SCHEMA_VERSION = 1
 METRIC_KEYS = (
@@ -103,22 +113,27 @@ def format_value(key: str, value: Any) -> str:
     return str(value)
 
 
+# (label, metric key) of the summary table's rows, in the terminal and in the reports.
+SUMMARY_FIELDS = (
+    ("samples/s", "samples_per_s"),
+    ("latency p50 (ms/batch)", "latency_ms_p50"),
+    ("latency p95 (ms/batch)", "latency_ms_p95"),
+    ("peak memory (MiB)", "peak_mem_mib"),
+    ("model size", "size_bytes"),
+    ("model size, compressed", "size_bytes_compressed"),
+    ("parameters", "n_params"),
+    ("MACs per sample", "macs"),
+    ("compile/warm-up (s)", "compile_s"),
+    ("metric", "metric"),
+    ("batch size", "batch_size"),
+)
+
+
 def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, baseline, best) rows of the summary table."""
-    labels = [
-        ("samples/s", "samples_per_s"),
-        ("latency p50 (ms/batch)", "latency_ms_p50"),
-        ("latency p95 (ms/batch)", "latency_ms_p95"),
-        ("peak memory (MiB)", "peak_mem_mib"),
-        ("model size", "size_bytes"),
-        ("model size, compressed", "size_bytes_compressed"),
-        ("parameters", "n_params"),
-        ("MACs per sample", "macs"),
-        ("compile/warm-up (s)", "compile_s"),
-        ("metric", "metric"),
-        ("batch size", "batch_size"),
+    return [
+        (label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in SUMMARY_FIELDS
     ]
-    return [(label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in labels]
 
 
 def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any]]:
@@ -131,3 +146,23 @@ def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any
         if value not in best or rec["samples_per_s"] > best[value]["samples_per_s"]:
             best[value] = rec
     return best
+
+
+def write_reports(out_dir: str | Path, study: Any = None) -> dict[str, Path]:
+    """Write ``report.html`` and ``report.md`` of the finished run in ``out_dir`` again.
+
+    :func:`autotune.optimize` writes them at the end of every run; this re-renders them from
+    the run's files (``best_config.json``, the study in its storage, ``trials.csv``), for
+    example after copying the directory to another machine. Nothing is measured again.
+
+    Returns:
+        ``{"html": path, "md": path}``.
+
+    Example:
+        >>> from autotune.report import write_reports
+        >>> write_reports("autotune-out")  # doctest: +SKIP
+        {'html': PosixPath('autotune-out/report.html'), 'md': PosixPath('autotune-out/report.md')}
+    """
+    from ._report_html import write_reports as write
+
+    return write(out_dir, study)

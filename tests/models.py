@@ -187,3 +187,13 @@ class ItemBranch(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear(x) if x.sum().item() > 0 else -self.linear(x)
+
+
+class Quirky(MLP):
+    """Right at batch sizes 8 and 16, wrong (negated logits) at 32, out of memory from 64 on."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] >= 64:
+            raise torch.OutOfMemoryError(f"Tried to allocate {x.shape[0] * 1024} MiB (test)")
+        out = super().forward(x)
+        return -out if x.shape[0] == 32 else out

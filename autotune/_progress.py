@@ -1,0 +1,151 @@
+"""Progress of ``autotune run`` in the terminal: a live display on a terminal, one plain line
+per trial anywhere else (a pipe, a log file, CI).
+
+Both are context managers and are called by :func:`autotune.optimize` after each trial with
+``(trial record, trials measured, n_trials)``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+__all__ = ["LiveProgress", "PlainProgress", "make_progress"]
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
+
+
+class PlainProgress:
+    """One line per trial::
+
+        [  3/30]     12s  trial   2  infeasible      6,745 samples/s  best 1.82x  amp_dtype=bfloat16: metric dropped ...
+
+    Args:
+        console: A ``rich`` console to print on.
+        timeout: The search's time budget in seconds, shown as time left; ``None`` for none.
+        n_trials: The trial budget, shown before the first trial reports it.
+    """
+
+    def __init__(self, console: Any, timeout: float | None = None, n_trials: int = 0) -> None:
+        self.console, self.timeout = console, timeout
+        self.start = time.monotonic()
+        self.baseline: float | None = None
+        self.baseline_config: dict[str, Any] = {}
+        self.best = 0.0
+        self.n_done, self.n_total = 0, n_trials
+        self.last = "measuring the baseline"
+
+    def __enter__(self) -> PlainProgress:
+        self.start = time.monotonic()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        pass
+
+    @property
+    def best_text(self) -> str:
+        return f"best {self.best / self.baseline:.2f}x" if self.baseline else "best -"
+
+    def budget_text(self) -> str:
+        """What is left of the budget: trials, and time when there is a timeout."""
+        n_left = max(0, self.n_total - self.n_done)
+        left = f"{n_left} trial{'' if n_left == 1 else 's'} left"
+        if self.timeout is not None:
+            left += f", {_clock(self.timeout - (time.monotonic() - self.start))} of {_clock(self.timeout)} left"
+        return left
+
+    def _update(self, rec: dict[str, Any], n_done: int, n_total: int) -> str:
+        """Fold one trial into the state; return what it changed or why it failed."""
+        sps = rec.get("samples_per_s")
+        self.n_done, self.n_total = n_done, n_total
+        if rec.get("baseline"):
+            self.baseline_config = dict(rec.get("config", {}))
+            if rec.get("status") == "ok":
+                self.baseline = sps
+        if rec.get("status") == "ok" and sps:
+            self.best = max(self.best, sps)
+        changed = " ".join(f"{k}={v}" for k, v in rec.get("config", {}).items() if self.baseline_config.get(k) != v)
+        if rec.get("status") == "ok":
+            return "(baseline)" if rec.get("baseline") else changed
+        return f"{changed}: {rec.get('reason')}" if changed else str(rec.get("reason"))
+
+    def line(self, rec: dict[str, Any], detail: str) -> str:
+        """The trial's line, with rich markup for its status."""
+        status = rec.get("status", "?")
+        style = {"ok": "green", "infeasible": "yellow"}.get(status, "red")
+        sps = rec.get("samples_per_s")
+        speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
+        elapsed = time.monotonic() - self.start
+        left = f"  {_clock(self.timeout - elapsed)} left" if self.timeout is not None else ""
+        return (
+            f"[{self.n_done:>3}/{self.n_total}] {elapsed:6.0f}s{left}  trial {rec['number']:>3}  "
+            f"[{style}]{status:<10}[/{style}] {speed}  {self.best_text}  {detail}"
+        )
+
+    def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
+        detail = self._update(rec, n_done, n_total)
+        self.console.print(self.line(rec, detail), highlight=False, soft_wrap=True)
+
+
+class LiveProgress(PlainProgress):
+    """On a terminal: the trial lines scroll above a live footer with the bar, the elapsed time,
+    what is left of the budget, the best speedup so far and the last trial's status and reason."""
+
+    def __init__(self, console: Any, timeout: float | None = None, n_trials: int = 0) -> None:
+        super().__init__(console, timeout, n_trials)
+        self._live: Any = None
+
+    def __rich__(self) -> Any:
+        from rich.console import Group
+        from rich.progress_bar import ProgressBar
+        from rich.table import Table
+        from rich.text import Text
+
+        head = Table.grid(padding=(0, 2))
+        head.add_row(
+            Text(f"trial {self.n_done}/{self.n_total or '?'}", style="bold"),
+            ProgressBar(total=max(1, self.n_total), completed=self.n_done, width=30, complete_style="green"),
+            Text(f"elapsed {_clock(time.monotonic() - self.start)}"),
+            Text(self.budget_text()),
+            Text(self.best_text, style="bold green" if self.baseline and self.best > self.baseline else ""),
+        )
+        return Group(head, Text(f"last: {self.last}", overflow="ellipsis", no_wrap=True, style="dim"))
+
+    def __enter__(self) -> LiveProgress:
+        from rich.live import Live
+
+        super().__enter__()
+        # Redrawn four times a second, so the clocks run between trials.
+        self._live = Live(self, console=self.console, refresh_per_second=4, transient=True)
+        self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
+        detail = self._update(rec, n_done, n_total)
+        self.last = f"trial {rec['number']} {rec.get('status')}: {detail}"
+        if n_done >= n_total:
+            self.last += " - search done: re-measuring the finalists, diagnosing, exporting"
+        self.console.print(self.line(rec, detail), highlight=False, soft_wrap=True)
+
+
+def make_progress(
+    console: Any, *, timeout: float | None = None, n_trials: int = 0, quiet: bool = False
+) -> PlainProgress | None:
+    """The display for ``console``: live on a terminal, plain lines elsewhere, none when quiet."""
+    if quiet:
+        return None
+    if console.is_terminal and not console.is_dumb_terminal:
+        return LiveProgress(console, timeout, n_trials)
+    return PlainProgress(console, timeout, n_trials)

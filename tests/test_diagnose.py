@@ -1,0 +1,148 @@
+"""Why it won: the loader and the model timed apart, and the sentence that explains the winner."""
+
+import json
+import time
+
+import pytest
+import torch
+from torch import nn
+
+import autotune
+from autotune._diagnose import classify, diagnose_run, diagnose_state, explain, window_for
+from autotune.build import build
+from autotune.config import Config
+from autotune.measure import MeasureSettings
+from tests.models import MLP, classification_data
+
+SETTINGS = MeasureSettings(n_windows=2, window_s=0.1, warmup_batches=1)
+
+
+class SleepyData(torch.utils.data.Dataset):
+    """Decoding each sample takes 5 ms: no model is that slow on 16 features, even on a busy machine."""
+
+    def __init__(self, n: int = 48) -> None:
+        self.samples = classification_data(n)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int):
+        time.sleep(0.005)
+        return self.samples[i]
+
+
+class Heavy(nn.Module):
+    """Forty 512 x 512 matmuls per batch: far slower than stacking in-memory samples."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.inp = nn.Linear(16, 512)
+        self.weight = nn.Parameter(torch.randn(512, 512) / 512**0.5)
+        self.out = nn.Linear(512, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.inp(x)
+        for _ in range(40):
+            h = torch.tanh(h @ self.weight)
+        return self.out(h)
+
+
+def test_a_slow_dataset_is_data_bound():
+    # One thread: a busy machine slows a multi-threaded tiny model by spinning, not this test.
+    state = build(MLP(), Config({"batch_size": 8, "num_threads": 1}), "cpu")
+    diag = diagnose_state(state, SleepyData(), SETTINGS)
+    assert diag["bound"] == "data-bound"
+    assert diag["loader_samples_per_s"] < 240  # at most 200 samples/s at 5 ms each, plus timer slack
+    assert diag["model_samples_per_s"] > 2 * diag["loader_samples_per_s"]
+    assert diag["batch_size"] == 8 and diag["window_s"] == window_for(SETTINGS)
+
+
+def test_a_heavy_model_on_in_memory_data_is_compute_bound():
+    state = build(Heavy(), Config({"batch_size": 32, "num_threads": 1}), "cpu")
+    diag = diagnose_state(state, classification_data(256), SETTINGS)
+    assert diag["bound"] == "compute-bound"
+    assert diag["loader_samples_per_s"] > 5 * diag["model_samples_per_s"]
+
+
+def test_classify_calls_halves_within_the_margin_balanced():
+    assert classify(410, 2900) == "data-bound"
+    assert classify(2900, 410) == "compute-bound"
+    assert classify(1000, 1140) == classify(1140, 1000) == "balanced"
+    assert classify(1000, 1200) == "data-bound"
+
+
+def test_explain_names_the_knobs_that_acted_on_the_bound_half():
+    sentence = explain(
+        {"loader_samples_per_s": 410, "model_samples_per_s": 2900, "bound": "data-bound"},
+        {"loader_samples_per_s": 3100, "model_samples_per_s": 2950, "bound": "balanced"},
+        {"num_workers": 0, "pin_memory": False, "amp_dtype": "float32"},
+        {"num_workers": 4, "pin_memory": False, "amp_dtype": "bfloat16"},
+    )
+    assert sentence.startswith(
+        "baseline was data-bound: 410 samples/s from the loader vs 2,900 from the model; "
+        "num_workers=4 raised the loader to 3,100"
+    )
+    assert "amp_dtype" not in sentence  # a model knob does not explain a faster loader
+    compute = explain(
+        {"loader_samples_per_s": 9800, "model_samples_per_s": 2900, "bound": "compute-bound"},
+        {"loader_samples_per_s": 9000, "model_samples_per_s": 7400, "bound": "compute-bound"},
+        {"batch_size": 32, "num_workers": 0, "amp_dtype": "float32"},
+        {"batch_size": 128, "num_workers": 2, "amp_dtype": "bfloat16"},
+    )
+    assert "batch_size=128, amp_dtype=bfloat16 raised the model to 7,400" in compute
+    assert "num_workers" not in compute
+    same = {"batch_size": 32}
+    diag = {"loader_samples_per_s": 100, "model_samples_per_s": 900, "bound": "data-bound"}
+    assert explain(diag, diag, same, same).endswith("so it is also the winner")
+
+
+def test_a_failed_diagnosis_is_recorded_not_raised():
+    from autotune._worker import WorkerSpec
+    from autotune.runner import InProcessRunner
+
+    _, _, space = autotune.plan(MLP(), classification_data(), space="quick", device="cpu", baseline_batch_size=8)
+    spec = WorkerSpec(
+        model=MLP(),
+        dataset=classification_data(),
+        metric=None,
+        device="cpu",
+        baseline=space.baseline,
+        val_indices=list(range(16)),
+        measure=SETTINGS,
+    )
+    runner = InProcessRunner(spec)
+    baseline = {"config": space.baseline, "key": "a"}
+    broken = {"config": {**space.baseline, "batch_size": -1}, "key": "b"}
+    diag = diagnose_run(runner, baseline, broken)
+    assert diag["baseline"]["bound"] in ("data-bound", "compute-bound", "balanced")
+    assert "batch_size" in diag["error"] and "summary" not in diag
+
+
+def test_optimize_records_a_data_bound_baseline(tmp_path):
+    result = autotune.optimize(
+        MLP(),
+        SleepyData(),
+        space={"base": None, "batch_size": [8, 16]},
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        n_trials=2,
+        n_val=8,
+        n_verify_pairs=1,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+    saved = json.loads((tmp_path / "best_config.json").read_text())["diagnosis"]
+    assert saved == result.diagnosis
+    assert saved["baseline"]["bound"] == "data-bound"
+    assert saved["summary"].startswith("baseline was data-bound: ")
+
+
+@pytest.mark.gpu
+def test_on_cuda_both_halves_are_timed_with_pinned_batches():
+    state = build(Heavy(), Config({"batch_size": 32, "pin_memory": True}), "cuda")
+    diag = diagnose_state(state, classification_data(256), SETTINGS)
+    assert diag["loader_samples_per_s"] > 0 and diag["model_samples_per_s"] > 0
+    assert diag["bound"] in ("data-bound", "compute-bound", "balanced")

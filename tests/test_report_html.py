@@ -1,0 +1,163 @@
+"""report.html of a real finished run, rendered in headless Chromium: no script errors, every
+section there, the figures drawn, nothing fetched from the network."""
+
+import os
+import shutil
+from pathlib import Path
+
+import optuna
+import pytest
+
+from autotune._report_data import load_run
+from autotune._report_html import SECTIONS, render_html, write_reports, write_reports_safely
+
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def _chromium() -> str:
+    path = os.environ.get("AUTOTUNE_TEST_CHROMIUM") or shutil.which("chromium")
+    if not path:
+        pytest.skip("no Chromium: install Debian's chromium or set AUTOTUNE_TEST_CHROMIUM to its path")
+    return path
+
+
+def _artifacts() -> Path:
+    where = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).parent / "artifacts")
+    where.mkdir(parents=True, exist_ok=True)
+    return where
+
+
+@pytest.fixture(scope="module")
+def browser():
+    executable = _chromium()
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs the playwright package (the dev extra)")
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def _open(browser, path: Path):
+    """Load ``path`` offline; return (page, script errors, requests that left the file)."""
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    remote: list[str] = []
+    page.on("console", lambda msg: errors.append(f"console: {msg.text}") if msg.type == "error" else None)
+    page.on("pageerror", lambda exc: errors.append(f"pageerror: {exc}"))
+
+    def route(r):
+        if r.request.url.startswith("file:"):
+            return r.continue_()
+        remote.append(r.request.url)
+        return r.abort()
+
+    page.route("**/*", route)
+    page.goto(path.resolve().as_uri(), wait_until="load")
+    page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0", timeout=15_000)
+    errors += page.evaluate("window.autotuneErrors")
+    recorded = page.locator("#js-errors").text_content()
+    if recorded:
+        errors.append(f"#js-errors: {recorded}")
+    return page, errors, remote
+
+
+def test_optimize_wrote_the_reports(finished_run):
+    html = (finished_run / "report.html").read_text()
+    assert (finished_run / "report.md").is_file()
+    assert "<script src" not in html and "<link" not in html  # plotly.js inline: opens offline
+    for sid, _ in SECTIONS:
+        assert f'<section id="{sid}"' in html
+
+
+def test_report_renders_without_errors_with_every_section_and_plot(finished_run, browser):
+    page, errors, remote = _open(browser, finished_run / "report.html")
+    try:
+        assert errors == []
+        assert remote == []
+        for sid, _ in SECTIONS:
+            assert page.locator(f"section#{sid}").is_visible(), sid
+        for sid in ("history", "importance", "knobs", "diagnosis"):
+            assert page.locator(f"#{sid} .js-plotly-plot .main-svg").count() > 0, f"no plot drawn in #{sid}"
+        assert "One objective" in page.locator("#pareto").inner_text()
+        trials = page.locator("#trials").inner_text()
+        records = load_run(finished_run).records
+        assert len(page.locator("#trials tbody tr").all()) == len(records)
+        failed = [r for r in records if r["status"] != "ok" and not r.get("repeat_of")]
+        assert failed, "the run should hold a failed or infeasible trial"
+        for rec in failed:
+            assert rec["status"] in trials and rec["reason"].split(":")[0] in trials
+        assert "model.onnx" in page.locator("#artifacts").inner_text()
+        page.screenshot(path=str(_artifacts() / "report.png"), full_page=True)
+    finally:
+        page.close()
+
+
+def test_a_run_without_its_study_still_reports_with_notes(finished_run, tmp_path, browser):
+    # Results copied without study.db, and the recorded storage gone: the tables come from
+    # trials.csv, and the plots that need the study say so.
+    for name in ("best_config.json", "trials.csv"):
+        shutil.copy(finished_run / name, tmp_path / name)
+    text = (tmp_path / "best_config.json").read_text().replace(str(finished_run), str(tmp_path / "gone"))
+    (tmp_path / "best_config.json").write_text(text)
+    paths = write_reports(tmp_path)
+    page, errors, _ = _open(browser, paths["html"])
+    try:
+        assert errors == []
+        assert "could not be opened" in page.locator("#history").inner_text()
+        assert "could not be opened" in page.locator("#importance").inner_text()
+        assert page.locator("#trials tbody tr").count() == len(load_run(finished_run).records)
+    finally:
+        page.close()
+
+
+def test_importance_needs_two_completed_trials(finished_run):
+    run = load_run(finished_run)
+    alone = optuna.create_study(directions=[d for d in run.study.directions])
+    alone.add_trial(run.study.trials[0])
+    run.study, run.records = alone, run.records[:1]
+    html = render_html(run)
+    assert "Parameter importances need at least two completed trials" in html
+
+
+def test_a_report_failure_warns_and_returns_nothing(tmp_path):
+    with pytest.warns(RuntimeWarning, match="autotune report"):
+        assert write_reports_safely(tmp_path) == {}
+
+
+def test_several_objectives_draw_the_pareto_front(tmp_path, browser):
+    import autotune
+    from tests.models import MLP, classification_data
+
+    autotune.optimize(
+        MLP(),
+        classification_data(),
+        space={"base": None, "batch_size": [8, 16, 32, 64]},
+        objectives=("throughput", "latency"),
+        n_verify_pairs=1,
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        n_trials=4,
+        n_val=32,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+    page, errors, _ = _open(browser, tmp_path / "report.html")
+    try:
+        assert errors == []
+        for sid in ("pareto", "history"):
+            assert page.locator(f"#{sid} .js-plotly-plot .main-svg").count() > 0, f"no plot drawn in #{sid}"
+        assert "pareto.json" in page.locator("#pareto").inner_text().lower()  # the front's table
+        page.screenshot(path=str(_artifacts() / "report-pareto.png"), full_page=True)
+    finally:
+        page.close()
