@@ -15,7 +15,20 @@ from typing import Any
 
 from .errors import ConfigError
 
-__all__ = ["Env", "resolve_device"]
+__all__ = ["Env", "c_compiler", "cpu_info", "cxx_compiler", "nvidia_driver", "resolve_device"]
+
+# CPU flags (as /proc/cpuinfo names them) that decide which precisions pay off on a CPU.
+ISA_FLAGS = (
+    "avx2",
+    "avx512f",
+    "avx512_bf16",
+    "avx512_fp16",
+    "avx512_vnni",
+    "avx_vnni",
+    "amx_tile",
+    "amx_bf16",
+    "amx_int8",
+)
 
 
 def resolve_device(device: str) -> str:
@@ -60,6 +73,154 @@ def _cpu_flags() -> set[str]:
     return set()
 
 
+def _cpuinfo_field(name: str) -> str | None:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.split(":", 1)[0].strip() == name:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _physical_cores() -> int | None:
+    try:
+        import psutil
+
+        return psutil.cpu_count(logical=False)
+    except Exception:  # psutil missing or unsupported platform
+        return None
+
+
+def _cpu_quota() -> float | None:
+    """Cores granted by a cgroup CPU quota (a container's ``--cpus``), or ``None`` without one."""
+    try:  # cgroup v2: "max 100000" or "200000 100000"
+        with open("/sys/fs/cgroup/cpu.max") as f:
+            quota, period = f.read().split()[:2]
+        return None if quota == "max" else int(quota) / int(period)
+    except (OSError, ValueError):
+        pass
+    try:  # cgroup v1
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+            quota_us = int(f.read())
+        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+            period_us = int(f.read())
+        return None if quota_us <= 0 else quota_us / period_us
+    except (OSError, ValueError):
+        return None
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model, cores and the instruction-set extensions that decide precisions.
+
+    Returns:
+        ``model`` (``None`` where the OS does not say), ``machine``, ``logical_cores``,
+        ``physical_cores`` (``None`` when unknown), ``usable_cores`` (this process's CPU
+        affinity), ``quota_cores`` (a cgroup CPU quota, ``None`` without one) and ``isa``: the
+        flags of :data:`ISA_FLAGS` this CPU has.
+
+    Example:
+        >>> cpu_info()["logical_cores"] >= 1
+        True
+    """
+    logical = os.cpu_count() or 1
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        usable = logical
+    flags = _cpu_flags()
+    return {
+        "model": _cpuinfo_field("model name") or platform.processor() or None,
+        "machine": platform.machine(),
+        "logical_cores": logical,
+        "physical_cores": _physical_cores(),
+        "usable_cores": usable,
+        "quota_cores": _cpu_quota(),
+        "isa": [f for f in ISA_FLAGS if f in flags],
+    }
+
+
+def cxx_compiler() -> str | None:
+    """The C++ compiler inductor would use on CPU (``$CXX``, else ``g++`` or ``c++`` on PATH)."""
+    return shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+
+
+def c_compiler() -> str | None:
+    """The C compiler Triton builds its launcher with (``$CC``, else ``cc``, ``gcc`` or ``clang``)."""
+    names = [os.environ["CC"]] if os.environ.get("CC") else []
+    for name in (*names, "cc", "gcc", "clang"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
+def _libcuda_version() -> str | None:
+    """The CUDA version the driver supports, from ``cuDriverGetVersion`` (no CUDA context needed)."""
+    import ctypes
+
+    for name in ("libcuda.so.1", "libcuda.so", "nvcuda.dll", "libcuda.dylib"):
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError:
+            continue
+        version = ctypes.c_int(0)
+        if lib.cuDriverGetVersion(ctypes.byref(version)) == 0 and version.value > 0:
+            return f"{version.value // 1000}.{version.value % 1000 // 10}"
+    return None
+
+
+def _nvidia_smi() -> tuple[str | None, str | None, int]:
+    """(driver version, CUDA version, GPU count) as nvidia-smi prints them."""
+    import re
+    import subprocess
+
+    exe = shutil.which("nvidia-smi")
+    if exe is None:
+        return None, None, 0
+    try:
+        text = subprocess.run([exe], capture_output=True, text=True, timeout=20).stdout
+        listing = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, None, 0
+    driver = re.search(r"Driver Version:\s*([\d.]+)", text)
+    cuda = re.search(r"CUDA Version:\s*([\d.]+)", text)
+    n_gpus = sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+    return (driver.group(1) if driver else None), (cuda.group(1) if cuda else None), n_gpus
+
+
+def nvidia_driver() -> dict[str, Any]:
+    """The NVIDIA driver as the operating system sees it, independently of torch.
+
+    Reads ``/proc/driver/nvidia``, asks the driver library for its CUDA version and falls back
+    to ``nvidia-smi``. Creates no CUDA context.
+
+    Returns:
+        ``version`` (the driver's, e.g. ``"550.54.15"``), ``cuda`` (the newest CUDA version it
+        supports, e.g. ``"12.4"``) and ``n_gpus`` (NVIDIA GPUs the driver manages); ``None``
+        and 0 where there is no driver.
+    """
+    import re
+
+    version = None
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            found = re.search(r"Kernel Module(?: for \S+)?\s+([\d.]+)", f.read())
+        version = found.group(1) if found else None
+    except OSError:
+        pass
+    try:
+        n_gpus = len(os.listdir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        n_gpus = 0
+    cuda = _libcuda_version()
+    if version is None or cuda is None or n_gpus == 0:
+        smi_version, smi_cuda, smi_gpus = _nvidia_smi()
+        version, cuda, n_gpus = version or smi_version, cuda or smi_cuda, n_gpus or smi_gpus
+    return {"version": version, "cuda": cuda, "n_gpus": n_gpus}
+
+
 def _mem_bytes() -> int:
     try:
         import psutil
@@ -85,6 +246,8 @@ class Env:
         compiler: What ``torch.compile`` needs here (a C++ compiler on CPU, Triton on CUDA),
             or ``None`` when it is missing.
         versions: Python, torch, optuna, numpy, CUDA and cuDNN versions.
+        gpu_count: CUDA devices this machine has (0 on CPU).
+        gpu_driver: The NVIDIA driver's version, ``None`` on CPU or where it cannot be read.
     """
 
     device: str
@@ -97,6 +260,8 @@ class Env:
     cpu_capability: str
     compiler: str | None
     versions: dict[str, str | None]
+    gpu_count: int = 0
+    gpu_driver: str | None = None
 
     @property
     def is_cuda(self) -> bool:
@@ -147,11 +312,13 @@ class Env:
                 cpu_capability=cpu_capability,
                 compiler=compiler,
                 versions=versions,
+                gpu_count=torch.cuda.device_count(),
+                gpu_driver=nvidia_driver()["version"],
             )
         # bf16 autocast runs on any CPU, but is only worth trying where oneDNN has native
         # bf16 (AVX512-BF16, AMX) or at least AVX-512 to emulate it at reasonable speed.
         bf16 = bool(flags & {"avx512_bf16", "amx_bf16"}) or cpu_capability.startswith("AVX512")
-        compiler = shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++")
+        compiler = cxx_compiler()
         return cls(
             device="cpu",
             gpu_name=None,
@@ -173,10 +340,18 @@ class Env:
         data["machine"] = platform.machine()
         data["executable"] = sys.executable
         data["cpu_count"] = os.cpu_count()
+        data["cpu_model"] = _cpuinfo_field("model name") or platform.processor() or None
         return data
 
     def hardware_key(self) -> str:
-        """A short name of the hardware, used to compare only like with like."""
+        """A short name of the hardware, used to compare only like with like.
+
+        Trials are grouped by it: a study shared by several machines keeps one baseline and
+        one winner per key. On CUDA it names the GPU, its compute capability, how many GPUs
+        the machine has and the driver; on CPU the model, instruction set and thread count.
+        """
         if self.is_cuda:
-            return f"{self.gpu_name} (sm{self.gpu_capability[0]}{self.gpu_capability[1]})"
-        return f"cpu {platform.machine()} {self.cpu_capability} x{self.cpu_threads}"
+            sm = f"sm{self.gpu_capability[0]}{self.gpu_capability[1]}"
+            return f"{self.gpu_name} ({sm}) x{self.gpu_count}, driver {self.gpu_driver or 'unknown'}"
+        model = _cpuinfo_field("model name") or platform.processor() or "unknown model"
+        return f"cpu {model}, {platform.machine()} {self.cpu_capability} x{self.cpu_threads}"
