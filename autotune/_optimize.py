@@ -99,7 +99,11 @@ def _guard_summary(mode: str, metric: Any, max_metric_drop: float, loss_toleranc
 def _optimizer_name(optimizer: Any) -> str:
     if isinstance(optimizer, tuple):
         return f"{optimizer[0].__name__}({', '.join(f'{k}={v!r}' for k, v in dict(optimizer[1]).items())})"
-    return getattr(optimizer, "__qualname__", None) or getattr(getattr(optimizer, "func", None), "__name__", None) or repr(optimizer)
+    return (
+        getattr(optimizer, "__qualname__", None)
+        or getattr(getattr(optimizer, "func", None), "__name__", None)
+        or repr(optimizer)
+    )
 
 
 def _materialize_dataset(dataset: Any) -> Any:
@@ -231,6 +235,10 @@ def optimize(
     storage: str | None = None,
     study_name: str | None = None,
     resume: bool = False,
+    join: bool = False,
+    devices: Sequence[int | str] | str | None = None,
+    heartbeat_interval_s: int = 30,
+    grace_period_s: int = 180,
     fix: Mapping[str, Any] | None = None,
     seed: int = 0,
     baseline_batch_size: int = 32,
@@ -276,6 +284,15 @@ def optimize(
         storage: Optuna storage URL; default ``sqlite:///<out_dir>/study.db``.
         study_name: Default ``"autotune"``.
         resume: Continue an existing study instead of refusing to touch it.
+        join: Share the study with other workers (other processes, other machines) that run
+            it now or later: created by whichever comes first, joined by the rest; the budget
+            ``n_trials`` counts every worker's trials. See docs/scaling.md.
+        devices: One worker per listed device of this machine, sharing the study: GPU indices
+            (``[0, 1, 2, 3]``, each worker pinned to its GPU) or ``"cpu"`` repeated (parallel CPU
+            workers compete for cores: for smoke tests, not for honest CPU timings).
+        heartbeat_interval_s: Seconds between heartbeats of a running trial in the storage.
+        grace_period_s: Seconds without a heartbeat after which a trial's worker is taken for
+            dead: its trial is marked failed and its configuration retried once.
         fix: Knobs pinned to one value, e.g. ``{"amp_dtype": "bfloat16"}``.
         seed: Seeds the sampler and torch.
         baseline_batch_size: Batch size of the baseline (your current one).
@@ -323,17 +340,22 @@ def optimize(
         ...                            out_dir="/tmp/autotune-doc")  # doctest: +SKIP
     """
     from . import _select, report
+    from ._diagnose import diagnose_run
+    from ._report_html import write_reports_safely
     from ._result import baseline_and_best, verify, write_best, write_pareto
+    from ._scale import check_devices, close_runners, run_workers, start_runners, worker_ids, write_hardware_groups
+    from ._storage import check_heartbeat, redact
     from ._worker import WorkerSpec
     from .data import describe, validation_indices
     from .measure import MeasureSettings
-    from .runner import InProcessRunner, SubprocessRunner, pickle_spec
-    from .study import open_study, run_trials, trial_record
+    from .study import open_study, trial_record
 
     _check_options(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
     )
     _select.check_select(select)
+    check_heartbeat(heartbeat_interval_s, grace_period_s)
+    device, devices = check_devices(device, devices, isolation)
     train = mode == "train"
     if train:
         _check_training(loss_fn, optimizer, test_dataset, export, loss_tolerance, n_train_steps)
@@ -374,7 +396,21 @@ def optimize(
     out.mkdir(parents=True, exist_ok=True)
     storage = storage or f"sqlite:///{out.resolve() / 'study.db'}"
     study_name = study_name or "autotune"
-    study = open_study(storage, study_name, objectives, seed, resume, sampler)
+    ids = worker_ids(devices)
+    study = open_study(
+        storage,
+        study_name,
+        objectives,
+        seed,
+        resume,
+        sampler,
+        hardware=env.hardware_key(),
+        env=env.manifest(),
+        join=join,
+        worker=ids[0],
+        heartbeat_interval_s=heartbeat_interval_s,
+        grace_period_s=grace_period_s,
+    )
 
     spec = WorkerSpec(
         model=model,
@@ -396,10 +432,8 @@ def optimize(
         n_train_steps=n_train_steps,
         loss_tolerance=loss_tolerance,
     )
-    if isolation == "inprocess":
-        runner = InProcessRunner(spec)
-    else:
-        runner = SubprocessRunner(pickle_spec(spec), trial_timeout, out / "logs" / "worker.log")
+    runners = start_runners(spec, devices, isolation, trial_timeout, out / "logs")
+    runner = runners[0]  # the first device's worker also verifies and exports
 
     def after_trial(record: dict[str, Any], n_done: int) -> None:
         report.write_trials_csv(out / "trials.csv", [trial_record(t) for t in study.get_trials(deepcopy=False)])
@@ -411,7 +445,12 @@ def optimize(
         "mode": mode,
         "guard": _guard_summary(mode, metric, max_metric_drop, loss_tolerance),
         "objectives": list(objectives),
-        "study": {"name": study_name, "storage": storage},
+        "study": {
+            "name": study_name,
+            "storage": redact(storage),
+            "optuna_study": study.study_name,
+            "hardware": env.hardware_key(),
+        },
         "space": search_space.values,
     }
     if train:
@@ -422,10 +461,13 @@ def optimize(
             "n_train_steps": n_train_steps,
         }
     try:
-        stop_reason = run_trials(
+        stop_reason = run_workers(
             study,
-            runner,
+            runners,
             search_space,
+            ids=ids,
+            seed=seed,
+            sampler=sampler,
             n_trials=n_trials,
             timeout=timeout,
             max_metric_drop=loss_tolerance if train and metric is None else max_metric_drop,
@@ -441,6 +483,8 @@ def optimize(
         if finalists:
             speed_only = list(objectives) == ["throughput"]
             best, ratios, summary["finalists"] = verify(runner, baseline, finalists, n_verify_pairs, speed_only)
+        # Why it won: the loader and the model timed apart, for the baseline and the winner.
+        summary["diagnosis"] = diagnose_run(runner, baseline, best) if not train else None
         if test_dataset is not None:
             try:
                 summary["held_out"] = runner.call("held_out", baseline["config"], best["config"], n_trials=2)
@@ -454,8 +498,10 @@ def optimize(
             write_best(out, summary, *picked, ratios=None, stop_reason="interrupted", study=study)
         raise
     finally:
-        runner.close()
+        close_runners(runners)
         report.write_trials_csv(out / "trials.csv", [trial_record(t) for t in study.get_trials(deepcopy=False)])
     result = write_best(out, summary, baseline, best, ratios=ratios, stop_reason=stop_reason, study=study)
     result.pareto = front
+    write_hardware_groups(out, study, summary, objectives, select)  # by_hardware/ of a mixed study
+    write_reports_safely(out, study)  # report.html and report.md; a failure there only warns
     return result

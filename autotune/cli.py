@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import inspect
 import sys
-import time
 from typing import Any
 
 from .errors import AutotuneError, ConfigError
@@ -30,11 +29,18 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--storage", help="Optuna storage URL (default sqlite:///OUT/study.db)")
     run.add_argument("--study", help="study name (default autotune)")
     run.add_argument("--resume", action="store_true", help="continue an existing study")
+    run.add_argument(
+        "--join", action="store_true", help="share the study with other workers (created by whichever starts first)"
+    )
+    run.add_argument("--devices", help="one worker per device, sharing the study: GPU indices (0,1,2,3) or cpu,cpu")
+    run.add_argument("--heartbeat", type=int, metavar="S", help="seconds between heartbeats of a trial (default 30)")
+    run.add_argument("--grace", type=int, metavar="S", help="seconds without heartbeat: worker dead (default 180)")
     run.add_argument("--seed", type=int, help="sampler and torch seed (default 0)")
     run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
     run.add_argument("--quiet", action="store_true", help="print only the final table")
+    run.add_argument("--json", action="store_true", help="print only the result as JSON on stdout (progress on stderr)")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
     spaces = sub.add_parser("spaces", help="list the search space presets")
     spaces.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -43,6 +49,31 @@ def _parser() -> argparse.ArgumentParser:
     verify.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.add_argument("--debug", action="store_true", help="show tracebacks")
+    report = sub.add_parser("report", help="write report.html and report.md of a finished run")
+    report.add_argument("out_dir", help="the run's output directory")
+    report.add_argument("--debug", action="store_true", help="show tracebacks")
+    show = sub.add_parser("show", help="print the summary of a finished run from its files")
+    show.add_argument("out_dir", help="the run's output directory")
+    show.add_argument("--json", action="store_true", help="print the summary as JSON")
+    show.add_argument("--debug", action="store_true", help="show tracebacks")
+    dashboard = sub.add_parser("dashboard", help="open a run's study in optuna-dashboard (extra: dashboard)")
+    dashboard.add_argument("out_dir", help="the run's output directory")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    dashboard.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    dashboard.add_argument("--storage", help="storage URL to open instead of the recorded one (e.g. with its password)")
+    dashboard.add_argument("--debug", action="store_true", help="show tracebacks")
+    doctor = sub.add_parser("doctor", help="check this machine before tuning: versions, GPUs, compilers, providers")
+    doctor.add_argument("--json", action="store_true", help="print the checks and the facts behind them as JSON")
+    doctor.add_argument(
+        "--compile-check", action="store_true", help="also compile a tiny function on each device (10-20 s each)"
+    )
+    doctor.add_argument("--debug", action="store_true", help="show tracebacks")
+    status = sub.add_parser("status", help="progress of a study, also while its workers run")
+    status.add_argument("out_dir", nargs="?", help="a run's output directory (its study.db)")
+    status.add_argument("--storage", help="the study's database URL instead of an output directory")
+    status.add_argument("--study", help="study name (needed when the storage holds several)")
+    status.add_argument("--json", action="store_true", help="print the status as JSON")
+    status.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
 
 
@@ -82,11 +113,16 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         "study_name": args.study,
         "seed": args.seed,
         "isolation": args.isolation,
+        "devices": args.devices,
+        "heartbeat_interval_s": args.heartbeat,
+        "grace_period_s": args.grace,
         "export": None if args.export is None else tuple(f.strip() for f in args.export.split(",") if f.strip()),
     }
     options.update({k: v for k, v in flags.items() if v is not None})
     if args.resume:
         options["resume"] = True
+    if args.join:
+        options["join"] = True
     if args.fix:
         options["fix"] = {**options.get("fix", {}), **_parse_fix(args.fix)}
     return cfg, options
@@ -113,38 +149,6 @@ def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
     console.print(table)
 
 
-class _Progress:
-    def __init__(self, console: Any, quiet: bool) -> None:
-        self.console, self.quiet = console, quiet
-        self.start = time.monotonic()
-        self.baseline: float | None = None
-        self.best = 0.0
-
-    def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
-        sps = rec.get("samples_per_s")
-        if rec.get("baseline") and rec.get("status") == "ok":
-            self.baseline = sps
-        if rec.get("status") == "ok" and sps:
-            self.best = max(self.best, sps)
-        if self.quiet:
-            return
-        elapsed = time.monotonic() - self.start
-        best = f"best {self.best / self.baseline:.2f}x" if self.baseline else "best -"
-        style = {"ok": "green", "infeasible": "yellow"}.get(rec.get("status"), "red")
-        speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
-        if rec.get("baseline"):
-            self.baseline_config = rec.get("config", {})
-        base = getattr(self, "baseline_config", {})
-        changed = " ".join(f"{k}={v}" for k, v in rec.get("config", {}).items() if base.get(k) != v)
-        detail = rec.get("reason") if rec.get("status") != "ok" else changed
-        self.console.print(
-            f"[{n_done:>3}/{n_total}] {elapsed:6.0f}s  trial {rec['number']:>3}  [{style}]{rec.get('status', '?'):<10}[/{style}] "
-            f"{speed}  {best}  {'(baseline) ' if rec.get('baseline') else ''}{detail}",
-            highlight=False,
-            soft_wrap=True,
-        )
-
-
 def _print_result(console: Any, result: Any) -> None:
     from rich.table import Table
 
@@ -159,6 +163,10 @@ def _print_result(console: Any, result: Any) -> None:
     for row in summary_rows(result.baseline, result.best):
         table.add_row(*row)
     console.print(table)
+    diagnosis = result.diagnosis or {}
+    if diagnosis.get("summary") or diagnosis.get("error"):
+        why = diagnosis.get("summary") or f"not measured: {diagnosis['error']}"
+        console.print(f"why it won: {why}", highlight=False, soft_wrap=True)
     if result.pareto:
         _print_pareto(console, result)
     _print_runtimes(console, result)
@@ -173,7 +181,9 @@ def _print_result(console: Any, result: Any) -> None:
         console.print(f"held-out test metric: not measured: {held['error']}", highlight=False)
     _print_artifacts(console, result)
     console.print(f"best config: {result.best_config}", highlight=False, soft_wrap=True)
-    console.print(f"wrote {result.out_dir}/best_config.json, trials.csv, study.db  (stopped: {result.stop_reason})")
+    names = ("best_config.json", "trials.csv", "study.db", "report.html", "report.md")
+    files = ", ".join(n for n in names if (result.out_dir / n).exists())
+    console.print(f"files in {result.out_dir}/: {files}  (stopped: {result.stop_reason})", highlight=False)
 
 
 def _print_artifacts(console: Any, result: Any) -> None:
@@ -203,6 +213,8 @@ def _print_runtimes(console: Any, result: Any) -> None:
     from .report import best_by
     from .study import trial_record
 
+    if result.study is None:  # `autotune show` of a run whose storage cannot be opened
+        return
     best = best_by([trial_record(t) for t in result.study.get_trials(deepcopy=False)], "runtime")
     if len(best) < 2 or "torch" not in best:
         return
@@ -246,6 +258,8 @@ def _print_pareto(console: Any, result: Any) -> None:
 
 
 def _run(args: argparse.Namespace, console: Any) -> int:
+    from rich.console import Console
+
     from ._optimize import optimize, plan
 
     cfg, options = _options(args)
@@ -255,23 +269,38 @@ def _run(args: argparse.Namespace, console: Any) -> int:
             cfg["dataset"],
             space=options.get("space", "default"),
             fix=options.get("fix"),
-            mode=options.get("mode", "inference"),
-            effective_batch_size=None
-            if options.get("mode") != "train" or options.get("allow_batch_change")
-            else options.get("effective_batch_size") or options.get("baseline_batch_size", 32),
             device=options.get("device", "auto"),
             baseline_batch_size=options.get("baseline_batch_size", 32),
             objectives=options.get("objectives"),
             loss_fn=options.get("loss_fn"),
+            mode=options.get("mode", "inference"),
+            effective_batch_size=None
+            if options.get("mode") != "train" or options.get("allow_batch_change")
+            else options.get("effective_batch_size") or options.get("baseline_batch_size", 32),
         )
         _print_space(console, env, data, space)
         return 0
+    import contextlib
+    import json
+
+    from ._progress import make_progress
+
     out = options.get("out_dir", "autotune-out")
+    # With --json, stdout carries the JSON alone: progress and messages go to stderr.
+    shown = Console(stderr=True) if args.json else console
+    n_trials = options.get("n_trials", inspect.signature(optimize).parameters["n_trials"].default)
+    progress = make_progress(shown, timeout=options.get("timeout"), n_trials=n_trials, quiet=args.quiet)
     try:
-        result = optimize(cfg["model"], cfg["dataset"], progress=_Progress(console, args.quiet), **options)
+        with progress if progress is not None else contextlib.nullcontext():
+            result = optimize(cfg["model"], cfg["dataset"], progress=progress, **options)
     except KeyboardInterrupt:
-        console.print(f"Interrupted: every finished trial is saved in {out}/. Continue with --resume.")
+        shown.print(f"Interrupted: every finished trial is saved in {out}/. Continue with --resume.")
         return 130
+    if args.json:
+        from ._report_data import run_summary
+
+        print(json.dumps(run_summary(result.out_dir), indent=2, default=str))
+        return 0
     _print_result(console, result)
     return 0
 
@@ -319,6 +348,124 @@ def _verify(args: argparse.Namespace, console: Any) -> int:
     return code
 
 
+def _print_checks(console: Any, checks: list[Any]) -> None:
+    """The doctor's checks in one table, section by section; problems carry what to do."""
+    from rich.table import Table
+
+    from ._doctor import SECTIONS
+
+    styles = {"ok": "green", "info": "blue", "warn": "yellow", "fail": "bold red"}
+    table = Table(title="autotune doctor", expand=True)
+    for col in ("section", "check", "status"):
+        table.add_column(col, no_wrap=True)
+    table.add_column("detail", ratio=3)
+    table.add_column("what to do", ratio=2)
+    for section in SECTIONS:
+        rows = [c for c in checks if c.section == section]
+        for i, c in enumerate(rows):
+            style = styles[c.status]
+            table.add_row(section if i == 0 else "", c.name, f"[{style}]{c.status}[/{style}]", c.detail, c.fix or "")
+        if rows:
+            table.add_section()
+    console.print(table)
+    counts = {s: sum(c.status == s for c in checks) for s in styles}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()), highlight=False)
+
+
+def _doctor(args: argparse.Namespace, console: Any) -> int:
+    import json
+
+    from . import _doctor
+
+    facts = _doctor.gather(".", compile_check=args.compile_check)
+    checks = _doctor.diagnose(facts)
+    if args.json:
+        print(json.dumps({"checks": [c.to_dict() for c in checks], "facts": facts}, indent=2, default=str))
+    else:
+        _print_checks(console, checks)
+    return _doctor.exit_code(checks)
+
+
+def _report(args: argparse.Namespace, console: Any) -> int:
+    from .report import write_reports
+
+    paths = write_reports(args.out_dir)
+    console.print(f"wrote {paths['html']} and {paths['md']}", highlight=False, soft_wrap=True)
+    return 0
+
+
+def _show(args: argparse.Namespace, console: Any) -> int:
+    import json
+
+    from ._report_data import load_result, run_summary
+
+    if args.json:
+        print(json.dumps(run_summary(args.out_dir), indent=2, default=str))
+        return 0
+    _print_result(console, load_result(args.out_dir))
+    return 0
+
+
+def _dashboard(args: argparse.Namespace, console: Any) -> int:
+    from ._dashboard import dashboard_storage, run_dashboard
+    from ._storage import redact
+
+    storage = args.storage or dashboard_storage(args.out_dir)
+    console.print(
+        f"optuna-dashboard on http://{args.host}:{args.port}/ for {redact(storage)} (Ctrl-C stops it)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    try:
+        run_dashboard(args.out_dir, host=args.host, port=args.port, storage=storage)
+    except KeyboardInterrupt:
+        return 0
+    return 0
+
+
+def _status(args: argparse.Namespace, console: Any) -> int:
+    import json
+
+    from rich.table import Table
+
+    from ._status import out_dir_status, study_status
+
+    if (args.out_dir is None) == (args.storage is None):
+        raise ConfigError("autotune status takes an output directory or --storage URL (with --study NAME), not both.")
+    data = study_status(args.storage, args.study) if args.storage else out_dir_status(args.out_dir, args.study)
+    if args.json:
+        print(json.dumps(data, indent=2, default=str))
+        return 0
+    console.print(f"study {data['study']!r} in {data['storage']}", highlight=False)
+    for group in data["groups"]:
+        states = ", ".join(f"{n} {s.lower()}" for s, n in sorted(group["states"].items()))
+        budget = f"/{group['n_requested']}" if group["n_requested"] else ""
+        console.print(
+            f"[bold]{group['hardware']}[/bold] (optuna study {group['optuna_study']}): "
+            f"{group['n_measured']}{budget} measured; trials: {states or 'none'}",
+            highlight=False,
+        )
+        for label in ("baseline", "best"):
+            rec = group[label]
+            if rec is not None:
+                speed = f", {rec['speedup']:.2f}x the baseline" if rec.get("speedup") and label == "best" else ""
+                metrics = ", ".join(f"{k} {v:,.4g}" for k, v in rec.items() if isinstance(v, float) and k != "speedup")
+                console.print(f"  {label}: trial {rec['trial']}: {metrics}{speed}", highlight=False)
+        table = Table()
+        for col in ("worker", "measured", "running", "finished", "last trial at"):
+            table.add_column(col)
+        for worker, entry in group["workers"].items():
+            done = sum(n for s, n in entry["states"].items() if s not in ("RUNNING", "WAITING"))
+            running = ", ".join(str(n) for n in entry["running"]) or "-"
+            table.add_row(worker, str(entry["n_measured"]), running, str(done), entry["last_at"] or "-")
+        console.print(table)
+    return 0
+
+
+# The commands that read a finished run's output directory.
+_RUN_FILES = {"report": _report, "show": _show, "dashboard": _dashboard}
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``autotune`` console script."""
     from rich.console import Console
@@ -334,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "verify":
             return _verify(args, console)
+        if args.command in ("report", "show", "dashboard"):
+            return _RUN_FILES[args.command](args, console)
+        if args.command == "doctor":
+            return _doctor(args, console)
+        if args.command == "status":
+            return _status(args, console)
         return _run(args, console)
     except AutotuneError as exc:
         if args.debug:

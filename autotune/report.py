@@ -79,6 +79,8 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "reason",
         "baseline",
         "repeat_of",
+        "retry_of",
+        "worker",
         *REGISTRY,
         *METRIC_KEYS,
         *(TRAIN_KEYS if any("loss_final" in r for r in records) else ()),

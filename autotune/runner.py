@@ -67,6 +67,9 @@ class Runner:
         """
         raise NotImplementedError
 
+    def interrupt(self) -> None:
+        """Stop the trial in flight from another thread, if the runner can (a worker process can)."""
+
     def close(self) -> None:
         """Stop the worker, if any."""
 
@@ -97,12 +100,15 @@ class SubprocessRunner(Runner):
         payload: The pickled :class:`~autotune._worker.WorkerSpec`.
         trial_timeout: Seconds a trial (or the worker's start) may take before the worker is killed.
         log_path: Where the worker's stdout and stderr go.
+        env: Extra environment variables of the worker process, e.g. ``CUDA_VISIBLE_DEVICES``
+            to pin it to one GPU.
     """
 
-    def __init__(self, payload: bytes, trial_timeout: float, log_path: Path) -> None:
+    def __init__(self, payload: bytes, trial_timeout: float, log_path: Path, env: dict[str, str] | None = None) -> None:
         self._payload = payload
         self._timeout = trial_timeout
         self._log_path = log_path
+        self._env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
         self._busy = False  # a request is in flight: the worker will not read "stop" soon
         self.n_starts = 0
@@ -116,6 +122,7 @@ class SubprocessRunner(Runner):
         env = dict(os.environ)
         # The worker imports the user's modules the way this process does.
         env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env.update(self._env)
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self._log_path, "ab")
         try:
@@ -225,6 +232,18 @@ class SubprocessRunner(Runner):
             self._kill()
             raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")
         return reply[1]
+
+    def interrupt(self) -> None:
+        """Kill the worker from another thread; the thread waiting on it gets a ``crash`` reply.
+
+        Unlike :meth:`close` it leaves the process handle to the waiting thread, which reaps it.
+        """
+        proc = self._proc
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def close(self) -> None:
         if self._proc is not None and not self._busy:

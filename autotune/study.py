@@ -1,72 +1,138 @@
 """Optuna wiring: sampler, storage, the baseline enqueued first, the guard as a constraint,
-duplicates answered from earlier measurements, out-of-memory rules, budget and resume.
+duplicates answered from earlier measurements, out-of-memory rules, budget and resume, for one
+worker or many sharing the study through its storage.
 
-Every trial's result is stored in the study (SQLite by default) the moment it is known, as
-user attributes: ``config``, ``status``, ``kind``, ``reason`` and the metrics. Nothing else
-keeps state, so an interrupted study resumes from its storage alone.
+Every trial's result is stored in the study the moment it is known, as user attributes:
+``config``, ``key``, ``status``, ``kind``, ``reason``, the metrics and who measured it
+(``hardware``, ``worker``). Nothing else keeps state, so an interrupted study resumes from its
+storage alone, and workers on other machines coordinate through it alone:
+
+* A worker *claims* a configuration by writing its ``key`` on its RUNNING trial, then reads the
+  study. It measures only if no other trial holds or has measured that key, and the measured
+  trials plus the claims in flight leave room in ``n_trials``. Every claim is written before it
+  is judged, so of two claims that overlap the later judge sees the earlier: a key is never
+  measured twice and the budget is never overrun. The lower trial number has priority; a claim
+  waits a moment for younger claims that may withdraw, never for older ones, so nobody waits
+  in a circle.
+* A worker that dies stops its trial's heartbeat; after the grace period the next worker that
+  looks marks the trial FAIL and Optuna's retry callback queues its configuration once more
+  (the new trial's ``retry_of`` names the dead one).
 """
 
 from __future__ import annotations
 
 import math
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from ._select import OBJECTIVES, check_objectives
+from ._storage import DEFAULT_GRACE_S, DEFAULT_HEARTBEAT_S, fail_stale, family, heartbeat, open_group, open_storage
+from ._storage import redact as _redact
 from .config import Config
 from .errors import ConfigError, TrialError
 from .knobs import REGISTRY
 from .runner import Runner
 from .space import SearchSpace
 
-__all__ = ["open_study", "run_trials", "trial_record"]
+__all__ = ["make_sampler", "open_study", "run_trials", "trial_record"]
 
 # Knobs whose values change how much memory a batch needs.
 _MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
-# After this many suggestions in a row that were all measured before, the space is spent.
+# After this many suggestions in a row that were all measured (or held) before, the space is spent.
 _MAX_REPEATS = 30
+# Statuses that say nothing about a configuration: it may be measured again.
+_NO_RESULT = ("skipped", "interrupted")
+# A worker waiting for others (the budget spoken for) looks at the study again this often.
+_POLL_S = 0.5
+# How long a claim waits for younger claims on the same key or budget slot to withdraw.
+_CLAIM_WAIT_S = 5.0
+
+
+def make_sampler(seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
+    """The default sampler: multivariate TPE after 8 random trials.
+
+    With ``parallel`` (other workers share the study), the constant-liar strategy keeps it
+    from proposing configurations next to those other workers are measuring right now.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, n_startup_trials=8, constant_liar=parallel
+        )
 
 
 def open_study(
-    storage: str,
+    storage: Any,
     study_name: str,
     objectives: Sequence[str],
     seed: int,
     resume: bool,
     sampler: optuna.samplers.BaseSampler | None = None,
+    *,
+    hardware: str = "unknown",
+    env: Mapping[str, Any] | None = None,
+    join: bool = False,
+    worker: str = "",
+    heartbeat_interval_s: int = DEFAULT_HEARTBEAT_S,
+    grace_period_s: int = DEFAULT_GRACE_S,
 ) -> optuna.Study:
-    """Create the study, or load it with ``resume=True``.
+    """Open this hardware's study in the family ``study_name``, creating what is missing.
+
+    Args:
+        storage: A database URL or a storage from :func:`autotune._storage.open_storage`.
+        study_name: The study as the user names it; each hardware group has its own Optuna study.
+        objectives: What the study optimizes; an existing group must optimize the same.
+        seed: Seeds the default sampler; joined workers mix in ``worker`` so they explore apart.
+        resume: Continue an existing study.
+        sampler: An Optuna sampler instead of the default.
+        hardware: :meth:`autotune.env.Env.hardware_key` of the machine that will measure.
+        env: The :meth:`~autotune.env.Env.manifest` stamped on a new group.
+        join: Share the study with other workers, created by whichever comes first.
+        worker: This worker's id (``host:pid[:device]``).
+        heartbeat_interval_s: Seconds between heartbeats of a running trial.
+        grace_period_s: Seconds of silence after which a trial's worker is taken for dead.
 
     Raises:
-        ConfigError: the study exists and ``resume`` is false, or the storage URL is unusable.
+        ConfigError: the study exists and neither ``resume`` nor ``join`` is set, an existing
+            group optimizes other objectives, or the storage URL is unusable.
     """
     objectives = check_objectives(objectives)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        existing = {s.study_name: s.n_trials for s in optuna.get_all_study_summaries(storage)}
-    except Exception as exc:
-        raise ConfigError(f"Cannot open storage {storage!r}: {type(exc).__name__}: {exc}") from None
-    if study_name in existing and not resume and existing[study_name] > 0:
+    url = storage if isinstance(storage, str) else storage.url
+    if isinstance(storage, str):
+        storage = open_storage(storage, heartbeat_interval_s, grace_period_s)
+    members = family(storage, study_name)
+    n_existing = sum(storage.get_n_trials(storage.get_study_id_from_name(s.study_name)) for s in members)
+    if n_existing and not (resume or join):
         raise ConfigError(
-            f"Study {study_name!r} already exists in {storage} with {existing[study_name]} trials. "
-            "Pass resume=True (CLI: --resume) to continue it, or choose another study name or output directory."
+            f"Study {study_name!r} already exists in {_redact(url)} with {n_existing} trials. "
+            "Pass resume=True (CLI: --resume) to continue it, join=True (--join) to share it with the workers "
+            "running it now, or choose another study name or output directory."
         )
+    directions = [OBJECTIVES[o][1] for o in objectives]
+    attrs = {"env": dict(env or {}), "objectives": list(objectives)}
+    name, _ = open_group(storage, study_name, hardware, [_direction(d) for d in directions], attrs)
     if sampler is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            sampler = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True, n_startup_trials=8)
-    return optuna.create_study(
-        storage=storage,
-        study_name=study_name,
-        sampler=sampler,
-        directions=[OBJECTIVES[o][1] for o in objectives],
-        load_if_exists=True,
-    )
+        sampler = make_sampler(seed ^ zlib.crc32(worker.encode()) if join else seed, parallel=join)
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    found = [d.name.lower() for d in study.directions]
+    if found != directions:
+        raise ConfigError(
+            f"Study {name!r} in {_redact(url)} optimizes {found}, but this run asks for {list(objectives)} "
+            f"({directions}). Use the study's objectives or another study name."
+        )
+    return study
+
+
+def _direction(name: str) -> optuna.study.StudyDirection:
+    return optuna.study.StudyDirection.MAXIMIZE if name == "maximize" else optuna.study.StudyDirection.MINIMIZE
 
 
 def trial_record(trial: FrozenTrial) -> dict[str, Any]:
@@ -79,6 +145,43 @@ def trial_record(trial: FrozenTrial) -> dict[str, Any]:
 
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and "status" in t.user_attrs]
+
+
+class _View:
+    """What one read of the study says: results by key, claims in flight, the budget used."""
+
+    def __init__(self, trials: list[FrozenTrial], baseline_key: str) -> None:
+        self.results: dict[str, FrozenTrial] = {}  # key -> earliest trial with a result
+        self.claims: list[FrozenTrial] = []  # RUNNING trials holding a key
+        self.n_measured = 0
+        self.baseline_queued = False
+        for t in trials:  # in trial-number order
+            attrs = t.user_attrs
+            if t.state == TrialState.RUNNING and "key" in attrs:
+                self.claims.append(t)
+            elif t.state in (TrialState.WAITING, TrialState.RUNNING) and attrs.get("baseline"):
+                self.baseline_queued = True  # queued, or asked and about to claim
+            elif t.state.is_finished() and attrs.get("status", "skipped") not in _NO_RESULT and "key" in attrs:
+                self.results.setdefault(attrs["key"], t)
+                self.n_measured += bool(attrs.get("ran") and attrs.get("repeat_of") is None)
+        base = self.results.get(baseline_key)
+        self.baseline = base
+        self.needs_baseline = (
+            base is None
+            and not self.baseline_queued
+            and not any(c.user_attrs["key"] == baseline_key for c in self.claims)
+        )
+
+    def raise_if_baseline_failed(self) -> None:
+        base = self.baseline
+        if base is not None and base.user_attrs.get("ran") and base.user_attrs.get("status") != "ok":
+            attrs = base.user_attrs
+            raise TrialError(
+                attrs.get("kind") or attrs["status"],
+                f"The baseline (the model as given) failed in trial {base.number}, so nothing can be compared "
+                f"with it: {attrs['status']}: {attrs.get('reason')}. Fix the model, or raise trial_timeout if "
+                "it is just slow.",
+            )
 
 
 def _suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
@@ -111,13 +214,21 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
 
 
 def _tell(
-    study: optuna.Study, trial: optuna.Trial, result: dict[str, Any], objectives: list[str], max_drop: float
+    study: optuna.Study,
+    trial: optuna.Trial,
+    result: dict[str, Any],
+    objectives: list[str],
+    max_drop: float,
+    written: Mapping[str, Any] | None = None,
 ) -> FrozenTrial:
+    """Store ``result`` as user attributes (but those in ``written``, stored already) and tell."""
     if result["status"] == "ok" and result.get("metric_drop", 0.0) > max_drop + 1e-12:
         result["status"], result["kind"] = "infeasible", "guard"
         result["reason"] = f"metric dropped by {result['metric_drop']:.4g}, more than max_metric_drop={max_drop:g}"
+    written = written or {}
     for key, value in result.items():
-        trial.set_user_attr(key, value)
+        if key not in written or written[key] != value:  # each attribute is one database commit
+            trial.set_user_attr(key, value)
     keys = [OBJECTIVES[o][0] for o in objectives]
     if result["status"] in ("ok", "infeasible") and all(k in result for k in keys):
         trial.set_constraint(
@@ -125,6 +236,34 @@ def _tell(
         )
         return study.tell(trial, [float(result[k]) for k in keys])
     return study.tell(trial, state=TrialState.FAIL)
+
+
+def _claim(study: optuna.Study, me: int, key: str, n_trials: int, baseline_key: str) -> tuple[str, Any]:
+    """Judge trial ``me``'s claim on ``key``; see the module docstring.
+
+    Returns:
+        ``("measure", None)``, ``("repeat", earlier trial)``, ``("duplicate", trial holding the
+        key)`` or ``("budget", None)``.
+    """
+    deadline = time.monotonic() + _CLAIM_WAIT_S
+    while True:
+        view = _View(study.get_trials(deepcopy=False), baseline_key)
+        if key in view.results:
+            return "repeat", view.results[key]
+        others = [t for t in view.claims if t.number != me]
+        # Older claims, and younger ones that already decided to measure, stand; the rest may withdraw.
+        firm = [t for t in others if t.number < me or t.user_attrs.get("measuring")]
+        same = [t for t in others if t.user_attrs["key"] == key]
+        holder = next((t for t in same if t.number < me or t.user_attrs.get("measuring")), None)
+        if holder is not None:
+            return "duplicate", holder
+        if view.n_measured + len(firm) + 1 > n_trials:
+            return "budget", None
+        if not same and view.n_measured + len(others) + 1 <= n_trials:
+            return "measure", None
+        if time.monotonic() >= deadline:
+            return ("duplicate", same[0]) if same else ("budget", None)
+        time.sleep(0.05)
 
 
 def run_trials(
@@ -138,48 +277,97 @@ def run_trials(
     objectives: Sequence[str],
     extra_attrs: dict[str, Any],
     on_trial: Callable[[dict[str, Any], int], None] | None = None,
+    stop: threading.Event | None = None,
 ) -> str:
-    """Measure trials until ``n_trials`` have been measured in the study (resume counts the
-    earlier ones), ``timeout`` seconds pass, or the space is spent.
+    """Measure trials until ``n_trials`` have been measured in the study, counting every
+    worker's (and, on resume, the earlier ones), ``timeout`` seconds pass, or the space is spent.
+
+    Args:
+        stop: Set (by Ctrl-C or another thread) to end this loop with :class:`KeyboardInterrupt`
+            before the next trial; a trial whose worker was killed to stop is marked
+            ``interrupted``.
 
     Returns:
         Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
+
+    Raises:
+        TrialError: the baseline failed (here or in another worker).
     """
     objectives = check_objectives(objectives)
-    finished = _finished(study)
-    seen = {t.user_attrs["key"]: t for t in finished if "key" in t.user_attrs}
-    if not any(t.user_attrs.get("baseline") for t in finished):
-        study.enqueue_trial({n: space.baseline[n] for n in space.searched if REGISTRY[n].applies(space.baseline)})
-    n_measured = sum(1 for t in finished if not t.user_attrs.get("repeat_of") and t.user_attrs.get("ran", False))
+    baseline_key = Config(dict(space.baseline)).key()
+    study.set_user_attr("n_trials", n_trials)  # for `autotune status`: the budget last asked for
     started = time.monotonic()
     repeats = 0
-    while n_measured < n_trials:
+    while True:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
         if timeout is not None and time.monotonic() - started >= timeout:
             return "timeout"
         if repeats >= _MAX_REPEATS:
             return "exhausted"
-        trial = study.ask()
-        try:
-            n_measured, repeats = _one_trial(
-                study,
-                trial,
-                runner,
-                space,
-                objectives,
-                max_metric_drop,
-                extra_attrs,
-                seen,
-                n_measured,
-                repeats,
-                on_trial,
-            )
-        except BaseException:
-            # Ctrl-C or an error between ask and tell: no trial is left RUNNING in the storage.
-            if study.trials[trial.number].state == TrialState.RUNNING:
-                trial.set_user_attr("status", "interrupted")
-                study.tell(trial, state=TrialState.FAIL)
-            raise
-    return "budget"
+        fail_stale(study)
+        view = _View(study.get_trials(deepcopy=False), baseline_key)
+        view.raise_if_baseline_failed()
+        if view.n_measured >= n_trials:
+            return "budget"
+        if view.n_measured + len(view.claims) >= n_trials:
+            # The rest of the budget is being measured; a dead worker's claim is freed after the grace period.
+            time.sleep(_POLL_S)
+            continue
+        if view.needs_baseline:
+            params = {n: space.baseline[n] for n in space.searched if REGISTRY[n].applies(space.baseline)}
+            study.enqueue_trial(params, user_attrs={"baseline": True})
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = study.ask()
+        with heartbeat(study, trial):
+            try:
+                outcome = _one_trial(
+                    study, trial, runner, space, objectives, max_metric_drop, extra_attrs, n_trials, on_trial, stop
+                )
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Declared dead while alive (the database out of reach longer than the grace
+                # period): its retry measures the configuration again.
+                warnings.warn(
+                    f"Trial {trial.number} was marked failed by another worker (no heartbeat for the grace "
+                    "period); its result is dropped and its retry will measure it again.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            except BaseException:
+                # Ctrl-C or an error between ask and tell: no trial is left RUNNING in the storage.
+                if study.trials[trial.number].state == TrialState.RUNNING:
+                    trial.set_user_attr("status", "interrupted")
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
+        repeats = repeats + 1 if outcome in ("repeat", "duplicate") else 0
+
+
+def _tell_unmeasured(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    verdict: str,
+    other: FrozenTrial | None,
+    attrs: dict[str, Any],
+    written: dict[str, Any],
+    objectives: list[str],
+    max_metric_drop: float,
+    n_trials: int,
+) -> None:
+    """Tell a trial whose claim lost: answered from an earlier trial, or skipped."""
+    if verdict == "repeat":
+        result = {k: v for k, v in other.user_attrs.items() if k not in attrs and k != "baseline"}
+        result.update(attrs, repeat_of=other.number, ran=False, baseline=False)
+        _tell(study, trial, result, objectives, max_metric_drop, written)
+        return
+    reason = (
+        f"not run: trial {other.number} is measuring the same configuration"
+        if verdict == "duplicate"
+        else f"not run: the budget of {n_trials} measured trials is taken by trials measured or running"
+    )
+    skipped = {**attrs, "status": "skipped", "kind": verdict, "reason": reason, "ran": False}
+    _tell(study, trial, skipped, [], 0.0, written)
 
 
 def _one_trial(
@@ -190,39 +378,46 @@ def _one_trial(
     objectives: list[str],
     max_metric_drop: float,
     extra_attrs: dict[str, Any],
-    seen: dict[str, FrozenTrial],
-    n_measured: int,
-    repeats: int,
+    n_trials: int,
     on_trial: Callable[[dict[str, Any], int], None] | None,
-) -> tuple[int, int]:
-    """Fill and tell one asked trial; return the updated (measured, repeats-in-a-row) counts."""
-    is_baseline = not any(t.user_attrs.get("baseline") for t in _finished(study))
-    config = dict(space.baseline) if is_baseline else _suggest(trial, space)
-    if is_baseline:
-        _suggest(trial, space)  # records the enqueued baseline params
+    stop: threading.Event | None,
+) -> str:
+    """Claim, measure (or answer) and tell one asked trial; return what became of it."""
+    baseline_key = Config(dict(space.baseline)).key()
+    queued_baseline = bool(trial.user_attrs.get("baseline"))
+    config = _suggest(trial, space)  # for the queued baseline this records its enqueued params
+    if queued_baseline:
+        config = dict(space.baseline)
     key = Config(config).key()
-    attrs = {"config": config, "key": key, "baseline": is_baseline, **extra_attrs}
-    if key in seen:
-        earlier = seen[key]
-        result = {k: v for k, v in earlier.user_attrs.items() if k not in attrs and k != "baseline"}
-        result.update(attrs, repeat_of=earlier.number, ran=False)
-        _tell(study, trial, result, objectives, max_metric_drop)
-        return n_measured, repeats + 1
+    attrs = {"config": config, "baseline": key == baseline_key, **extra_attrs}
+    for name, value in attrs.items():
+        trial.set_user_attr(name, value)
+    trial.set_user_attr("key", key)  # the claim: from here on other workers see it
+    written = {**attrs, "key": key}
+    verdict, other = _claim(study, trial.number, key, n_trials, baseline_key)
+    # A retry queued by the heartbeat callback names the dead trial in its system attributes.
+    retried = study.get_trials(deepcopy=False)[trial.number].system_attrs.get("failed_trial")
+    if retried is not None:
+        attrs["retry_of"] = retried
+    attrs["key"] = key
+    if verdict != "measure":
+        _tell_unmeasured(study, trial, verdict, other, attrs, written, objectives, max_metric_drop, n_trials)
+        return verdict
+    trial.set_user_attr("measuring", True)
     rule = _oom_rule(config, _finished(study))
     if rule is not None:
         result = {"status": "oom", "kind": "oom-rule", "reason": rule, "ran": False, **attrs}
     else:
         result = {**runner.run(config), **attrs, "ran": True}
-        n_measured += 1
-    repeats = 0
-    frozen = _tell(study, trial, result, objectives, max_metric_drop)
-    seen[key] = frozen
-    if is_baseline and result["status"] != "ok":
+        if stop is not None and stop.is_set() and result["status"] == "crash":
+            raise KeyboardInterrupt  # its worker was killed to stop: no result to keep
+    frozen = _tell(study, trial, result, objectives, max_metric_drop, written)
+    if attrs["baseline"] and result["status"] != "ok":
         raise TrialError(
             result.get("kind") or result["status"],
             f"The baseline (the model as given) failed, so nothing can be compared with it: "
             f"{result['status']}: {result.get('reason')}. Fix the model, or raise trial_timeout if it is just slow.",
         )
     if on_trial is not None:
-        on_trial(trial_record(frozen), n_measured)
-    return n_measured, repeats
+        on_trial(trial_record(frozen), _View(study.get_trials(deepcopy=False), baseline_key).n_measured)
+    return "measured" if result["ran"] else "ruled"

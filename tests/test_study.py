@@ -124,3 +124,57 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path):
     assert sum(t.user_attrs.get("baseline", False) for t in study.trials) == 1
     assert json.loads((out / "best_config.json").read_text())["n_trials"] == len(study.trials)
     assert os.path.getsize(out / "trials.csv") > 0
+
+
+def test_a_study_shared_by_two_kinds_of_hardware_keeps_them_apart(tmp_path, capsys):
+    from autotune._status import study_status
+    from autotune._storage import hardware_slug
+    from autotune.cli import main
+    from autotune.config import Config
+    from autotune.study import open_study
+
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    space = {"base": None, "batch_size": [8, 16]}
+    env, _, resolved = autotune.plan(MLP(), classification_data(), space=space, device="cpu", baseline_batch_size=8)
+    # A group measured elsewhere, on hardware this machine is not: its trials as a worker there stores them.
+    elsewhere = "Other GPU (sm90) x8, driver 1.0"
+    other = open_study(url, "shared", ["throughput"], 0, False, hardware=elsewhere, env={"device": "cuda:0"})
+    fast = {**resolved.baseline, "batch_size": 16}
+    for number, (config, speed) in enumerate([(resolved.baseline, 100.0), (fast, 300.0)]):
+        attrs = {"config": config, "key": Config(config).key(), "baseline": number == 0, "status": "ok", "ran": True}
+        attrs.update(samples_per_s=speed, metric_drop=0.0, hardware=elsewhere, worker="elsewhere:1")
+        other.add_trial(optuna.trial.create_trial(values=[speed], user_attrs=attrs))
+
+    args = dict(space=space, baseline_batch_size=8, measure=FAST, n_trials=2, device="cpu", isolation="inprocess")
+    args.update(storage=url, study_name="shared", export=(), out_dir=tmp_path / "out")
+    with pytest.raises(autotune.ConfigError, match=r"already exists.*--join"):
+        autotune.optimize(MLP(), classification_data(), **args)
+    result = autotune.optimize(MLP(), classification_data(), join=True, **args)
+
+    mine = env.hardware_key()
+    assert result.study.study_name == f"shared@{hardware_slug(mine)}"
+    assert {t.user_attrs["hardware"] for t in result.study.trials} == {mine}
+    assert sum(t.user_attrs.get("ran", False) for t in result.study.trials) == 2  # its own budget, its own baseline
+    saved = json.loads((tmp_path / "out" / "best_config.json").read_text())
+    assert saved["study"]["hardware"] == mine and saved["baseline"]["samples_per_s"] != 100.0
+    by_hardware = tmp_path / "out" / "by_hardware"
+    assert json.loads((by_hardware / hardware_slug(mine) / "best_config.json").read_text()) == saved
+    theirs = json.loads((by_hardware / hardware_slug(elsewhere) / "best_config.json").read_text())
+    assert theirs["config"] == fast and theirs["env"] == {"device": "cuda:0"}
+    assert theirs["speedup"]["method"] == "trial ratio, not verified" and theirs["speedup"]["median"] == 3.0
+    assert (by_hardware / hardware_slug(elsewhere) / "trials.csv").exists()
+
+    groups = {g["hardware"]: g for g in study_status(url, "shared")["groups"]}
+    assert groups[elsewhere]["best"]["speedup"] == 3.0 and groups[mine]["n_measured"] == 2
+    assert main(["status", "--storage", url, "--study", "shared"]) == 0
+    printed = capsys.readouterr().out
+    assert elsewhere in printed and "elsewhere:1" in printed
+
+
+def test_a_group_keeps_its_objectives(tmp_path):
+    from autotune.study import open_study
+
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    open_study(url, "s", ["throughput"], 0, False, hardware="cpu x")
+    with pytest.raises(autotune.ConfigError, match=r"optimizes \['maximize'\].*latency"):
+        open_study(url, "s", ["latency"], 0, True, hardware="cpu x")
