@@ -79,7 +79,7 @@ class PlainProgress:
     def line(self, rec: dict[str, Any], detail: str) -> str:
         """The trial's line, with rich markup for its status."""
         status = rec.get("status", "?")
-        style = {"ok": "green", "infeasible": "yellow"}.get(status, "red")
+        style = {"ok": "green", "infeasible": "yellow", "skipped": "dim"}.get(status, "red")
         sps = rec.get("samples_per_s")
         speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
         elapsed = time.monotonic() - self.start

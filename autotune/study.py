@@ -193,7 +193,15 @@ def _suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
         elif len(values) == 1:
             config[name] = values[0]
         else:
-            config[name] = trial.suggest_categorical(name, values)
+            try:
+                config[name] = trial.suggest_categorical(name, values)
+            except ValueError as exc:
+                # Optuna keeps each parameter's choices fixed for the life of a study.
+                raise ConfigError(
+                    f"Knob {name!r} has other candidates ({', '.join(map(str, values))}) than when this study "
+                    "began, and a study's search space cannot change. Resume with the same space and fixes, or "
+                    "start a new study (another --study name or --out directory)."
+                ) from exc
     return config
 
 
