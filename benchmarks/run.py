@@ -1,0 +1,240 @@
+"""autotune's performance claims, measured side by side in one run.
+
+    python -m benchmarks.run --suite cpu           # about 8 minutes on 2 CPU cores (at most 15)
+    python -m benchmarks.run --suite cpu --smoke   # CI: tiny budgets, under a minute
+    python -m benchmarks.run --suite gpu           # one CUDA GPU, aiming at 10 minutes
+
+The cpu suite prints three parts, each as Markdown tables (also written to OUT/cpu.md, with all
+numbers in OUT/cpu.json):
+
+1. tuned vs baseline vs expert: the digits CNN, a 6-layer transformer encoder and an LSTM, each
+   tuned with a fixed budget and compared with a hand-written recipe (benchmarks/compare.py);
+2. search efficiency: a 48-configuration space measured whole, then the search replayed from
+   those measurements for many seeds (benchmarks/search.py);
+3. measurement quality: the spread of repeated measurements, and per-trial overhead
+   (benchmarks/core.py).
+
+The gpu suite runs part 1 on a ResNet-50-shaped CNN and a ViT-B/16-shaped encoder
+(benchmarks/models.py), fed from float tensors in memory and from uint8 images converted on the
+CPU. Nothing here asserts a speed: it prints, and targets read PASS/MISS or met/not met.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from benchmarks import compare, core, search, training
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICK_MEASURE = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 1}
+# Part 1 on 2 CPU cores: 3 windows instead of optimize's 5, so a transformer trial at batch 128
+# (about a second per batch) takes seconds, not half a minute.
+CPU_MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
+# Each suite's budget. measure None is optimize's default timing (5 windows of >= 0.4 s).
+SUITES: dict[str, dict[str, Any]] = {
+    "cpu": {
+        "workloads": ("digits", "transformer", "lstm"),
+        "space": "cpu",
+        "n_trials": 10,
+        "n_rounds": 3,
+        "measure": CPU_MEASURE,
+        "search_space": search.SPACE,
+        "search_measure": search.MEASURE,
+        "n_seeds": 20,
+        "n_repeats": 10,
+        "quality_measure": None,
+        "train_workloads": ("digits", "lstm"),
+        "n_train_trials": 8,
+    },
+    "cpu-smoke": {
+        "workloads": ("digits",),
+        "space": "quick",
+        "n_trials": 2,
+        "n_rounds": 1,
+        "measure": QUICK_MEASURE,
+        "search_space": {"base": None, "batch_size": [16, 32, 64, 128]},
+        "search_measure": QUICK_MEASURE,
+        "n_seeds": 3,
+        "n_repeats": 3,
+        "quality_measure": QUICK_MEASURE,
+        "train_workloads": ("digits",),
+        "n_train_trials": 2,
+    },
+    "gpu": {
+        "workloads": ("resnet50-memory", "resnet50-uint8", "vit_b16-memory", "vit_b16-uint8"),
+        "space": "gpu",
+        "n_trials": 8,
+        "n_rounds": 3,
+        "measure": None,
+        "n_train_trials": 6,  # training-step tuning, on the in-memory data sets only
+    },
+}
+N_IMAGES = 1024  # per GPU data set: batch sizes up to 1024; 0.6 GB as float32 at 224x224
+
+
+def cpu_workload(name: str) -> dict[str, Any]:
+    from benchmarks.workloads import CPU_WORKLOADS
+
+    return CPU_WORKLOADS[name]()
+
+
+def gpu_workload(name: str) -> dict[str, Any]:
+    """``model-data``: the model as a factory (the worker builds it, seeded), the images synthetic."""
+    from benchmarks import models
+
+    model, data = name.split("-")
+    images = models.FloatImages if data == "memory" else models.Uint8Images
+    # Random weights give near-tied logits, whose top-1 (what the fidelity guard compares) bf16
+    # rounding flips more often than a trained model's: 5% may change here, not 1%.
+    return {
+        "model": getattr(models, model),
+        "dataset": images(N_IMAGES),
+        "max_metric_drop": 0.05,
+        "loss_fn": cross_entropy,  # training mode
+    }
+
+
+def cross_entropy(outputs: Any, batch: Any) -> Any:
+    """The loss of the training part: (B, classes) logits against the batch's (B,) labels."""
+    import torch
+
+    return torch.nn.functional.cross_entropy(outputs, batch[1])
+
+
+def training_part(cfgs: dict[str, dict], out: Path, budget: dict[str, Any], unit: str) -> tuple[list[dict], str]:
+    """Training-step throughput (``mode="train"``): baseline vs tuned vs the expert's training
+    recipe for each workload (benchmarks/training.py)."""
+    rows = []
+    for name, cfg in cfgs.items():
+        shutil.rmtree(out / f"train-{name}", ignore_errors=True)
+        rows.append(
+            training.compare_training(
+                name,
+                cfg,
+                out,
+                space=budget["space"],
+                n_trials=budget["n_train_trials"],
+                n_rounds=budget["n_rounds"],
+                measure=budget["measure"],
+            )
+        )
+    return rows, training.print_training(rows, unit)
+
+
+# -----------------------------------------------------------------------------
+
+
+def cpu_suite(budget: dict[str, Any], names: list[str], out: Path, parts: str) -> tuple[dict[str, Any], list[str]]:
+    import autotune
+
+    cfgs = {name: cpu_workload(name) for name in names} if "1" in parts or "3" in parts else {}
+    doc: dict[str, Any] = {}
+    tables = []
+    if "1" in parts:
+        rows = []
+        for name, cfg in cfgs.items():
+            shutil.rmtree(out / name, ignore_errors=True)  # an earlier run's study would refuse to restart
+            keys = ("space", "n_trials", "n_rounds", "measure")
+            rows.append(compare.compare(name, cfg, out, **{k: budget[k] for k in keys}))
+        tables.append(compare.print_compare(rows, "Part 1: tuned vs baseline vs expert, samples/s"))
+        doc["compare"] = rows
+    if "2" in parts:
+        tiny = autotune.load_config(ROOT / "examples" / "quickstart.py")
+        space, measure, n_seeds = budget["search_space"], budget["search_measure"], budget["n_seeds"]
+        doc["search"], text = search.efficiency("quickstart", tiny, out, space=space, measure=measure, n_seeds=n_seeds)
+        tables.append(text)
+    if "3" in parts:
+        # One configuration measured again and again: the baseline of the first workload.
+        first = next(iter(cfgs))
+        runs = core.repeat_baseline(cfgs[first], first, budget["quality_measure"], budget["n_repeats"], out)
+        doc["spread"], text_spread = core.spread(runs)
+        studies = {r["workload"]: r.pop("trial_overheads") for r in doc.get("compare", [])}
+        doc["overhead"], text_overhead = core.overhead(runs, studies)
+        tables += [text_spread, text_overhead]
+    if "4" in parts:
+        train = {name: cfgs.get(name) or cpu_workload(name) for name in budget["train_workloads"]}
+        doc["training"], text = training_part(train, out, budget, "samples/s")
+        tables.append(text)
+    return doc, tables
+
+
+def gpu_suite(budget: dict[str, Any], names: list[str], out: Path, parts: str) -> tuple[dict[str, Any], list[str]]:
+    rows = []
+    for name in names:
+        shutil.rmtree(out / name, ignore_errors=True)
+        keys = ("space", "n_trials", "n_rounds", "measure")
+        rows.append(compare.compare(name, gpu_workload(name), out, **{k: budget[k] for k in keys}))
+    tables = [compare.print_compare(rows, "Tuned vs baseline vs expert, images/s")]
+    doc: dict[str, Any] = {"compare": rows}
+    train = {n: gpu_workload(n) for n in names if n.endswith("-memory")}
+    doc["training"], text = training_part(train, out, budget, "images/s")
+    tables.append(text)
+    return doc, tables
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.split("\n")[0])
+    parser.add_argument("--suite", choices=("cpu", "gpu"), required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: checks that everything runs (cpu only)")
+    parser.add_argument("--out", type=Path, help="directory for the JSON, the tables and the caches")
+    parser.add_argument("--workloads", help="comma-separated subset of the suite's workloads")
+    parser.add_argument("--trials", type=int, help="tuning trials per workload (default: the suite's)")
+    parser.add_argument("--parts", default="1234", help="cpu suite: which of parts 1-4 to run (default 1234)")
+    args = parser.parse_args(argv)
+    if args.smoke and args.suite != "cpu":
+        parser.error("--smoke is for the cpu suite")
+    if not args.parts or set(args.parts) - set("1234"):
+        parser.error(f"--parts takes digits among 1, 2, 3 and 4 (e.g. 13), but got {args.parts!r}")
+    if args.suite == "gpu":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit(f"--suite gpu needs a CUDA device, and torch {torch.__version__} sees none here.")
+    key = args.suite + ("-smoke" if args.smoke else "")
+    budget = dict(SUITES[key])
+    if args.trials is not None:
+        if args.trials < 1:
+            parser.error(f"--trials must be at least 1, but got {args.trials}")
+        budget["n_trials"] = args.trials
+    names = args.workloads.split(",") if args.workloads else list(budget["workloads"])
+    unknown = [n for n in names if n not in SUITES[args.suite]["workloads"]]
+    if unknown:
+        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(SUITES[args.suite]['workloads'])}.")
+    # A stable default: the search cache of part 2 is found again by the next run.
+    out = args.out or Path(tempfile.gettempdir()) / f"autotune-bench-{key}"
+    out.mkdir(parents=True, exist_ok=True)
+
+    # Optuna warns when the parameter importance of report.html rests on few trials: a small budget.
+    warnings.filterwarnings("ignore", message="Some regimes for parameter", category=UserWarning)
+    started = time.perf_counter()
+    info = core.machine()
+    v = info["versions"]
+    header = (
+        f"autotune benchmarks, suite {key}, {info['date']}\n"
+        f"{info['device']}: {info['gpu'] or info['cpu']}, {info['cpu_count']} cores, {info['cpu_capability']}, "
+        f"{info['mem_gib']} GiB; python {v['python']}, torch {v['torch']}, optuna {v['optuna']}\n"
+        f"load average (1 min): {os.getloadavg()[0]:.2f}; 'others' cores' = CPU used by other processes"
+    )
+    print(header, flush=True)
+    run = cpu_suite if args.suite == "cpu" else gpu_suite
+    doc, tables = run(budget, names, out, args.parts)
+    wall = time.perf_counter() - started
+    footer = f"total wall time: {wall:.0f} s ({wall / 60:.1f} min)"
+    print(footer)
+    doc = {"machine": info, "suite": key, "budget": budget, **doc, "wall_s": wall}
+    (out / f"{args.suite}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / f"{args.suite}.md").write_text("\n".join([header, "", *tables, footer]) + "\n")
+    print(f"wrote {out / f'{args.suite}.json'} and {out / f'{args.suite}.md'}")
+
+
+if __name__ == "__main__":
+    main()
