@@ -54,56 +54,12 @@ def _check_options(
         )
 
 
-def _check_training(
-    loss_fn: Any, optimizer: Any, test_dataset: Any, export: Any, loss_tolerance: Any, n_train_steps: Any
-) -> None:
-    from ._train import optimizer_factory
-
-    if loss_fn is None or not callable(loss_fn):
-        raise ConfigError("Training mode needs `loss_fn(outputs, batch) -> Tensor`, the loss your training step uses.")
-    optimizer_factory(optimizer)
-    if test_dataset is not None:
-        raise ConfigError("`test_dataset` is scored in inference mode only; in training mode pass `metric` instead.")
-    if export:
-        raise ConfigError("Training mode exports nothing: it tunes the training step. Leave `export` unset.")
-    if isinstance(loss_tolerance, bool) or not isinstance(loss_tolerance, (int, float)) or not 0 < loss_tolerance < 1:
-        raise ConfigError(f"`loss_tolerance` must be in (0, 1), a relative change, but got {loss_tolerance!r}.")
-    if isinstance(n_train_steps, bool) or not isinstance(n_train_steps, int) or n_train_steps < 2:
-        raise ConfigError(f"`n_train_steps` must be an integer of at least 2, but got {n_train_steps!r}.")
-
-
-def _check_effective(effective: Any, allow_change: bool, baseline_batch_size: int, data: Any) -> int | None:
-    """The effective batch size of a training study (``None``: it follows the micro-batch)."""
-    if allow_change:
-        if effective is not None:
-            raise ConfigError("Give either `effective_batch_size` or `allow_batch_change=True`, not both.")
-        return None
-    effective = baseline_batch_size if effective is None else effective
-    if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
-        raise ConfigError(f"`effective_batch_size` must be a positive integer, but got {effective!r}.")
-    if effective > data.n_samples:
-        raise ConfigError(
-            f"`effective_batch_size` {effective} is larger than the dataset ({data.n_samples} samples); lower it."
-        )
-    return effective
-
-
 def _guard_summary(mode: str, metric: Any, max_metric_drop: float, loss_tolerance: float) -> dict[str, Any]:
     if metric is not None:
         return {"metric": "user", "max_metric_drop": max_metric_drop}
     if mode == "train":
         return {"metric": "loss_curve", "loss_tolerance": loss_tolerance}
     return {"metric": "fidelity", "max_metric_drop": max_metric_drop}
-
-
-def _optimizer_name(optimizer: Any) -> str:
-    if isinstance(optimizer, tuple):
-        return f"{optimizer[0].__name__}({', '.join(f'{k}={v!r}' for k, v in dict(optimizer[1]).items())})"
-    return (
-        getattr(optimizer, "__qualname__", None)
-        or getattr(getattr(optimizer, "func", None), "__name__", None)
-        or repr(optimizer)
-    )
 
 
 def _materialize_dataset(dataset: Any) -> Any:
@@ -345,6 +301,7 @@ def optimize(
     from ._result import baseline_and_best, verify, write_best, write_pareto
     from ._scale import check_devices, close_runners, run_workers, start_runners, worker_ids, write_hardware_groups
     from ._storage import check_heartbeat, redact
+    from ._train import check_effective, check_training, optimizer_name
     from ._worker import WorkerSpec
     from .data import describe, validation_indices
     from .measure import MeasureSettings
@@ -358,7 +315,7 @@ def optimize(
     device, devices = check_devices(device, devices, isolation)
     train = mode == "train"
     if train:
-        _check_training(loss_fn, optimizer, test_dataset, export, loss_tolerance, n_train_steps)
+        check_training(loss_fn, optimizer, test_dataset, export, loss_tolerance, n_train_steps)
     export = _check_export(export if export is not None else (() if train else ("onnx", "torchscript")))
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
@@ -385,7 +342,7 @@ def optimize(
             "Training mode does not change the model's size: objectives may be throughput, latency, memory or metric."
         )
     if train:
-        effective_batch_size = _check_effective(effective_batch_size, allow_batch_change, baseline_batch_size, data)
+        effective_batch_size = check_effective(effective_batch_size, allow_batch_change, baseline_batch_size, data)
     select = select or search_space.select
     _select.check_select(select)
     if test_dataset is not None:
@@ -457,7 +414,7 @@ def optimize(
         summary["train"] = {
             "effective_batch_size": effective_batch_size,
             "allow_batch_change": allow_batch_change,
-            "optimizer": _optimizer_name(optimizer),
+            "optimizer": optimizer_name(optimizer),
             "n_train_steps": n_train_steps,
         }
     try:

@@ -23,7 +23,17 @@ from .data import to_device
 from .errors import ConfigError, InputError, TrialError
 from .measure import call_model
 
-__all__ = ["FixedOrder", "TrainingSetup", "accumulation", "optimizer_factory", "prepare", "with_impl"]
+__all__ = [
+    "FixedOrder",
+    "TrainingSetup",
+    "accumulation",
+    "check_effective",
+    "check_training",
+    "optimizer_factory",
+    "optimizer_name",
+    "prepare",
+    "with_impl",
+]
 
 
 def optimizer_factory(optimizer: Any) -> Callable[[Iterable[Any]], torch.optim.Optimizer]:
@@ -241,4 +251,52 @@ def prepare(
         non_blocking=state.non_blocking,
         settings=dict(state.settings),
         channels_last=state.channels_last,
+    )
+
+
+def check_training(
+    loss_fn: Any, optimizer: Any, test_dataset: Any, export: Any, loss_tolerance: Any, n_train_steps: Any
+) -> None:
+    """Check ``optimize``'s training-mode options before anything runs.
+
+    Raises:
+        ConfigError: what is wrong and how to fix it.
+    """
+    if loss_fn is None or not callable(loss_fn):
+        raise ConfigError("Training mode needs `loss_fn(outputs, batch) -> Tensor`, the loss your training step uses.")
+    optimizer_factory(optimizer)
+    if test_dataset is not None:
+        raise ConfigError("`test_dataset` is scored in inference mode only; in training mode pass `metric` instead.")
+    if export:
+        raise ConfigError("Training mode exports nothing: it tunes the training step. Leave `export` unset.")
+    if isinstance(loss_tolerance, bool) or not isinstance(loss_tolerance, (int, float)) or not 0 < loss_tolerance < 1:
+        raise ConfigError(f"`loss_tolerance` must be in (0, 1), a relative change, but got {loss_tolerance!r}.")
+    if isinstance(n_train_steps, bool) or not isinstance(n_train_steps, int) or n_train_steps < 2:
+        raise ConfigError(f"`n_train_steps` must be an integer of at least 2, but got {n_train_steps!r}.")
+
+
+def check_effective(effective: Any, allow_change: bool, baseline_batch_size: int, data: Any) -> int | None:
+    """The effective batch size of a training study (``None``: it follows the micro-batch)."""
+    if allow_change:
+        if effective is not None:
+            raise ConfigError("Give either `effective_batch_size` or `allow_batch_change=True`, not both.")
+        return None
+    effective = baseline_batch_size if effective is None else effective
+    if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
+        raise ConfigError(f"`effective_batch_size` must be a positive integer, but got {effective!r}.")
+    if effective > data.n_samples:
+        raise ConfigError(
+            f"`effective_batch_size` {effective} is larger than the dataset ({data.n_samples} samples); lower it."
+        )
+    return effective
+
+
+def optimizer_name(optimizer: Any) -> str:
+    """A short, readable name of an ``optimizer`` option (for best_config.json)."""
+    if isinstance(optimizer, tuple):
+        return f"{optimizer[0].__name__}({', '.join(f'{k}={v!r}' for k, v in dict(optimizer[1]).items())})"
+    return (
+        getattr(optimizer, "__qualname__", None)
+        or getattr(getattr(optimizer, "func", None), "__name__", None)
+        or repr(optimizer)
     )
