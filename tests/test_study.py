@@ -184,7 +184,7 @@ def test_resuming_with_another_space_says_how_to_fix_it(tmp_path):
     common = {"out_dir": tmp_path, "isolation": "inprocess", "export": (), "n_finalists": 0}
     common["measure"] = {"n_windows": 1, "window_s": 0.02, "warmup_batches": 1}
     autotune.optimize(MLP(), classification_data(), space={"base": None, "batch_size": [8, 16]}, n_trials=2, **common)
-    with pytest.raises(autotune.ConfigError, match="search space cannot change.*new study"):
+    with pytest.raises(autotune.ConfigError, match=r"search space cannot change.*new study"):
         autotune.optimize(
             MLP(), classification_data(), space={"base": None, "batch_size": [8, 64]}, n_trials=4, resume=True, **common
         )
