@@ -27,6 +27,23 @@ def _import_dashboard() -> Any:
     return optuna_dashboard
 
 
+def resolve_dashboard(out_dir: str | Path, storage: str | None = None) -> str:
+    """The storage URL the dashboard of ``out_dir`` will serve, once it is known that it can.
+
+    Raises:
+        ConfigError: optuna-dashboard is not installed, or the recorded storage URL had its
+            password removed and ``storage`` was not given.
+        InputError: ``out_dir`` holds neither ``best_config.json`` nor ``study.db``.
+    """
+    _import_dashboard()
+    url = storage or dashboard_storage(out_dir)
+    if ":***@" in url:
+        raise ConfigError(
+            f"The storage recorded for {out_dir} has no password ({url}); give the full URL with --storage URL."
+        )
+    return url
+
+
 def run_dashboard(
     out_dir: str | Path, *, host: str = "127.0.0.1", port: int = 8080, storage: str | None = None
 ) -> None:
@@ -39,14 +56,7 @@ def run_dashboard(
         storage: A storage URL to use instead of the recorded one (which has no password).
 
     Raises:
-        ConfigError: optuna-dashboard is not installed, or the recorded storage URL had its
-            password removed and ``storage`` was not given.
-        InputError: ``out_dir`` holds neither ``best_config.json`` nor ``study.db``.
+        ConfigError, InputError: see :func:`resolve_dashboard`.
     """
-    dashboard = _import_dashboard()
-    url = storage or dashboard_storage(out_dir)
-    if ":***@" in url:
-        raise ConfigError(
-            f"The storage recorded for {out_dir} has no password ({url}); give the full URL with --storage URL."
-        )
-    dashboard.run_server(url, host=host, port=port)
+    url = resolve_dashboard(out_dir, storage)
+    _import_dashboard().run_server(url, host=host, port=port)

@@ -407,10 +407,10 @@ def _show(args: argparse.Namespace, console: Any) -> int:
 
 
 def _dashboard(args: argparse.Namespace, console: Any) -> int:
-    from ._dashboard import dashboard_storage, run_dashboard
+    from ._dashboard import resolve_dashboard, run_dashboard
     from ._storage import redact
 
-    storage = args.storage or dashboard_storage(args.out_dir)
+    storage = resolve_dashboard(args.out_dir, args.storage)  # fails before announcing anything
     console.print(
         f"optuna-dashboard on http://{args.host}:{args.port}/ for {redact(storage)} (Ctrl-C stops it)",
         highlight=False,

@@ -126,7 +126,8 @@ API_CASES = [
     (dict(objectives=("speed",)), autotune.ConfigError, "No objective named 'speed'. Known: throughput"),
     (dict(space={"base": None, "batch_size": []}), autotune.ConfigError, "needs a non-empty list"),
     (dict(measure={"windows": 3}), autotune.ConfigError, "`measure` takes n_windows"),
-    (dict(mode="train"), autotune.ConfigError, "`mode` must be 'inference'"),
+    (dict(mode="eval"), autotune.ConfigError, "`mode` must be 'inference' or 'train'"),
+    (dict(mode="train"), autotune.ConfigError, "Training mode needs `loss_fn"),
     (dict(space="nope.toml"), autotune.ConfigError, "does not exist"),
 ]
 
