@@ -22,7 +22,7 @@ import torch
 from ._train import FixedOrder, TrainingSetup, optimizer_factory, prepare
 from .build import settings_active, unwrap
 from .errors import InputError, TrialError
-from .measure import MeasureSettings, _peak_mib, _reset_peak, _sync, call_model, size_bytes
+from .measure import MeasureSettings, _peak_mib, _reset_peak, _sync, call_model, size_bytes, window_stats
 
 __all__ = ["TrainContext"]
 
@@ -114,15 +114,8 @@ def time_steps(setup: TrainingSetup, batches: Iterator[Any], loss_fn: Any, setti
         latencies += [b.elapsed_time(e) for b, e in events]
     if loss is not None and not math.isfinite(loss.item()):
         raise TrialError("nan", "the training loss became NaN/inf during the timed steps")
-    lat = sorted(latencies)
-    mean = statistics.fmean(windows)
     return {
-        "samples_per_s": statistics.median(windows),
-        "samples_per_s_min": min(windows),
-        "samples_per_s_max": max(windows),
-        "cov": statistics.pstdev(windows) / mean if mean else 0.0,
-        "latency_ms_p50": lat[len(lat) // 2],
-        "latency_ms_p95": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+        **window_stats(windows, latencies),
         "timed_s": time.perf_counter() - timed_start,
         "n_windows": settings.n_windows,
     }
@@ -224,7 +217,7 @@ class TrainContext:
 
     def run_trial(self, config: dict[str, Any]) -> dict[str, Any]:
         """Train one configuration: guard steps, then timed steps; never raises."""
-        from ._worker import classify
+        from ._worker import record_fault
 
         started = time.perf_counter()
         result: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
@@ -249,10 +242,7 @@ class TrainContext:
             result["size_bytes"], result["size_bytes_compressed"] = size_bytes(setup.model)
             self._judge(run, result)
         except Exception as exc:
-            status, kind, reason = classify(exc)
-            result.update(status=status, kind=kind, reason=reason)
-            if self.spec.device.startswith("cuda"):
-                torch.cuda.empty_cache()
+            record_fault(result, exc, self.spec.device)
         result["trial_s"] = time.perf_counter() - started
         return result
 

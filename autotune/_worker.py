@@ -116,6 +116,14 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
     return "error", "runtime", _one_line(exc)
 
 
+def record_fault(result: dict[str, Any], exc: BaseException, device: str) -> None:
+    """Record a trial's fault in its result (status, kind, reason); free cached CUDA memory."""
+    status, kind, reason = classify(exc)
+    result.update(status=status, kind=kind, reason=reason)
+    if device.startswith("cuda"):
+        torch.cuda.empty_cache()
+
+
 def instantiate_model(spec: WorkerSpec) -> torch.nn.Module:
     """The spec's model: the module itself, or what its factory returns."""
     model = spec.model
@@ -241,10 +249,7 @@ class TrialContext:
             result["metric"] = value
             result["metric_drop"] = self.reference.metric - value
         except Exception as exc:
-            status, kind, reason = classify(exc)
-            result.update(status=status, kind=kind, reason=reason)
-            if self.spec.device.startswith("cuda"):
-                torch.cuda.empty_cache()
+            record_fault(result, exc, self.spec.device)
         result["trial_s"] = time.perf_counter() - started
         return result
 

@@ -20,7 +20,7 @@ import torch
 from .build import BuildState, make_loader, settings_active, unwrap
 from .data import model_inputs, to_device
 
-__all__ = ["MeasureSettings", "measure", "call_model", "size_bytes"]
+__all__ = ["MeasureSettings", "measure", "call_model", "size_bytes", "window_stats"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,6 +92,21 @@ def size_bytes(model: Any) -> tuple[int, int]:
     return len(data), len(zlib.compress(data, 1))
 
 
+def window_stats(windows: list[float], latencies: list[float]) -> dict[str, float]:
+    """Throughput of the timed windows (median, min, max, coefficient of variation) and latency
+    p50/p95 in milliseconds."""
+    lat = sorted(latencies)
+    mean = statistics.fmean(windows)
+    return {
+        "samples_per_s": statistics.median(windows),
+        "samples_per_s_min": min(windows),
+        "samples_per_s_max": max(windows),
+        "cov": statistics.pstdev(windows) / mean if mean else 0.0,
+        "latency_ms_p50": lat[len(lat) // 2],
+        "latency_ms_p95": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+    }
+
+
 def measure(state: BuildState, dataset: Any, settings: MeasureSettings = MeasureSettings()) -> dict[str, Any]:
     """Time ``state`` end to end over ``dataset``.
 
@@ -143,15 +158,8 @@ def measure(state: BuildState, dataset: Any, settings: MeasureSettings = Measure
     finally:
         batches.close()  # shuts down the loader's workers
         del loader
-    lat = sorted(latencies)
-    mean = statistics.fmean(windows)
     return {
-        "samples_per_s": statistics.median(windows),
-        "samples_per_s_min": min(windows),
-        "samples_per_s_max": max(windows),
-        "cov": statistics.pstdev(windows) / mean if mean else 0.0,
-        "latency_ms_p50": lat[len(lat) // 2],
-        "latency_ms_p95": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+        **window_stats(windows, latencies),
         "peak_mem_mib": _peak_mib(device),
         "compile_s": compile_s,
         "timed_s": timed_s,
