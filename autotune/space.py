@@ -17,6 +17,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from .config import Config
 from .errors import ConfigError
 from .knobs import REGISTRY, Offer, SpaceContext, get_knob
 
@@ -202,3 +203,58 @@ def resolve_space(
     # A fixed knob does not move the baseline: the baseline stays the untuned pipeline, the
     # fixed value is what every other trial uses.
     return SearchSpace(values=values, baseline=baseline, excluded=excluded)
+
+
+def _nearest(values: list[Any], target: float) -> Any:
+    return min(values, key=lambda v: (abs(math.log(v / target)), v))
+
+
+def warm_start(space: SearchSpace) -> list[dict[str, Any]]:
+    """Configurations to measure right after the baseline: the changes that most often pay, in
+    one recipe and one at a time.
+
+    The sampler's first trials are random, and a small budget spent on random loader and thread
+    settings can miss what an engineer would try first. So the study starts with the common
+    recipe (lower-precision autocast, a larger batch, channels-last, a fused optimizer step),
+    then each of those changes alone and ``torch.compile``: the sampler learns from them like
+    from any trial. Only values the space offers are used; with speed not among the objectives
+    (a size-first preset), there is none.
+
+    Returns:
+        Whole configurations (the baseline's values elsewhere), each distinct and not the baseline.
+    """
+    if not {"throughput", "latency"} & set(space.objectives):
+        return []
+    base, values = dict(space.baseline), space.values
+
+    def offered(name: str, preferred: tuple[Any, ...]) -> dict[str, Any]:
+        for value in preferred:
+            if value in values.get(name, ()) and value != base.get(name):
+                return {name: value}
+        return {}
+
+    amp = offered("amp_dtype", ("bfloat16", "float16"))
+    larger = [b for b in values.get("batch_size", ()) if b > base["batch_size"]]
+    batch2 = {"batch_size": _nearest(larger, 2 * base["batch_size"])} if larger else {}
+    batch8 = {"batch_size": _nearest(larger, 8 * base["batch_size"])} if larger else {}
+    layout = offered("channels_last", (True,))
+    fused = offered("optimizer_impl", ("fused",))
+    compiled = offered("compile_mode", ("default",))
+    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, compiled]
+    configs: list[dict[str, Any]] = []
+    keys = {Config(base).key()}
+    for changes in candidates:
+        config = {**base, **changes}
+        key = Config(config).key()
+        if changes and key not in keys:
+            keys.add(key)
+            configs.append(config)
+    return configs
+
+
+def first_params(space: SearchSpace) -> list[dict[str, Any]]:
+    """The searched parameters of the baseline and of :func:`warm_start`'s configurations, in
+    the order a study measures them (for ``study.enqueue_trial``)."""
+    return [
+        {n: c[n] for n in space.searched if REGISTRY[n].applies(c)} for c in (dict(space.baseline), *warm_start(space))
+    ]

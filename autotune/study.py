@@ -39,7 +39,7 @@ from .config import Config
 from .errors import ConfigError, TrialError
 from .knobs import REGISTRY
 from .runner import Runner
-from .space import SearchSpace
+from .space import SearchSpace, first_params
 
 __all__ = ["make_sampler", "open_study", "run_trials", "trial_record"]
 
@@ -323,8 +323,11 @@ def run_trials(
             time.sleep(_POLL_S)
             continue
         if view.needs_baseline:
-            params = {n: space.baseline[n] for n in space.searched if REGISTRY[n].applies(space.baseline)}
-            study.enqueue_trial(params, user_attrs={"baseline": True})
+            baseline, *warm = first_params(space)
+            study.enqueue_trial(baseline, user_attrs={"baseline": True})
+            if not view.n_measured:  # a fresh study: the usual first changes next, within the budget
+                for params in warm[: max(0, n_trials - 1)]:
+                    study.enqueue_trial(params, skip_if_exists=True)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = study.ask()

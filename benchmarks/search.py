@@ -4,9 +4,11 @@
    x torch.compile, about 48) measured once by the tuner's own worker. The measurements are
    cached as JSON in the out dir and reused by the next run on the same hardware and software.
 2. Replay: the tuner's loop (as ``autotune.study.run_trials`` runs it for one worker: the
-   baseline enqueued first, repeats answered from earlier trials, the guard as a constraint) on
+   baseline enqueued first, then the warm start of ``autotune.space.warm_start``, repeats
+   answered from earlier trials, the guard as a constraint) on
    an in-memory study whose objective looks the cached value up, with the tuner's seeded TPE
-   sampler (``autotune.study.make_sampler``) for many seeds, and with Optuna's RandomSampler.
+   sampler (``autotune.study.make_sampler``) for many seeds, and with Optuna's RandomSampler
+   (the baseline first, no warm start).
 3. Report how many measured trials each needs to reach 95% and 99% of the enumerated optimum.
 """
 
@@ -79,7 +81,7 @@ def enumerate_space(name: str, cfg: dict, out: Path, space: dict, measure: dict)
     return {**doc, "search_space": search_space, "cached": False}
 
 
-def replay(results: dict[str, dict], search_space: Any, sampler: Any, max_drop: float) -> dict:
+def replay(results: dict[str, dict], search_space: Any, sampler: Any, max_drop: float, warm: bool) -> dict:
     """Measured trials the tuner's loop needs to reach each fraction of the optimum (None: never).
 
     The loop of ``autotune.study.run_trials`` for one worker, on an in-memory study: the baseline
@@ -89,13 +91,14 @@ def replay(results: dict[str, dict], search_space: Any, sampler: Any, max_drop: 
     import optuna
 
     from autotune.config import Config
-    from autotune.knobs import REGISTRY
+    from autotune.space import first_params
     from autotune.study import _MAX_REPEATS, _suggest, _tell
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=sampler)
-    baseline = search_space.baseline
-    study.enqueue_trial({n: baseline[n] for n in search_space.searched if REGISTRY[n].applies(baseline)})
+    # The baseline first; the tuner then measures its warm start (random search does not).
+    for params in first_params(search_space)[: None if warm else 1]:
+        study.enqueue_trial(params, skip_if_exists=True)
     feasible = [r["samples_per_s"] for r in results.values() if r["status"] == "ok" and r["metric_drop"] <= max_drop]
     optimum, best, seen, reached, repeats = max(feasible), 0.0, set(), {}, 0
     while len(reached) < len(FRACTIONS) and len(seen) < len(results) and repeats < _MAX_REPEATS:
@@ -131,7 +134,7 @@ def efficiency(name: str, cfg: dict, out: Path, *, space: dict, measure: dict, n
     started = time.perf_counter()
     samplers = {"tpe": make_sampler, "random": lambda seed: optuna.samplers.RandomSampler(seed=seed)}
     runs = {
-        name: [replay(results, search_space, new(seed), max_drop) for seed in range(n_seeds)]
+        name: [replay(results, search_space, new(seed), max_drop, warm=name == "tpe") for seed in range(n_seeds)]
         for name, new in samplers.items()
     }
     replay_s = time.perf_counter() - started

@@ -1,6 +1,9 @@
+import json
+
 import pytest
 import torch
 
+import autotune
 from autotune.data import describe
 from autotune.errors import ConfigError
 from autotune.knobs import SpaceContext
@@ -40,3 +43,20 @@ def test_a_toml_file_is_a_space(tmp_path, ctx):
     path.write_text("[knobs\n")
     with pytest.raises(ConfigError, match="not valid TOML"):
         load_preset(path)
+
+
+def test_warm_start_tries_the_usual_recipe_then_each_change_alone(cpu_env):
+    from autotune.space import warm_start
+    from tests.models import TinyCNN, image_data
+
+    _, _, space = autotune.plan(TinyCNN(), image_data(n=512), space="cpu", device="cpu")
+    configs = warm_start(space)
+    base = space.baseline
+    changes = [{k: v for k, v in c.items() if base[k] != v} for c in configs]
+    low = {"amp_dtype": "bfloat16"} if cpu_env.bf16 else {}
+    assert changes[0] == {**low, "batch_size": 64, "channels_last": True}  # the recipe, all at once
+    assert {"batch_size": 64} in changes and {"compile_mode": "default"} in changes  # and one at a time
+    assert all(c and all(space.values[k] and v in space.values[k] for k, v in c.items()) for c in changes)
+    assert len({json.dumps(c, sort_keys=True) for c in changes}) == len(changes)
+    _, _, small = autotune.plan(TinyCNN(), image_data(n=512), space="shrink", device="cpu", objectives="size")
+    assert warm_start(small) == []  # size alone: no speed recipe
