@@ -53,7 +53,7 @@ SUITES: dict[str, dict[str, Any]] = {
         "n_repeats": 10,
         "quality_measure": None,
         "train_workloads": ("digits", "lstm"),
-        "n_train_trials": 8,
+        "n_train_trials": 16,
     },
     "cpu-smoke": {
         "workloads": ("digits",),

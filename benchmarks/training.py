@@ -3,7 +3,8 @@ expert's hand-written training recipe, measured interleaved by one trial worker.
 
 For one workload (a dict as a cfg.py defines, with ``loss_fn``):
 
-1. ``autotune.optimize(mode="train")`` with a fixed budget: the tuner's winner.
+1. ``autotune.optimize(mode="train")`` with a fixed budget, from freshly initialised weights:
+   the tuner's winner.
 2. A fresh training worker, started with the spec ``optimize`` sends, runs the expert recipe as
    an ordinary training trial (the loss-curve guard included); a rejected recipe falls back to
    the next one, and the table says why.
@@ -14,6 +15,7 @@ For one workload (a dict as a cfg.py defines, with ``loss_fn``):
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from pathlib import Path
@@ -39,6 +41,19 @@ def expert_recipes(env: Any, image_input: bool) -> list[tuple[str, dict[str, Any
     return [(label, recipe), ("fused AdamW", {"optimizer_impl": "fused"})]
 
 
+def from_scratch(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` with freshly initialised weights (seeded): the benchmark workloads come
+    trained for inference, and a training benchmark starts where training starts."""
+    import copy
+
+    torch.manual_seed(0)
+    fresh = copy.deepcopy(model)
+    for module in fresh.modules():
+        if hasattr(module, "reset_parameters"):
+            module.reset_parameters()
+    return fresh.train()
+
+
 def compare_training(
     name: str,
     cfg: dict[str, Any],
@@ -54,6 +69,7 @@ def compare_training(
     import autotune
 
     started = time.perf_counter()
+    cfg = {**cfg, "model": functools.partial(from_scratch, cfg["model"])}
     result = autotune.optimize(
         cfg["model"],
         cfg.get("train_dataset") or cfg["dataset"],
