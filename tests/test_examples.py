@@ -115,3 +115,16 @@ def test_deploy_example_serves_every_artifact(tmp_path):
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     for server in ("onnxruntime", "torch.jit", "autotune.load"):
         assert f"{server}: top-1 agreement with the original model 1.000" in done.stdout
+
+
+def test_train_digits_cli(tmp_path: Path) -> None:
+    out = _run_cfg("train_digits.py", tmp_path)
+    result = json.loads((out / "best_config.json").read_text())
+    assert result["mode"] == "train" and result["train"]["effective_batch_size"] == 64
+    assert result["guard"] == {"metric": "loss_curve", "loss_tolerance": 0.05}
+    with open(out / "trials.csv", newline="") as f:
+        rows = [r for r in csv.DictReader(f) if not r["repeat_of"]]
+    assert len(rows) == N_TRIALS and rows[0]["baseline"] == "True" and rows[0]["status"] == "ok"
+    for row in rows:
+        assert int(row["accumulation_steps"]) * int(row["batch_size"]) == 64
+        assert float(row["loss_final"]) < float(row["loss_first"])  # every trial learned
