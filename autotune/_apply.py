@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import Config
-from .errors import ConfigError
+from .errors import ConfigError, TrialError
 
 __all__ = ["apply", "dataloader", "training"]
 
@@ -178,15 +178,18 @@ def training(
     cfg = _read_config(config)
     if effective_batch_size is None:
         effective_batch_size = _effective_from(config)
-    setup = prepare(
-        model,
-        cfg,
-        resolve_device(device),
-        optimizer_factory(optimizer),
-        dataset,
-        effective_batch_size=effective_batch_size,
-        shuffle=shuffle,
-    )
+    try:
+        setup = prepare(
+            model,
+            cfg,
+            resolve_device(device),
+            optimizer_factory(optimizer),
+            dataset,
+            effective_batch_size=effective_batch_size,
+            shuffle=shuffle,
+        )
+    except TrialError as exc:  # a config that cannot run here is the caller's input, not a trial's fault
+        raise ConfigError(f"This config cannot train here: {exc}.") from None
     if setup.loader.pin_memory and not torch.cuda.is_available():
         setup.loader.pin_memory = False
     apply_settings(setup.settings)

@@ -315,7 +315,18 @@ def optimize(
     device, devices = check_devices(device, devices, isolation)
     train = mode == "train"
     if train:
-        check_training(loss_fn, optimizer, test_dataset, export, loss_tolerance, n_train_steps)
+        check_training(
+            loss_fn,
+            optimizer,
+            test_dataset,
+            export,
+            loss_tolerance,
+            n_train_steps,
+            train_dataset,
+            effective_batch_size,
+            allow_batch_change,
+            baseline_batch_size,
+        )
     export = _check_export(export if export is not None else (() if train else ("onnx", "torchscript")))
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
@@ -340,6 +351,10 @@ def optimize(
     if train and "size" in objectives:
         raise ConfigError(
             "Training mode does not change the model's size: objectives may be throughput, latency, memory or metric."
+        )
+    if train and "metric" in objectives and metric is None:
+        raise ConfigError(
+            "The `metric` objective needs a `metric` function; without one, training mode judges the loss."
         )
     if train:
         effective_batch_size = check_effective(effective_batch_size, allow_batch_change, baseline_batch_size, data)

@@ -52,7 +52,12 @@ def check_devices(device: str, devices: Sequence[Any] | str | None, isolation: s
     """
     if devices is None:
         return device, None
-    items = devices.split(",") if isinstance(devices, str) else list(devices)
+    if isinstance(devices, (int, str)) and not isinstance(devices, bool):
+        items = str(devices).split(",")
+    elif isinstance(devices, (list, tuple)):
+        items = list(devices)
+    else:
+        raise ConfigError(f"`devices` must be a list such as [0, 1] or a string such as '0,1', but got {devices!r}.")
     normalized = [_normalize(d) for d in items if not (isinstance(d, str) and not d.strip())]
     if not normalized:
         raise ConfigError("`devices` must list at least one device, e.g. [0, 1] (CLI: --devices 0,1) or 'cpu,cpu'.")

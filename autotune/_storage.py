@@ -56,7 +56,8 @@ def redact(url: str) -> str:
         >>> redact("postgresql://tuner:secret@db:5432/studies")
         'postgresql://tuner:***@db:5432/studies'
     """
-    return re.sub(r"(://[^:/@]+:)[^@/]*@", r"\1***@", url)
+    url = re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)  # a password may hold '/'
+    return re.sub(r"([?&]password=)[^&]*", r"\1***", url)
 
 
 def check_heartbeat(heartbeat_interval_s: Any, grace_period_s: Any) -> tuple[int, int]:

@@ -255,7 +255,16 @@ def prepare(
 
 
 def check_training(
-    loss_fn: Any, optimizer: Any, test_dataset: Any, export: Any, loss_tolerance: Any, n_train_steps: Any
+    loss_fn: Any,
+    optimizer: Any,
+    test_dataset: Any,
+    export: Any,
+    loss_tolerance: Any,
+    n_train_steps: Any,
+    train_dataset: Any = None,
+    effective: Any = None,
+    allow_change: bool = False,
+    baseline_batch_size: int = 32,
 ) -> None:
     """Check ``optimize``'s training-mode options before anything runs.
 
@@ -267,6 +276,20 @@ def check_training(
     optimizer_factory(optimizer)
     if test_dataset is not None:
         raise ConfigError("`test_dataset` is scored in inference mode only; in training mode pass `metric` instead.")
+    if train_dataset is not None:
+        raise ConfigError(
+            "In training mode `dataset` is what the steps train on; pass it as `dataset`, not `train_dataset`."
+        )
+    if allow_change and effective is not None:
+        raise ConfigError("Give either `effective_batch_size` or `allow_batch_change=True`, not both.")
+    if effective is not None and (isinstance(effective, bool) or not isinstance(effective, int) or effective < 1):
+        raise ConfigError(f"`effective_batch_size` must be a positive integer, but got {effective!r}.")
+    if not allow_change and effective is not None and effective % baseline_batch_size:
+        raise ConfigError(
+            f"`effective_batch_size` {effective} is not a multiple of the baseline's micro-batch "
+            f"(baseline_batch_size={baseline_batch_size}); pass the batch size your loop uses now as "
+            "baseline_batch_size, one that divides the effective batch."
+        )
     if export:
         raise ConfigError("Training mode exports nothing: it tunes the training step. Leave `export` unset.")
     if isinstance(loss_tolerance, bool) or not isinstance(loss_tolerance, (int, float)) or not 0 < loss_tolerance < 1:
@@ -278,12 +301,8 @@ def check_training(
 def check_effective(effective: Any, allow_change: bool, baseline_batch_size: int, data: Any) -> int | None:
     """The effective batch size of a training study (``None``: it follows the micro-batch)."""
     if allow_change:
-        if effective is not None:
-            raise ConfigError("Give either `effective_batch_size` or `allow_batch_change=True`, not both.")
         return None
     effective = baseline_batch_size if effective is None else effective
-    if isinstance(effective, bool) or not isinstance(effective, int) or effective < 1:
-        raise ConfigError(f"`effective_batch_size` must be a positive integer, but got {effective!r}.")
     if effective > data.n_samples:
         raise ConfigError(
             f"`effective_batch_size` {effective} is larger than the dataset ({data.n_samples} samples); lower it."

@@ -270,9 +270,11 @@ class TrainContext:
     def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> dict[str, Any]:
         """Training throughput of the baseline and each finalist, in turn, ``n_rounds`` times;
         each is warmed up (and compiled) before the first round."""
+        # Every setup first: building a compiled one resets dynamo, which would throw away the
+        # compiled code of those already warmed up and move their compilation into a timed round.
+        setups = [self.setup(config) for config in (baseline, *finalists)]
         runs = []
-        for config in (baseline, *finalists):
-            setup = self.setup(config)
+        for setup in setups:
             with settings_active(setup.settings):
                 batches = iter(setup.loader)
                 for _ in range(self.spec.measure.warmup_batches):

@@ -312,7 +312,9 @@ class Env:
                 cpu_capability=cpu_capability,
                 compiler=compiler,
                 versions=versions,
-                gpu_count=torch.cuda.device_count(),
+                # The machine's GPUs, not this process's view: one worker per GPU (CUDA_VISIBLE_DEVICES)
+                # and one process with all of them are the same hardware.
+                gpu_count=max(nvidia_driver()["n_gpus"], torch.cuda.device_count()),
                 gpu_driver=nvidia_driver()["version"],
             )
         # bf16 autocast runs on any CPU, but is only worth trying where oneDNN has native

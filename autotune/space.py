@@ -240,7 +240,7 @@ def warm_start(space: SearchSpace) -> list[dict[str, Any]]:
     layout = offered("channels_last", (True,))
     fused = offered("optimizer_impl", ("fused",))
     compiled = offered("compile_mode", ("default",))
-    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, compiled]
+    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, compiled, layout, fused]
     configs: list[dict[str, Any]] = []
     keys = {Config(base).key()}
     for changes in candidates:

@@ -179,8 +179,8 @@ class _View:
             raise TrialError(
                 attrs.get("kind") or attrs["status"],
                 f"The baseline (the model as given) failed in trial {base.number}, so nothing can be compared "
-                f"with it: {attrs['status']}: {attrs.get('reason')}. Fix the model, or raise trial_timeout if "
-                "it is just slow.",
+                f"with it: {attrs['status']}: {attrs.get('reason')}. Fix the model (or raise trial_timeout if "
+                "it is just slow) and start a new study: another --study name or --out directory.",
             )
 
 
@@ -324,7 +324,7 @@ def run_trials(
             continue
         if view.needs_baseline:
             baseline, *warm = first_params(space)
-            study.enqueue_trial(baseline, user_attrs={"baseline": True})
+            study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
             if not view.n_measured:  # a fresh study: the usual first changes next, within the budget
                 for params in warm[: max(0, n_trials - 1)]:
                     study.enqueue_trial(params, skip_if_exists=True)

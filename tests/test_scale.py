@@ -197,6 +197,8 @@ def test_device_lists_that_cannot_work_are_refused():
         autotune.optimize(None, [], devices="gpu0")
     with pytest.raises(autotune.ConfigError, match="one worker process each"):
         autotune.optimize(None, [], devices="cpu,cpu", isolation="inprocess")
+    with pytest.raises(autotune.ConfigError, match="must be a list"):
+        autotune.optimize(None, [], devices={0, 1})
 
 
 def test_storage_errors_say_where_and_how_to_fix():
@@ -207,6 +209,8 @@ def test_storage_errors_say_where_and_how_to_fix():
     with pytest.raises(autotune.ConfigError, match=r"pip install|driver"):
         open_storage("postgresql+pg8000://tuner@db/studies")
     assert redact("postgresql://tuner:secret@db/studies") == "postgresql://tuner:***@db/studies"
+    assert redact("postgresql://tuner:pa/ss@db/studies") == "postgresql://tuner:***@db/studies"
+    assert redact("postgresql://db/studies?user=t&password=s3") == "postgresql://db/studies?user=t&password=***"
     with pytest.raises(autotune.ConfigError, match="grace_period_s"):
         open_storage("sqlite://", heartbeat_interval_s=10, grace_period_s=5)
 

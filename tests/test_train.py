@@ -248,8 +248,12 @@ def test_training_pieces_run_a_user_loop(tmp_path):
         ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD(MLP().parameters(), lr=0.1)}, "instance"),
         ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "export": ("onnx",)}, "exports nothing"),
         ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "objectives": ("size",)}, "size"),
-        ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "effective_batch_size": 10_000}, "larger than"),
+        ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "effective_batch_size": 12_800}, "larger than"),
         ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "loss_tolerance": 2}, "loss_tolerance"),
+        ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "effective_batch_size": "64"}, "positive integer"),
+        ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "effective_batch_size": 48}, "not a multiple"),
+        ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "objectives": ("metric",)}, "needs a `metric`"),
+        ({"loss_fn": _cross_entropy, "optimizer": torch.optim.SGD, "train_dataset": [0]}, "not `train_dataset`"),
     ],
 )
 def test_training_options_are_checked_before_anything_runs(tmp_path, options, message):
