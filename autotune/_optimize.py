@@ -135,11 +135,13 @@ def plan(
     loss_fn: Any = None,
     mode: str = "inference",
     effective_batch_size: int | None = None,
+    allow_batch_change: bool = False,
 ) -> tuple[Any, Any, Any]:
     """Check the inputs and resolve the search space without measuring anything.
 
-    In training mode (``mode="train"``) with a fixed ``effective_batch_size``, batch sizes are
-    micro-batches that divide it, and inference-only knobs (compression, runtimes) stay off.
+    In training mode (``mode="train"``) inference-only knobs (compression, runtimes) stay off,
+    and batch sizes are micro-batches that divide the effective batch (``effective_batch_size``,
+    default ``baseline_batch_size``) unless ``allow_batch_change``, as in :func:`optimize`.
 
     Returns:
         ``(env, data_info, search_space)``; ``search_space.excluded`` says why each value left
@@ -167,7 +169,9 @@ def plan(
         objectives=tuple(objectives),
         has_loss_fn=loss_fn is not None,
         mode=mode,
-        effective_batch_size=effective_batch_size,
+        effective_batch_size=None
+        if mode != "train" or allow_batch_change
+        else (effective_batch_size or baseline_batch_size),
     )
     resolved = resolve_space(space, ctx, fix)
     resolved.objectives = objectives
@@ -345,7 +349,8 @@ def optimize(
         objectives=objectives,
         loss_fn=loss_fn,
         mode=mode,
-        effective_batch_size=None if not train or allow_batch_change else (effective_batch_size or baseline_batch_size),
+        effective_batch_size=effective_batch_size,
+        allow_batch_change=allow_batch_change,
     )
     objectives = search_space.objectives
     if train and "size" in objectives:

@@ -274,9 +274,8 @@ def _run(args: argparse.Namespace, console: Any) -> int:
             objectives=options.get("objectives"),
             loss_fn=options.get("loss_fn"),
             mode=options.get("mode", "inference"),
-            effective_batch_size=None
-            if options.get("mode") != "train" or options.get("allow_batch_change")
-            else options.get("effective_batch_size") or options.get("baseline_batch_size", 32),
+            effective_batch_size=options.get("effective_batch_size"),
+            allow_batch_change=options.get("allow_batch_change", False),
         )
         _print_space(console, env, data, space)
         return 0

@@ -262,10 +262,13 @@ def test_training_options_are_checked_before_anything_runs(tmp_path, options, me
 
 
 def test_training_space_keeps_inference_knobs_off_and_micro_batches_dividing(cpu_env):
-    _, _, space = autotune.plan(MLP(), classification_data(n=256), mode="train", effective_batch_size=32)
+    # The effective batch defaults to the baseline batch (32), as in optimize.
+    _, _, space = autotune.plan(MLP(), classification_data(n=256), mode="train")
     assert sorted(space.values["batch_size"]) == [8, 16, 32]
     assert "does not divide the effective batch size 32" in space.excluded["batch_size"]["64"]
     assert space.values["optimizer_impl"] == ["default", "foreach", "fused"]
+    _, _, free = autotune.plan(MLP(), classification_data(n=256), mode="train", allow_batch_change=True)
+    assert 64 in free.values["batch_size"]
     _, _, shrink = autotune.plan(MLP(), classification_data(n=256), mode="train", space={"base": "shrink"})
     assert shrink.values["quantization"] == ["none"]
     assert "only used in inference mode" in shrink.excluded["quantization"]["int8_dynamic"]
