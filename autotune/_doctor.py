@@ -223,7 +223,24 @@ def _cpu_env() -> dict[str, Any]:
         "memory_bytes": manifest["device_mem_bytes"],
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
         "load_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
+        "others_cpu": _others_cpu(),
     }
+
+
+def _others_cpu(seconds: float = 1.0) -> float | None:
+    """Share of the machine's CPU (0-1) that other processes use now, sampled for ``seconds``:
+    the same figure the trials' noise check uses (:class:`autotune.measure.Interference`)."""
+    import time
+
+    from .measure import Interference
+
+    try:
+        probe = Interference()
+        probe.start()
+        time.sleep(seconds)
+        return probe.stop()
+    except Exception:  # no /proc/stat, say: the load average still speaks
+        return None
 
 
 def _gpu_facts() -> list[dict[str, Any]]:

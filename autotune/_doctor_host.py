@@ -104,19 +104,25 @@ def _cpu_int8(c: dict[str, Any]) -> Check:
 
 
 def _load(c: dict[str, Any]) -> Check:
-    load, usable = c.get("load_1m"), _usable_cores(c)
-    if load is None:
+    from .measure import MeasureSettings
+
+    load, usable, others = c.get("load_1m"), _usable_cores(c), c.get("others_cpu")
+    limit = MeasureSettings().max_others_cpu
+    if load is None and others is None:
         return Check("cpu", "load", "info", "the load average is not available on this system")
-    if load >= max(1.0, 0.5 * usable):
+    now = f"other processes use {others:.0%} of the CPU now" if others is not None else ""
+    avg = f"1-minute load average {load:.2f} on {usable:g} usable cores" if load is not None else ""
+    detail = "; ".join(p for p in (now, avg) if p)
+    if (others is not None and others > limit) or (load is not None and load >= max(1.0, 0.5 * usable)):
         return Check(
             "cpu",
             "load",
             "warn",
-            f"1-minute load average {load:.2f} on {usable:g} usable cores: other processes compete for the CPU, "
-            "so timings are noisy",
+            f"{detail}: they compete with the trials, so timings are noisy (a trial counts as noisy above "
+            f"{limit:.0%}, and no speedup is claimed from rounds that ran beside them)",
             "tune on an otherwise idle machine, and compare only results measured under the same load",
         )
-    return Check("cpu", "load", "ok", f"1-minute load average {load:.2f} on {usable:g} usable cores")
+    return Check("cpu", "load", "ok", detail)
 
 
 # --- ONNX Runtime ------------------------------------------------------------------------------

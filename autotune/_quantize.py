@@ -207,7 +207,13 @@ class WithoutFastPath(nn.Module):
 def _torchao_(model: nn.Module, method: str) -> tuple[nn.Module, str, int]:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
-    config = Int8DynamicActivationInt8WeightConfig() if method == "int8_dynamic" else Int8WeightOnlyConfig()
+    # set_inductor_config=False: torchao would otherwise tune inductor process-wide, changing how
+    # every later candidate (the baseline included) compiles.
+    config = (
+        Int8DynamicActivationInt8WeightConfig(set_inductor_config=False)
+        if method == "int8_dynamic"
+        else Int8WeightOnlyConfig(set_inductor_config=False)
+    )
     with _library_errors(f"torchao quantize_({type(config).__name__})"):
         quantize_(model, config)
     # A quantized weight is a torchao tensor subclass; an untouched one is a plain Parameter.

@@ -22,7 +22,17 @@ import torch
 from ._train import FixedOrder, TrainingSetup, optimizer_factory, prepare
 from .build import settings_active, unwrap
 from .errors import InputError, TrialError
-from .measure import MeasureSettings, _peak_mib, _reset_peak, _sync, call_model, size_bytes, window_stats
+from .measure import (
+    Interference,
+    MeasureSettings,
+    _peak_mib,
+    _sync,
+    call_model,
+    memory_mark,
+    noise_reason,
+    size_bytes,
+    window_stats,
+)
 
 __all__ = ["TrainContext"]
 
@@ -90,10 +100,13 @@ def time_steps(setup: TrainingSetup, batches: Iterator[Any], loss_fn: Any, setti
     use_events = device.type == "cuda"
     windows: list[float] = []
     latencies: list[float] = []
+    others: list[float] = []
+    probe = Interference()
     timed_start = time.perf_counter()
     loss = None
     for _ in range(settings.n_windows):
         n_samples, events = 0, []
+        probe.start()
         w_start = time.perf_counter()
         while True:
             if use_events:
@@ -111,11 +124,14 @@ def time_steps(setup: TrainingSetup, batches: Iterator[Any], loss_fn: Any, setti
                 break
         _sync(device)
         windows.append(n_samples / (time.perf_counter() - w_start))
+        others.append(probe.stop())
         latencies += [b.elapsed_time(e) for b, e in events]
     if loss is not None and not math.isfinite(loss.item()):
         raise TrialError("nan", "the training loss became NaN/inf during the timed steps")
     return {
         **window_stats(windows, latencies),
+        "others_cpu": sum(others) / len(others),
+        "others_cpu_max": max(others),
         "timed_s": time.perf_counter() - timed_start,
         "n_windows": settings.n_windows,
     }
@@ -151,8 +167,10 @@ class TrainContext:
     baseline's loss curve (and metric) from those weights."""
 
     def __init__(self, spec: Any) -> None:
+        from ._pristine import snapshot
         from ._worker import instantiate_model
 
+        self.pristine = snapshot()  # stock PyTorch, restored before every setup and measurement
         self.spec = spec
         torch.manual_seed(spec.seed)
         self.model = instantiate_model(spec)
@@ -193,6 +211,9 @@ class TrainContext:
             return self.spec.model()
 
     def setup(self, config: Mapping[str, Any]) -> TrainingSetup:
+        from ._pristine import restore
+
+        restore(self.pristine)
         if config.get("compile_mode", "none") != "none":
             torch._dynamo.reset()
         spec = self.spec
@@ -223,7 +244,7 @@ class TrainContext:
         result: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
         try:
             device = torch.device(self.spec.device)
-            _reset_peak(device)
+            mark = memory_mark(device)
             run = self._guard_run(config)
             setup = run.setup
             result.update(
@@ -237,7 +258,17 @@ class TrainContext:
             check_curve(run)
             with settings_active(setup.settings):
                 result.update(time_steps(setup, run.batches, self.spec.loss_fn, self.spec.measure))
-            result["peak_mem_mib"] = _peak_mib(device)
+            # Training continues from where it is, so a noisy measurement is timed again on the next steps.
+            for _ in range(self.spec.measure.n_remeasure):
+                if noise_reason(result, self.spec.measure) is None:
+                    break
+                with settings_active(setup.settings):
+                    again = time_steps(setup, run.batches, self.spec.loss_fn, self.spec.measure)
+                if again["cov"] + again["others_cpu"] < result["cov"] + result["others_cpu"]:
+                    result.update(again)
+            result["noise"] = noise_reason(result, self.spec.measure)
+            result["noisy"] = result["noise"] is not None
+            result["peak_mem_mib"] = max(0.0, _peak_mib(device) - mark)
             result["n_params"] = self.info["n_params"]
             result["size_bytes"], result["size_bytes_compressed"] = size_bytes(setup.model)
             self._judge(run, result)
@@ -267,24 +298,47 @@ class TrainContext:
                 ),
             )
 
-    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> dict[str, Any]:
-        """Training throughput of the baseline and each finalist, in turn, ``n_rounds`` times;
-        each is warmed up (and compiled) before the first round."""
+    def rounds(
+        self,
+        configs: list[dict[str, Any]],
+        n_min: int,
+        n_max: int,
+        target: float | None = None,
+        max_s: float | None = None,
+        diagnose: bool = False,
+    ) -> dict[str, Any]:
+        """Training throughput of ``configs`` in interleaved rounds whose order alternates, as
+        :meth:`autotune._worker.TrialContext.rounds` (no diagnosis in training mode); each is
+        warmed up (and compiled) before the first round."""
+        from ._claim import half_width
+        from ._pristine import restore
+
         # Every setup first: building a compiled one resets dynamo, which would throw away the
         # compiled code of those already warmed up and move their compilation into a timed round.
-        setups = [self.setup(config) for config in (baseline, *finalists)]
+        setups = [self.setup(config) for config in configs]
         runs = []
         for setup in setups:
+            restore(self.pristine)
             with settings_active(setup.settings):
                 batches = iter(setup.loader)
                 for _ in range(self.spec.measure.warmup_batches):
                     setup.step(batches, self.spec.loss_fn)
             runs.append((setup, batches))
-        rounds = []
-        for _ in range(n_rounds):
-            row = []
-            for setup, batches in runs:
+        started = time.perf_counter()
+        rounds: list[list[dict[str, Any]]] = []
+        for r in range(n_max):
+            row: list[dict[str, Any]] = [{} for _ in runs]
+            for i in range(len(runs)) if r % 2 == 0 else reversed(range(len(runs))):
+                setup, batches = runs[i]
+                restore(self.pristine)
                 with settings_active(setup.settings):
-                    row.append(time_steps(setup, batches, self.spec.loss_fn, self.spec.measure)["samples_per_s"])
+                    m = time_steps(setup, batches, self.spec.loss_fn, self.spec.measure)
+                row[i] = {k: m[k] for k in ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov")}
+                row[i]["others_cpu"] = m.get("others_cpu", 0.0)
             rounds.append(row)
+            if target is None or len(runs) != 2 or r + 1 < n_min:
+                continue
+            ratios = [x[1]["samples_per_s"] / x[0]["samples_per_s"] for x in rounds]
+            if half_width(ratios) <= target or (max_s is not None and time.perf_counter() - started > max_s):
+                break
         return {"rounds": rounds}

@@ -209,28 +209,30 @@ def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False) -> 
 
 
 def apply_settings(settings: dict[str, Any]) -> None:
-    """Set the process-wide settings a configuration chose."""
+    """Set the process-wide settings a configuration chose, on top of PyTorch's defaults.
+
+    ``tf32=False`` leaves PyTorch's defaults alone (float32 matmuls in full precision, cuDNN
+    convolutions allowed TF32, as stock PyTorch has them): the baseline is never slower than
+    stock PyTorch. ``tf32=True`` turns TF32 on for matmuls and convolutions.
+    """
     if settings.get("num_threads"):
         torch.set_num_threads(settings["num_threads"])
     if "cudnn_benchmark" in settings:
         torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
-    if "tf32" in settings:
-        torch.set_float32_matmul_precision("high" if settings["tf32"] else "highest")
-        torch.backends.cudnn.allow_tf32 = settings["tf32"]
+    if settings.get("tf32"):
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
 
 
 @contextlib.contextmanager
 def settings_active(settings: dict[str, Any]) -> Iterator[None]:
-    """Activate process-wide settings for the duration of the block, then restore them."""
-    saved = {
-        "num_threads": torch.get_num_threads(),
-        "cudnn_benchmark": torch.backends.cudnn.benchmark,
-        "tf32": torch.get_float32_matmul_precision() != "highest",
-    }
-    saved_cudnn_tf32 = torch.backends.cudnn.allow_tf32
+    """Activate process-wide settings for the duration of the block, then restore every
+    process-wide setting (see :mod:`autotune._pristine`) as it was before the block."""
+    from ._pristine import restore, snapshot
+
+    saved = snapshot()
     try:
         apply_settings(settings)
         yield
     finally:
-        apply_settings(saved)
-        torch.backends.cudnn.allow_tf32 = saved_cudnn_tf32
+        restore(saved)

@@ -20,7 +20,17 @@ import torch
 from .build import BuildState, make_loader, settings_active, unwrap
 from .data import model_inputs, to_device
 
-__all__ = ["MeasureSettings", "measure", "call_model", "size_bytes", "window_stats"]
+__all__ = [
+    "Interference",
+    "MeasureSettings",
+    "gpu_others",
+    "call_model",
+    "measure",
+    "memory_mark",
+    "noise_reason",
+    "size_bytes",
+    "window_stats",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +41,20 @@ class MeasureSettings:
         n_windows: Timed windows per measurement; the median is reported.
         window_s: Minimum length of one window in seconds.
         warmup_batches: Batches run before timing starts (compilation happens here).
+
+        max_cov: Largest coefficient of variation of the windows of a clean measurement.
+        max_others_cpu: Largest share of the machine's CPU time (0-1) that other processes may
+            use during the windows of a clean measurement.
+        n_remeasure: Extra measurements of a trial whose first one was noisy (by the two
+            limits above), before it is kept and marked ``noisy``.
     """
 
     n_windows: int = 5
     window_s: float = 0.4
     warmup_batches: int = 3
+    max_cov: float = 0.05
+    max_others_cpu: float = 0.10
+    n_remeasure: int = 2
 
 
 def call_model(model: Any, batch: Any) -> Any:
@@ -56,15 +75,42 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _reset_peak(device: torch.device) -> None:
+def _rss_mib() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def memory_mark(device: str | torch.device) -> float:
+    """Start a trial's memory account and return its reference in MiB.
+
+    CUDA: what earlier trials left in the allocator's cache is freed and the peak counter reset,
+    so the peak is this trial's alone (the reference is 0). CPU: the process's peak resident
+    set is reset to the current one, which is the reference: the trial's peak is reported as
+    its increase over it, not as the long-lived worker's high-water mark.
+    """
+    import gc
+
+    device = torch.device(device)
+    gc.collect()
     if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        return
-    try:  # Linux: writing 5 resets this process's peak resident set size (VmHWM).
+        return 0.0
+    try:  # Linux: writing 5 resets this process's peak resident set size (VmHWM) to the current one.
         with open("/proc/self/clear_refs", "w") as f:
             f.write("5")
     except OSError:
         pass
+    return _rss_mib()
 
 
 def _peak_mib(device: torch.device) -> float:
@@ -80,6 +126,90 @@ def _peak_mib(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Interference:
+    """How much of the machine's CPU other processes used while a window ran.
+
+    Busy time of the whole machine (``/proc/stat``: user, nice, system, irq, softirq and steal,
+    the time a hypervisor gave to other guests) less the CPU time of this process and its
+    children (DataLoader workers), as a share of the machine's capacity over the window.
+    """
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._n_cpus = psutil.cpu_count() or 1
+        self._start: tuple[float, float, float] | None = None
+
+    def _busy(self) -> float:
+        t = self._psutil.cpu_times()
+        return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+    def _own(self) -> float:
+        total = 0.0
+        try:
+            t = self._me.cpu_times()
+            total = t.user + t.system + t.children_user + t.children_system
+            for child in self._me.children(recursive=True):
+                try:
+                    c = child.cpu_times()
+                    total += c.user + c.system
+                except self._psutil.Error:
+                    pass
+        except self._psutil.Error:
+            pass
+        return total
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), self._busy(), self._own())
+
+    def stop(self) -> float:
+        """Share of the machine's CPU capacity (0-1) that others used since :meth:`start`."""
+        if self._start is None:
+            return 0.0
+        wall = time.perf_counter() - self._start[0]
+        others = (self._busy() - self._start[1]) - (self._own() - self._start[2])
+        self._start = None
+        # /proc/stat counts in ticks (10 ms): short windows round; clamp to the possible range.
+        return min(1.0, max(0.0, others / max(wall * self._n_cpus, 1e-9)))
+
+
+def gpu_others(device: torch.device) -> int | None:
+    """How many other processes hold a context on ``device``'s GPU (they may be computing on
+    it), through NVML when the ``nvidia-ml-py`` package is installed; ``None`` when unknown."""
+    if device.type != "cuda":
+        return None
+    try:
+        import os
+
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        # NVML numbers the GPUs of the machine; CUDA_VISIBLE_DEVICES may renumber them for torch.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            index = int(visible.split(",")[index])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return sum(p.pid != os.getpid() for p in procs)
+    except Exception:  # no NVML, no permission, a MIG slice: unknown, not zero
+        return None
+
+
+def noise_reason(result: dict[str, Any], settings: MeasureSettings) -> str | None:
+    """Why a measurement is not clean (its windows disagree, or others used the CPU), or ``None``."""
+    reasons = []
+    if result.get("cov", 0.0) > settings.max_cov:
+        reasons.append(f"its windows disagree (CoV {result['cov']:.1%} > {settings.max_cov:.0%})")
+    if result.get("others_cpu", 0.0) > settings.max_others_cpu:
+        reasons.append(f"other processes used {result['others_cpu']:.0%} of the CPU (> {settings.max_others_cpu:.0%})")
+    if result.get("gpu_others"):
+        reasons.append(f"{result['gpu_others']} other process(es) used the GPU")
+    return "; ".join(reasons) or None
 
 
 def size_bytes(model: Any) -> tuple[int, int]:
@@ -107,13 +237,38 @@ def window_stats(windows: list[float], latencies: list[float]) -> dict[str, floa
     }
 
 
-def measure(state: BuildState, dataset: Any, settings: MeasureSettings = MeasureSettings()) -> dict[str, Any]:
+def measure(
+    state: BuildState,
+    dataset: Any,
+    settings: MeasureSettings = MeasureSettings(),
+    *,
+    mem_mark: float | None = None,
+) -> dict[str, Any]:
     """Time ``state`` end to end over ``dataset``.
+
+    Args:
+        state: The built configuration.
+        dataset: The samples its DataLoader reads.
+        settings: How long and how often to time.
+        mem_mark: The reference of :func:`memory_mark` taken at the trial's start; ``None``
+            takes one here, so the build's memory is not counted.
 
     Returns:
         ``samples_per_s`` (median window) with ``samples_per_s_min``/``_max`` and ``cov``;
         ``latency_ms_p50``/``_p95`` per batch (device time from the copy to the outputs);
-        ``peak_mem_mib``; ``compile_s`` (warm-up); ``timed_s``; ``n_windows``; ``batch_size``.
+        ``others_cpu`` (mean share of the machine's CPU other processes used during the
+        windows) and ``others_cpu_max``; ``peak_mem_mib`` (the trial's own: see
+        :func:`memory_mark`); ``compile_s`` (warm-up); ``timed_s``; ``n_windows``; ``batch_size``.
+
+    Example:
+        >>> import torch
+        >>> from autotune.build import build
+        >>> from autotune.config import Config
+        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> data = [torch.randn(8) for _ in range(16)]
+        >>> r = measure(state, data, MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
+        >>> r["samples_per_s"] > 0 and r["n_windows"] == 2
+        True
     """
     device = torch.device(state.device)
     # Every timed batch has the same shape: no recompilation inside a window.
@@ -123,7 +278,10 @@ def measure(state: BuildState, dataset: Any, settings: MeasureSettings = Measure
     use_events = device.type == "cuda"
     latencies: list[float] = []
     windows: list[float] = []
-    _reset_peak(device)
+    others: list[float] = []
+    probe = Interference()
+    mark = memory_mark(device) if mem_mark is None else mem_mark
+    sharing = gpu_others(device)
     try:
         with settings_active(state.settings), torch.inference_mode():
             start = time.perf_counter()
@@ -135,6 +293,7 @@ def measure(state: BuildState, dataset: Any, settings: MeasureSettings = Measure
             for _ in range(settings.n_windows):
                 events: list[tuple[Any, Any]] = []
                 n_samples = 0
+                probe.start()
                 w_start = time.perf_counter()
                 while True:
                     batch = next(batches)
@@ -153,6 +312,7 @@ def measure(state: BuildState, dataset: Any, settings: MeasureSettings = Measure
                         break
                 _sync(device)
                 windows.append(n_samples / (time.perf_counter() - w_start))
+                others.append(probe.stop())
                 latencies += [b.elapsed_time(e) for b, e in events]
             timed_s = time.perf_counter() - timed_start
     finally:
@@ -160,7 +320,10 @@ def measure(state: BuildState, dataset: Any, settings: MeasureSettings = Measure
         del loader
     return {
         **window_stats(windows, latencies),
-        "peak_mem_mib": _peak_mib(device),
+        "others_cpu": statistics.fmean(others),
+        "others_cpu_max": max(others),
+        "gpu_others": sharing,
+        "peak_mem_mib": max(0.0, _peak_mib(device) - mark),
         "compile_s": compile_s,
         "timed_s": timed_s,
         "n_windows": settings.n_windows,

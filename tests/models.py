@@ -197,3 +197,45 @@ class Quirky(MLP):
             raise torch.OutOfMemoryError(f"Tried to allocate {x.shape[0] * 1024} MiB (test)")
         out = super().forward(x)
         return -out if x.shape[0] == 32 else out
+
+
+class StateProbe(MLP):
+    """An MLP that records, at each forward, the batch size and the process-wide state it ran
+    under (threads, autocast, flush-denormal-sensitive math aside), in a class-level log that
+    survives the deep copies each build makes."""
+
+    log: list[dict] = []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import torch._inductor.config as inductor_config
+
+        StateProbe.log.append(
+            {
+                "batch": x.shape[0],
+                "threads": torch.get_num_threads(),
+                "autocast": torch.is_autocast_enabled("cpu"),
+                "inductor_freezing": inductor_config.freezing,
+                "mha_fastpath": torch.backends.mha.get_fastpath_enabled(),
+            }
+        )
+        return super().forward(x)
+
+
+class ReturnsNone(MLP):
+    """A forward that computes and returns nothing (a common bug: a missing ``return``)."""
+
+    def forward(self, x: torch.Tensor) -> None:
+        super().forward(x)
+
+
+class BigActivations(nn.Module):
+    """Allocates about ``mib`` MiB of activations per call: memory a trial must count as its own."""
+
+    def __init__(self, mib: int = 200) -> None:
+        super().__init__()
+        self.n = mib * 2**20 // 4
+        self.linear = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        big = torch.ones(self.n)  # touched, so it is resident
+        return self.linear(x) + big[:1]

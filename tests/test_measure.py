@@ -1,0 +1,105 @@
+"""The timing protocol: windows, the interference probe, per-trial memory and the noise verdict."""
+
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from autotune.build import build
+from autotune.config import Config
+from autotune.measure import Interference, MeasureSettings, measure, memory_mark, noise_reason
+from tests.models import MLP, BigActivations, classification_data
+
+FAST = MeasureSettings(n_windows=3, window_s=0.05, warmup_batches=1)
+
+
+def _hog() -> subprocess.Popen:
+    """A process that keeps one core busy for at most a minute."""
+    code = "import time\nend = time.time() + 60\nwhile time.time() < end:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def test_measure_times_the_requested_windows_over_the_real_loader():
+    state = build(MLP(), Config({"batch_size": 8}), "cpu")
+    result = measure(state, classification_data(64), FAST)
+    assert result["n_windows"] == 3 and result["batch_size"] == 8
+    assert result["samples_per_s_min"] <= result["samples_per_s"] <= result["samples_per_s_max"]
+    assert result["latency_ms_p50"] <= result["latency_ms_p95"]
+    # Each window lasts at least window_s: the timed span covers all of them.
+    assert result["timed_s"] >= FAST.n_windows * FAST.window_s
+    assert 0.0 <= result["others_cpu"] <= result["others_cpu_max"] <= 1.0
+
+
+def test_noise_reason_names_what_made_a_measurement_unclean():
+    settings = MeasureSettings(max_cov=0.05, max_others_cpu=0.10)
+    assert noise_reason({"cov": 0.01, "others_cpu": 0.02}, settings) is None
+    assert "windows disagree" in noise_reason({"cov": 0.2, "others_cpu": 0.0}, settings)
+    assert "other processes used 50%" in noise_reason({"cov": 0.0, "others_cpu": 0.5}, settings)
+
+
+def test_the_interference_probe_sees_another_process_and_not_its_own_work():
+    probe = Interference()
+    # This process's own CPU time (its loader workers' too) is taken off the machine's busy time.
+    own_before = probe._own()
+    end = time.process_time() + 0.3
+    while time.process_time() < end:
+        pass
+    assert probe._own() - own_before >= 0.25
+    hog = _hog()
+    try:
+        time.sleep(0.3)
+        probe.start()
+        time.sleep(1.0)
+        others = probe.stop()
+    finally:
+        hog.kill()
+        hog.wait()
+    # One busy core is 1/n of the machine's capacity; the probe's ticks round to 10 ms.
+    import psutil
+
+    assert others >= 0.5 / (psutil.cpu_count() or 1)
+
+
+def test_peak_memory_is_the_trials_own_not_the_workers_high_water_mark():
+    # A candidate that allocates ~200 MiB, then a small one measured in the same process.
+    big = build(BigActivations(200), Config({"batch_size": 8}), "cpu")
+    first = measure(big, classification_data(32), FAST)
+    small = build(MLP(), Config({"batch_size": 8}), "cpu")
+    mark = memory_mark("cpu")
+    second = measure(small, classification_data(32), FAST, mem_mark=mark)
+    assert first["peak_mem_mib"] > 150
+    assert second["peak_mem_mib"] < 50, "the small model inherited the big one's high-water mark"
+
+
+def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
+    from autotune._worker import TrialContext, WorkerSpec
+
+    spec = WorkerSpec(
+        model=MLP(),
+        dataset=classification_data(),
+        metric=None,
+        device="cpu",
+        baseline=dict(Config({"batch_size": 8})),
+        val_indices=list(range(16)),
+        measure=MeasureSettings(n_windows=3, window_s=0.1, warmup_batches=1, n_remeasure=1),
+    )
+    ctx = TrialContext(spec)
+    hog = _hog()
+    try:
+        time.sleep(0.3)
+        result = ctx.run_trial(dict(Config({"batch_size": 16})))
+    finally:
+        hog.kill()
+        hog.wait()
+    assert result["status"] == "ok"
+    assert result["n_measurements"] == 2 and result["noisy"] and "other processes used" in result["noise"]
+
+
+@pytest.mark.parametrize("threads", [1])
+def test_settings_are_restored_after_a_measurement(threads):
+    before = torch.get_num_threads()
+    state = build(MLP(), Config({"batch_size": 8, "num_threads": threads}), "cpu")
+    measure(state, classification_data(32), FAST)
+    assert torch.get_num_threads() == before
