@@ -30,6 +30,8 @@ __all__ = [
     "check_heartbeat",
     "fail_stale",
     "family",
+    "grace_period_of",
+    "owner_attrs",
     "hardware_slug",
     "heartbeat",
     "open_group",
@@ -192,13 +194,74 @@ def storage_of(study: Any) -> Any:
     return study._storage
 
 
+def grace_period_of(study: Any) -> float | None:
+    """Seconds of heartbeat silence after which a trial is taken for dead, or ``None``."""
+    return getattr(storage_of(study), "grace_period", None)
+
+
+def owner_attrs() -> dict[str, Any]:
+    """Who runs a trial: this host and process (with its start time, so a reused pid is not
+    mistaken for it). Stamped on every trial, so a dead process's trial can be told apart."""
+    import os
+    import socket
+
+    import psutil
+
+    return {"host": socket.gethostname(), "pid": os.getpid(), "pid_started": psutil.Process().create_time()}
+
+
+def _owner_dead(attrs: Mapping[str, Any]) -> bool:
+    """Whether a trial's owner process ran on this host and is gone."""
+    import socket
+
+    import psutil
+
+    if attrs.get("host") != socket.gethostname() or attrs.get("pid") is None:
+        return False
+    try:
+        return psutil.Process(attrs["pid"]).create_time() != attrs.get("pid_started")
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False
+
+
+def fail_dead_local(study: Any) -> list[int]:
+    """Fail the RUNNING trials whose owner process on this host is gone (a run killed with
+    SIGKILL, say), at once rather than after the grace period, and queue each one's
+    configuration again. Returns their numbers."""
+    import optuna
+    from optuna.trial import TrialState
+
+    storage = storage_of(study)
+    failed = []
+    for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+        if not _owner_dead(t.user_attrs):
+            continue
+        with contextlib.suppress(Exception):
+            storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+            storage.set_trial_user_attr(
+                t._trial_id, "reason", f"its process (pid {t.user_attrs['pid']}) ended while it ran"
+            )
+            if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
+                failed.append(t.number)
+                if t.params:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+                        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+    return failed
+
+
 def fail_stale(study: Any) -> None:
-    """Fail the study's trials whose worker stopped beating, and queue their retries.
+    """Fail the study's trials whose worker stopped beating (or, on this host, whose process is
+    gone), and queue their retries.
 
     A database hiccup here is ignored: the next look tries again.
     """
     import optuna
 
+    with contextlib.suppress(Exception):
+        fail_dead_local(study)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
         with contextlib.suppress(Exception):

@@ -20,6 +20,7 @@ __all__ = [
     "TARGET_KEYS",
     "DataInfo",
     "describe",
+    "has_tensor",
     "map_tensors",
     "model_inputs",
     "to_device",
@@ -210,6 +211,19 @@ def map_tensors(fn: Callable[[Any], Any], obj: Any) -> Any:
     if hasattr(obj, "to_tuple"):
         return map_tensors(fn, obj.to_tuple())
     return obj
+
+
+def has_tensor(obj: Any) -> bool:
+    """Whether a nested tuple/list/dict (or model-output object) holds at least one tensor.
+
+    Example:
+        >>> import torch
+        >>> has_tensor({"a": (1, torch.zeros(1))}), has_tensor(None), has_tensor([1, "x"])
+        (True, False, False)
+    """
+    found = []
+    map_tensors(found.append, obj)
+    return bool(found)
 
 
 def to_device(batch: Any, device: Any, *, non_blocking: bool = False) -> Any:

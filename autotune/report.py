@@ -17,6 +17,8 @@ __all__ = [
     "SUMMARY_FIELDS",
     "TRAIN_KEYS",
     "best_by",
+    "busy_note",
+    "claim_text",
     "write_trials_csv",
     "write_json",
     "summary_rows",
@@ -84,6 +86,10 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         *REGISTRY,
         *METRIC_KEYS,
         *(TRAIN_KEYS if any("loss_final" in r for r in records) else ()),
+        "noisy",
+        "noise",
+        "others_cpu",
+        "n_measurements",
         "trial_s",
         "wall_s",
     ]
@@ -93,8 +99,19 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
     for rec in records:
         row = {k: rec.get(k) for k in columns}
         row.update(rec.get("config", {}))
+        if not row["status"]:
+            row["status"], row["reason"] = _unfinished(rec.get("state"))
         writer.writerow(row)
     _atomic_write(path, buf.getvalue())
+
+
+def _unfinished(state: str | None) -> tuple[str, str]:
+    """(status, reason) of a trial that holds no result: running, queued, or its process died."""
+    if state == "RUNNING":
+        return "running", "being measured (or its process died; it is failed after the grace period)"
+    if state == "WAITING":
+        return "queued", "queued, not started"
+    return "failed", "its process ended before it recorded a result; its configuration is retried once"
 
 
 def format_value(key: str, value: Any) -> str:
@@ -136,6 +153,51 @@ def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[s
     return [
         (label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in SUMMARY_FIELDS
     ]
+
+
+def claim_text(speedup: dict[str, Any]) -> tuple[str, str]:
+    """(headline, sentence) of a run's speedup entry (best_config.json's ``speedup``): the words
+    the terminal, report.md and report.html all use, so they cannot disagree.
+
+    Example:
+        >>> claim_text({"verdict": "speedup", "speedup": 2.0, "sentence": "speedup 2.00x (95% CI 1.9-2.1x over 5 rounds)"})
+        ('2.00x', 'speedup 2.00x (95% CI 1.9-2.1x over 5 rounds)')
+    """
+    verdict = speedup.get("verdict")
+    if verdict is None:  # a run written before confirmation rounds: its median of pair ratios
+        value = speedup.get("median", 1.0)
+        return f"{value:.2f}x", f"{value:.2f}x ({speedup.get('method', 'unknown method')})"
+    value = speedup.get("speedup", 1.0)
+    headline = {
+        "speedup": f"{value:.2f}x",
+        "none": "none measurable" if speedup.get("method") != "baseline is best" else "1.00x",
+        "noisy": "not claimed (busy machine)",
+        "unconfirmed": f"{value:.2f}x (unconfirmed)",
+    }.get(verdict, f"{value:.2f}x")
+    return headline, speedup.get("sentence", "")
+
+
+def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | None:
+    """A plain sentence when the machine was busy during the run: noisy trials or a claim
+    withheld for noise; ``None`` on a quiet run."""
+    ran = [r for r in records if r.get("ran") and r.get("samples_per_s") is not None]
+    noisy = [r for r in ran if r.get("noisy") in (True, "True", "true")]
+    parts = []
+    if noisy:
+        parts.append(
+            f"{len(noisy)} of {len(ran)} trials were noisy even after re-measuring (their windows disagreed, or "
+            "other processes used the CPU)"
+        )
+    if speedup.get("verdict") == "noisy":
+        parts.append(
+            f"the confirmation rounds ran beside other processes ({speedup.get('others_cpu', 0):.0%} of the CPU)"
+        )
+    if not parts:
+        return None
+    return (
+        "The machine was busy: " + "; ".join(parts) + ". Figures from such a run are unreliable: run "
+        "`autotune doctor` to check the load, and tune again on a quiet machine."
+    )
 
 
 def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any]]:

@@ -53,14 +53,17 @@ class Runner:
 
     info: dict[str, Any]
 
-    def run(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Measure one configuration; return the trial's result dict."""
+    timeout: float = 600.0
+
+    def run(self, config: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+        """Measure one configuration within ``timeout`` seconds (default :attr:`timeout`);
+        return the trial's result dict."""
         raise NotImplementedError
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         """Run a :class:`~autotune._worker.TrialContext` method (``verify``, ``held_out``, ``export``) in the worker.
 
-        ``n_trials`` is how many trials' worth of work it does: it may take that many trial timeouts.
+        ``n_trials`` is how many trials' worth of work it does: it may take that many times :attr:`timeout`.
 
         Raises:
             TrialError: the method raised or the worker failed.
@@ -83,7 +86,7 @@ class InProcessRunner(Runner):
         self._ctx = make_context(spec)
         self.info = self._ctx.info
 
-    def run(self, config: dict[str, Any]) -> dict[str, Any]:
+    def run(self, config: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         return self._ctx.run_trial(config)
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
@@ -98,7 +101,8 @@ class SubprocessRunner(Runner):
 
     Args:
         payload: The pickled :class:`~autotune._worker.WorkerSpec`.
-        trial_timeout: Seconds a trial (or the worker's start) may take before the worker is killed.
+        trial_timeout: Seconds the worker's start, and by default a trial, may take before the
+            worker is killed; :attr:`timeout` (the default of each trial and call) may be changed.
         log_path: Where the worker's stdout and stderr go.
         env: Extra environment variables of the worker process, e.g. ``CUDA_VISIBLE_DEVICES``
             to pin it to one GPU.
@@ -107,6 +111,7 @@ class SubprocessRunner(Runner):
     def __init__(self, payload: bytes, trial_timeout: float, log_path: Path, env: dict[str, str] | None = None) -> None:
         self._payload = payload
         self._timeout = trial_timeout
+        self.timeout = trial_timeout
         self._log_path = log_path
         self._env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
@@ -204,8 +209,9 @@ class SubprocessRunner(Runner):
             self._proc = None
             self.info = self._start()
 
-    def run(self, config: dict[str, Any]) -> dict[str, Any]:
+    def run(self, config: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
         started = time.perf_counter()
+        timeout = self.timeout if timeout is None else timeout
         self._ensure()
         try:
             self._send.send(("trial", config))
@@ -213,7 +219,7 @@ class SubprocessRunner(Runner):
             self._kill()
             self._ensure()
             self._send.send(("trial", config))
-        reply = self._wait(self._timeout, "running the trial")
+        reply = self._wait(timeout, "running the trial")
         if reply[0] == "fail":
             self._kill()
             return {"status": reply[1], "kind": reply[1], "reason": reply[2], "trial_s": time.perf_counter() - started}
@@ -227,7 +233,7 @@ class SubprocessRunner(Runner):
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         self._ensure()
         self._send.send(("call", name, *args))
-        reply = self._wait(self._timeout * n_trials, f"running {name}")
+        reply = self._wait(self.timeout * n_trials, f"running {name}")
         if reply[0] == "fail" or "error" in reply[1]:
             self._kill()
             raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")

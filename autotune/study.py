@@ -41,7 +41,7 @@ from .knobs import REGISTRY
 from .runner import Runner
 from .space import SearchSpace, first_params
 
-__all__ = ["make_sampler", "open_study", "run_trials", "trial_record"]
+__all__ = ["make_sampler", "open_study", "run_trials", "trial_limit", "trial_record"]
 
 # Knobs whose values change how much memory a batch needs.
 _MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
@@ -53,6 +53,37 @@ _NO_RESULT = ("skipped", "interrupted")
 _POLL_S = 0.5
 # How long a claim waits for younger claims on the same key or budget slot to withdraw.
 _CLAIM_WAIT_S = 5.0
+# The adaptive per-trial timeout: a multiple of the baseline trial's wall time, with a floor,
+# plus an allowance for configurations that compile, quantize, prune or convert the model.
+TIMEOUT_FLOOR_S = 30.0
+TIMEOUT_FACTOR = 10.0
+COMPILE_ALLOWANCE_S = 120.0
+# Before the baseline has run nothing is known: its own limit.
+FIRST_TRIAL_TIMEOUT_S = 600.0
+_HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetune_steps", "ort_precision")
+
+
+def trial_limit(config: Mapping[str, Any], baseline: Mapping[str, Any] | None, fixed: float | None) -> float:
+    """Seconds one trial of ``config`` may take: ``fixed`` when the user set ``trial_timeout``,
+    else adaptive: ``max(30 s, 10 x the baseline trial's wall time)``, plus 120 s when
+    ``config`` compiles, quantizes, prunes or changes the runtime; 600 s for the baseline itself.
+
+    Example:
+        >>> trial_limit({"compile_mode": "none"}, {"config": {"compile_mode": "none"}, "wall_s": 4.0}, None)
+        40.0
+        >>> trial_limit({"compile_mode": "default"}, {"config": {"compile_mode": "none"}, "wall_s": 1.0}, None)
+        150.0
+    """
+    if fixed is not None:
+        return float(fixed)
+    if baseline is None:
+        return FIRST_TRIAL_TIMEOUT_S
+    wall = baseline.get("wall_s") or baseline.get("trial_s") or FIRST_TRIAL_TIMEOUT_S / TIMEOUT_FACTOR
+    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * wall)
+    base = baseline.get("config") or {}
+    if any(config.get(k) != base.get(k) for k in _HEAVY_KNOBS if k in config):
+        limit += COMPILE_ALLOWANCE_S
+    return limit
 
 
 def make_sampler(seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
@@ -286,6 +317,7 @@ def run_trials(
     extra_attrs: dict[str, Any],
     on_trial: Callable[[dict[str, Any], int], None] | None = None,
     stop: threading.Event | None = None,
+    trial_timeout: float | None = None,
 ) -> str:
     """Measure trials until ``n_trials`` have been measured in the study, counting every
     worker's (and, on resume, the earlier ones), ``timeout`` seconds pass, or the space is spent.
@@ -294,6 +326,9 @@ def run_trials(
         stop: Set (by Ctrl-C or another thread) to end this loop with :class:`KeyboardInterrupt`
             before the next trial; a trial whose worker was killed to stop is marked
             ``interrupted``.
+        trial_timeout: Seconds one trial may take; ``None`` for the adaptive limit of
+            :func:`trial_limit`. A trial still running at the ``timeout`` deadline is stopped
+            then and recorded with kind ``deadline``.
 
     Returns:
         Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
@@ -304,22 +339,26 @@ def run_trials(
     objectives = check_objectives(objectives)
     baseline_key = Config(dict(space.baseline)).key()
     study.set_user_attr("n_trials", n_trials)  # for `autotune status`: the budget last asked for
-    started = time.monotonic()
+    deadline = None if timeout is None else time.monotonic() + timeout
+    limits = _Limits(runner, trial_timeout, deadline, timeout)
     repeats = 0
+    waiting: set[int] = set()
     while True:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
-        if timeout is not None and time.monotonic() - started >= timeout:
+        if deadline is not None and time.monotonic() >= deadline:
             return "timeout"
         if repeats >= _MAX_REPEATS:
             return "exhausted"
         fail_stale(study)
         view = _View(study.get_trials(deepcopy=False), baseline_key)
         view.raise_if_baseline_failed()
+        limits.learn(view.baseline)
         if view.n_measured >= n_trials:
             return "budget"
         if view.n_measured + len(view.claims) >= n_trials:
             # The rest of the budget is being measured; a dead worker's claim is freed after the grace period.
+            waiting = _say_waiting(view.claims, waiting, study)
             time.sleep(_POLL_S)
             continue
         if view.needs_baseline:
@@ -334,7 +373,17 @@ def run_trials(
         with heartbeat(study, trial):
             try:
                 outcome = _one_trial(
-                    study, trial, runner, space, objectives, max_metric_drop, extra_attrs, n_trials, on_trial, stop
+                    study,
+                    trial,
+                    runner,
+                    space,
+                    objectives,
+                    max_metric_drop,
+                    extra_attrs,
+                    n_trials,
+                    on_trial,
+                    stop,
+                    limits,
                 )
             except optuna.exceptions.UpdateFinishedTrialError:
                 # Declared dead while alive (the database out of reach longer than the grace
@@ -353,6 +402,59 @@ def run_trials(
                     study.tell(trial, state=TrialState.FAIL)
                 raise
         repeats = repeats + 1 if outcome in ("repeat", "duplicate") else 0
+
+
+class _Limits:
+    """Each trial's time limit: adaptive (or the user's), and never past the study's deadline."""
+
+    def __init__(self, runner: Runner, fixed: float | None, deadline: float | None, timeout: float | None) -> None:
+        self.runner, self.fixed, self.deadline, self.timeout = runner, fixed, deadline, timeout
+        self.baseline: dict[str, Any] | None = None
+
+    def learn(self, baseline: FrozenTrial | None) -> None:
+        """Take the baseline's wall time once it is measured; the runner's calls (the rounds,
+        the export) then get the limit of a compiling configuration per unit of work."""
+        if self.baseline is not None or baseline is None or baseline.user_attrs.get("status") != "ok":
+            return
+        self.baseline = dict(baseline.user_attrs)
+        heavy = {k: f"{self.baseline['config'].get(k)}-other" for k in _HEAVY_KNOBS}
+        self.runner.timeout = trial_limit(heavy, self.baseline, self.fixed)
+
+    def for_config(self, config: Mapping[str, Any]) -> tuple[float, bool]:
+        """(seconds, whether the study's deadline is what limits them)."""
+        limit = trial_limit(config, self.baseline, self.fixed)
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left < limit:
+                return max(left, 1.0), True
+        return limit, False
+
+    def timeout_reason(self, limit: float, at_deadline: bool) -> dict[str, Any]:
+        if at_deadline:
+            return {
+                "kind": "deadline",
+                "reason": f"stopped at the study's deadline (timeout={self.timeout:g} s) after {limit:.0f} s; "
+                "its worker was killed",
+            }
+        how = "trial_timeout" if self.fixed is not None else "the adaptive limit (see trial_timeout)"
+        return {"reason": f"no result within {limit:.0f} s, {how}; the worker was killed"}
+
+
+def _say_waiting(claims: list[FrozenTrial], said: set[int], study: optuna.Study) -> set[int]:
+    """Say once, on stderr, which running trials this worker waits for, and until when."""
+    import sys
+
+    from ._storage import grace_period_of
+
+    new = [t for t in claims if t.number not in said]
+    if new:
+        grace = grace_period_of(study)
+        names = ", ".join(f"{t.number} (worker {t.user_attrs.get('worker', '?')})" for t in new)
+        after = f"; one whose worker died is taken for dead {grace:g} s after its last heartbeat" if grace else ""
+        print(
+            f"autotune: waiting for trial {names} to finish: the rest of the budget is theirs{after}", file=sys.stderr
+        )
+    return said | {t.number for t in new}
 
 
 def _tell_unmeasured(
@@ -392,6 +494,7 @@ def _one_trial(
     n_trials: int,
     on_trial: Callable[[dict[str, Any], int], None] | None,
     stop: threading.Event | None,
+    limits: _Limits,
 ) -> str:
     """Claim, measure (or answer) and tell one asked trial; return what became of it."""
     baseline_key = Config(dict(space.baseline)).key()
@@ -419,9 +522,12 @@ def _one_trial(
     if rule is not None:
         result = {"status": "oom", "kind": "oom-rule", "reason": rule, "ran": False, **attrs}
     else:
-        result = {**runner.run(config), **attrs, "ran": True}
+        limit, at_deadline = limits.for_config(config)
+        result = {**runner.run(config, timeout=limit), **attrs, "ran": True}
         if stop is not None and stop.is_set() and result["status"] == "crash":
             raise KeyboardInterrupt  # its worker was killed to stop: no result to keep
+        if result["status"] == "timeout":
+            result.update(limits.timeout_reason(limit, at_deadline))
     frozen = _tell(study, trial, result, objectives, max_metric_drop, written)
     if attrs["baseline"] and result["status"] != "ok":
         raise TrialError(

@@ -75,3 +75,41 @@ def test_inprocess_isolation_runs_without_a_worker(tmp_path):
     result = _optimize(MLP(), tmp_path, {"base": None, "batch_size": [8, 16]}, isolation="inprocess")
     assert {t.user_attrs["status"] for t in result.study.trials} == {"ok"}
     assert result.speedup > 0
+
+
+def test_the_study_timeout_stops_a_hanging_trial_on_time(tmp_path):
+    """No trial_timeout: the adaptive limit (at least 30 s) would outlive a 12 s study, so the
+    deadline stops the hanging trial, which is recorded, and the run still names a winner."""
+    import time
+
+    started = time.monotonic()
+    result = _optimize(HangAt(16), tmp_path, {"base": None, "batch_size": [8, 16, 32]}, timeout=12, n_trials=3)
+    elapsed = time.monotonic() - started
+    trials = _by_batch(result)
+    if 16 in trials:  # the sampler reached the hanging configuration before the deadline
+        assert trials[16]["status"] == "timeout" and trials[16]["kind"] == "deadline"
+        assert "study's deadline" in trials[16]["reason"]
+    assert result.stop_reason in ("timeout", "budget")
+    assert result.best_config["batch_size"] in (8, 32)
+    # Worker starts, the baseline, the rounds and the reports: well within a minute past the deadline.
+    assert elapsed < 12 + 90, f"the run took {elapsed:.0f} s"
+    rows = list(csv.DictReader(open(tmp_path / "trials.csv")))
+    assert all(r["status"] for r in rows), "a trial was left with a blank row"
+
+
+def test_the_adaptive_trial_limit_follows_the_baseline():
+    from autotune.study import COMPILE_ALLOWANCE_S, FIRST_TRIAL_TIMEOUT_S, TIMEOUT_FLOOR_S, trial_limit
+
+    base = {"config": {"compile_mode": "none", "batch_size": 8}, "wall_s": 2.0}
+    assert trial_limit({"compile_mode": "none"}, None, None) == FIRST_TRIAL_TIMEOUT_S
+    assert trial_limit({"compile_mode": "none", "batch_size": 64}, base, None) == TIMEOUT_FLOOR_S
+    assert trial_limit({"compile_mode": "none"}, {**base, "wall_s": 10.0}, None) == 100.0
+    assert trial_limit({"compile_mode": "default"}, base, None) == TIMEOUT_FLOOR_S + COMPILE_ALLOWANCE_S
+    assert trial_limit({"compile_mode": "default"}, base, 7.0) == 7.0  # the user's own limit stands
+
+
+def test_a_forward_that_returns_none_is_bad_input(tmp_path):
+    from tests.models import ReturnsNone
+
+    with pytest.raises(autotune.InputError, match=r"returned None, with no tensor in it"):
+        _optimize(ReturnsNone(), tmp_path, {"base": None, "batch_size": [8, 16]})
