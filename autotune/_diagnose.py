@@ -23,11 +23,13 @@ from .measure import MeasureSettings, call_model
 
 __all__ = [
     "BALANCED_MARGIN",
+    "FAULT_MARGIN",
     "LOADER_KNOBS",
     "classify",
     "diagnose_run",
     "diagnose_state",
     "explain",
+    "fault",
     "loader_samples_per_s",
     "model_samples_per_s",
     "window_for",
@@ -183,24 +185,81 @@ def explain(
     return text + f"; the winner is {best['bound']} ({wl:,.0f} vs {wm:,.0f})"
 
 
-def diagnose_run(runner: Any, baseline: Mapping[str, Any], best: Mapping[str, Any]) -> dict[str, Any]:
-    """Diagnose the baseline and the winner in the runner's worker; never raises.
+# A half alone measured this much slower than the whole pipeline is a measurement fault.
+FAULT_MARGIN = 0.10
+
+
+def _with_bound(figures: Mapping[str, Any]) -> dict[str, Any]:
+    loader, model = figures["loader_samples_per_s"], figures["model_samples_per_s"]
+    out = {"loader_samples_per_s": loader, "model_samples_per_s": model, "bound": classify(loader, model)}
+    if figures.get("samples_per_s") is not None:
+        out["samples_per_s"] = figures["samples_per_s"]
+    return out
+
+
+def fault(figures: Mapping[str, Any], label: str) -> str | None:
+    """A sentence when a half alone (loader or model) ran slower than the whole pipeline did in
+    the same rounds: impossible for a sound measurement, so it is flagged, not explained.
+
+    Example:
+        >>> fault({"samples_per_s": 46.0, "loader_samples_per_s": 9000.0, "model_samples_per_s": 15.0}, "baseline")
+        "the baseline's model alone ran at 15 samples/s, below its end-to-end 46: a measurement fault, not a finding"
+    """
+    e2e = figures.get("samples_per_s")
+    if not e2e:
+        return None
+    for half in ("model", "loader"):
+        alone = figures.get(f"{half}_samples_per_s")
+        if alone is not None and alone < (1 - FAULT_MARGIN) * e2e:
+            return (
+                f"the {label}'s {half} alone ran at {alone:,.0f} samples/s, below its end-to-end {e2e:,.0f}: "
+                "a measurement fault, not a finding"
+            )
+    return None
+
+
+def diagnose_run(
+    runner: Any,
+    baseline: Mapping[str, Any],
+    best: Mapping[str, Any],
+    confirmed: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Why the winner won; never raises.
+
+    With ``confirmed`` (the confirmation rounds, which time the loader and the model alone in
+    the same rounds as the end to end), the figures come from there. Otherwise the baseline and
+    the winner are diagnosed in the runner's worker. A half that ran slower than its whole
+    pipeline is reported as a measurement ``fault`` instead of a summary.
 
     Args:
         runner: A :class:`~autotune.runner.Runner` whose worker has a ``diagnose`` call.
-        baseline: The baseline's trial record (``config``, ``key``).
+        baseline: The baseline's trial record (``config``, ``key``, ``samples_per_s``).
         best: The winner's trial record.
+        confirmed: :func:`autotune._result.confirm`'s result, or ``None``.
 
     Returns:
         ``{"baseline": {...}, "best": {...}, "summary": sentence}``, or with ``"error"`` (and
-        whatever was measured before it) when a measurement failed.
+        whatever was measured before it) when a measurement failed, or ``"fault"`` when the
+        figures contradict the end-to-end ones.
     """
     out: dict[str, Any] = {}
+    same = best.get("key") == baseline.get("key")
     try:
-        out["baseline"] = runner.call("diagnose", dict(baseline["config"]))
-        same = best.get("key") == baseline.get("key")
-        out["best"] = out["baseline"] if same else runner.call("diagnose", dict(best["config"]))
-        out["summary"] = explain(out["baseline"], out["best"], baseline["config"], best["config"])
+        if confirmed is not None and "loader_samples_per_s" in confirmed["baseline"]:
+            out["baseline"] = _with_bound(confirmed["baseline"])
+            out["best"] = out["baseline"] if same else _with_bound(confirmed["best"])
+            out["source"] = "confirmation rounds"
+        else:
+            out["baseline"] = runner.call("diagnose", dict(baseline["config"]))
+            out["baseline"]["samples_per_s"] = baseline.get("samples_per_s")
+            out["best"] = out["baseline"] if same else runner.call("diagnose", dict(best["config"]))
+            out["best"]["samples_per_s"] = best.get("samples_per_s")
+            out["source"] = "separate measurement"
+        faults = [f for f in (fault(out["baseline"], "baseline"), None if same else fault(out["best"], "winner")) if f]
+        if faults:
+            out["fault"] = "; ".join(faults)
+        else:
+            out["summary"] = explain(out["baseline"], out["best"], baseline["config"], best["config"])
     except Exception as exc:  # the search's result stands without its diagnosis
         out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     return out

@@ -36,8 +36,13 @@ def _check_options(
     positive_int("baseline_batch_size", baseline_batch_size)
     if timeout is not None and (not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0):
         raise ConfigError(f"`timeout` must be a positive number of seconds or None, but got {timeout!r}.")
-    if not isinstance(trial_timeout, (int, float)) or isinstance(trial_timeout, bool) or trial_timeout <= 0:
-        raise ConfigError(f"`trial_timeout` must be a positive number of seconds, but got {trial_timeout!r}.")
+    if trial_timeout is not None and (
+        not isinstance(trial_timeout, (int, float)) or isinstance(trial_timeout, bool) or trial_timeout <= 0
+    ):
+        raise ConfigError(
+            f"`trial_timeout` must be a positive number of seconds, or None for the adaptive limit, but got "
+            f"{trial_timeout!r}."
+        )
     if (
         not isinstance(max_metric_drop, (int, float))
         or isinstance(max_metric_drop, bool)
@@ -60,6 +65,27 @@ def _guard_summary(mode: str, metric: Any, max_metric_drop: float, loss_toleranc
     if mode == "train":
         return {"metric": "loss_curve", "loss_tolerance": loss_tolerance}
     return {"metric": "fidelity", "max_metric_drop": max_metric_drop}
+
+
+def check_out_dir(out_dir: Any) -> Path:
+    """The output directory, created; :class:`ConfigError` when it is a file or cannot be written."""
+    import os
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"The output directory {str(out)!r} is a file; give --out (out_dir) a directory path.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot create the output directory {str(out)!r} ({exc.strerror or exc}); give --out (out_dir) a "
+            "directory you can write to."
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"The output directory {str(out)!r} is not writable; give --out (out_dir) a directory you can write to."
+        )
+    return out
 
 
 def _materialize_dataset(dataset: Any) -> Any:
@@ -202,7 +228,7 @@ def optimize(
     fix: Mapping[str, Any] | None = None,
     seed: int = 0,
     baseline_batch_size: int = 32,
-    trial_timeout: float = 600.0,
+    trial_timeout: float | None = None,
     isolation: str = "subprocess",
     n_val: int = 512,
     measure: Mapping[str, Any] | None = None,
@@ -256,12 +282,16 @@ def optimize(
         fix: Knobs pinned to one value, e.g. ``{"amp_dtype": "bfloat16"}``.
         seed: Seeds the sampler and torch.
         baseline_batch_size: Batch size of the baseline (your current one).
-        trial_timeout: Seconds one trial may take before its worker is killed.
+        trial_timeout: Seconds one trial may take before its worker is killed; ``None`` (the
+            default) adapts it: 10 times the baseline trial's wall time, at least 30 s, plus
+            120 s for a configuration that compiles, quantizes, prunes or changes the runtime.
+            A trial still running at the ``timeout`` deadline is stopped then.
         isolation: ``"subprocess"`` (a worker process, restarted after faults) or ``"inprocess"``.
         n_val: Samples in the fixed validation subset of the guard.
         measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``.
-        n_verify_pairs: Rounds of the final interleaved re-measurement (one baseline/finalist
-            pair per finalist and round).
+        n_verify_pairs: Interleaved rounds that choose among the finalists, and the least number
+            of fresh confirmation rounds of the chosen one against the baseline (they continue,
+            up to three times as many, until the speedup's 95% interval is within +-5%).
         n_finalists: Best trials re-measured against the baseline before the winner is chosen:
             one measurement per trial can flatter a configuration by chance.
         select: With several objectives, which member of the feasible Pareto front wins: an
@@ -302,9 +332,9 @@ def optimize(
     from . import _select, report
     from ._diagnose import diagnose_run
     from ._report_html import write_reports_safely
-    from ._result import baseline_and_best, verify, write_best, write_pareto
+    from ._result import baseline_and_best, claim_speedup, write_best, write_pareto
     from ._scale import check_devices, close_runners, run_workers, start_runners, worker_ids, write_hardware_groups
-    from ._storage import check_heartbeat, redact
+    from ._storage import check_heartbeat, owner_attrs, redact
     from ._train import check_effective, check_training, optimizer_name
     from ._worker import WorkerSpec
     from .data import describe, validation_indices
@@ -316,6 +346,7 @@ def optimize(
     )
     _select.check_select(select)
     check_heartbeat(heartbeat_interval_s, grace_period_s)
+    out = check_out_dir(out_dir)
     device, devices = check_devices(device, devices, isolation)
     train = mode == "train"
     if train:
@@ -369,8 +400,6 @@ def optimize(
         _check_like(describe(test_dataset), data, "test_dataset")
     if train_dataset is not None:
         _check_like(describe(train_dataset), data, "train_dataset")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     storage = storage or f"sqlite:///{out.resolve() / 'study.db'}"
     study_name = study_name or "autotune"
     ids = worker_ids(devices)
@@ -409,7 +438,9 @@ def optimize(
         n_train_steps=n_train_steps,
         loss_tolerance=loss_tolerance,
     )
-    runners = start_runners(spec, devices, isolation, trial_timeout, out / "logs")
+    from .study import FIRST_TRIAL_TIMEOUT_S
+
+    runners = start_runners(spec, devices, isolation, trial_timeout or FIRST_TRIAL_TIMEOUT_S, out / "logs")
     runner = runners[0]  # the first device's worker also verifies and exports
 
     def after_trial(record: dict[str, Any], n_done: int) -> None:
@@ -449,19 +480,22 @@ def optimize(
             timeout=timeout,
             max_metric_drop=loss_tolerance if train and metric is None else max_metric_drop,
             objectives=objectives,
-            extra_attrs={"hardware": env.hardware_key()},
+            extra_attrs={"hardware": env.hardware_key(), **owner_attrs()},
             on_trial=after_trial,
+            trial_timeout=trial_timeout,
         )
         baseline, best = baseline_and_best(study, objectives, select)
-        ratios = None
+        confirmed = None
         records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
         front = write_pareto(out, records, objectives) if len(objectives) > 1 else []
         finalists = _select.finalists(records, objectives, baseline["key"], n_finalists, select)
         if finalists:
             speed_only = list(objectives) == ["throughput"]
-            best, ratios, summary["finalists"] = verify(runner, baseline, finalists, n_verify_pairs, speed_only)
-        # Why it won: the loader and the model timed apart, for the baseline and the winner.
-        summary["diagnosis"] = diagnose_run(runner, baseline, best) if not train else None
+            best, confirmed, summary["finalists"] = claim_speedup(
+                runner, baseline, finalists, n_verify_pairs, speed_only, timing, diagnose=not train
+            )
+        # Why it won: the loader and the model timed apart, in the confirmation rounds.
+        summary["diagnosis"] = diagnose_run(runner, baseline, best, confirmed) if not train else None
         if test_dataset is not None:
             try:
                 summary["held_out"] = runner.call("held_out", baseline["config"], best["config"], n_trials=2)
@@ -472,12 +506,12 @@ def optimize(
         # Keep what was found so far; the ratio then comes from the two trials, unverified.
         picked = baseline_and_best(study, objectives, select, required=False)
         if picked is not None:
-            write_best(out, summary, *picked, ratios=None, stop_reason="interrupted", study=study)
+            write_best(out, summary, *picked, confirmed=None, stop_reason="interrupted", study=study, interrupted=True)
         raise
     finally:
         close_runners(runners)
         report.write_trials_csv(out / "trials.csv", [trial_record(t) for t in study.get_trials(deepcopy=False)])
-    result = write_best(out, summary, baseline, best, ratios=ratios, stop_reason=stop_reason, study=study)
+    result = write_best(out, summary, baseline, best, confirmed=confirmed, stop_reason=stop_reason, study=study)
     result.pareto = front
     write_hardware_groups(out, study, summary, objectives, select)  # by_hardware/ of a mixed study
     write_reports_safely(out, study)  # report.html and report.md; a failure there only warns

@@ -51,7 +51,8 @@ class PlainProgress:
 
     @property
     def best_text(self) -> str:
-        return f"best {self.best / self.baseline:.2f}x" if self.baseline else "best -"
+        # The trials' own ratio, before any confirmation: not the claim.
+        return f"best trial {self.best / self.baseline:.2f}x" if self.baseline else "best -"
 
     def budget_text(self) -> str:
         """What is left of the budget: trials, and time when there is a timeout."""
@@ -72,8 +73,9 @@ class PlainProgress:
         if rec.get("status") == "ok" and sps:
             self.best = max(self.best, sps)
         changed = " ".join(f"{k}={v}" for k, v in rec.get("config", {}).items() if self.baseline_config.get(k) != v)
+        noisy = f" [noisy: {rec['noise']}]" if rec.get("noisy") else ""
         if rec.get("status") == "ok":
-            return "(baseline)" if rec.get("baseline") else changed
+            return ("(baseline)" if rec.get("baseline") else changed) + noisy
         return f"{changed}: {rec.get('reason')}" if changed else str(rec.get("reason"))
 
     def line(self, rec: dict[str, Any], detail: str) -> str:

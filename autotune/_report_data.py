@@ -162,13 +162,16 @@ def load_result(out_dir: str | Path) -> Any:
     run = load_run(out_dir)
     best, speedup = run.best, run.best.get("speedup") or {}
     artifacts = best.get("artifacts") or {}
+    value = speedup.get("speedup", speedup.get("median", 1.0))  # runs written before the claim had "median"
+    low, high = speedup.get("low", speedup.get("min")), speedup.get("high", speedup.get("max"))
+    verdict = speedup.get("verdict", "speedup")
     return Result(
         best_config=dict(best.get("config") or {}),
         best=dict(best.get("best") or {}),
         baseline=dict(best.get("baseline") or {}),
-        speedup=speedup.get("median", 1.0),
-        speedup_min=speedup.get("min", 1.0),
-        speedup_max=speedup.get("max", 1.0),
+        speedup=value,
+        speedup_min=low if low is not None else value,
+        speedup_max=high if high is not None else value,
         artifacts={k: str(run.out_dir / v["path"]) for k, v in artifacts.items() if v.get("status") == "ok"},
         study=run.study,
         out_dir=run.out_dir,
@@ -176,6 +179,10 @@ def load_result(out_dir: str | Path) -> Any:
         pareto=list((run.pareto or {}).get("front") or []),
         held_out=best.get("held_out"),
         diagnosis=best.get("diagnosis"),
+        verdict=verdict,
+        claimed=verdict == "speedup" or speedup.get("method") == "baseline is best",
+        claim=speedup.get("sentence", ""),
+        notes=list((best.get("trial_figures") or {}).get("notes") or []),
     )
 
 

@@ -113,15 +113,6 @@ def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f'<div class="scroll"><table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _speedup_text(speedup: dict[str, Any]) -> str:
-    method = speedup.get("method")
-    if method == "interleaved":
-        return f"range {speedup['min']:.2f}&ndash;{speedup['max']:.2f}&times; over {speedup['n_pairs']} interleaved re-measurements"
-    if method == "baseline is best":
-        return "no configuration beat the baseline on re-measurement"
-    return "ratio of the two trials' own measurements, not re-measured"
-
-
 def _ratio(key: str, base: Any, best: Any) -> str:
     if not isinstance(base, (int, float)) or not isinstance(best, (int, float)) or not base or key == "batch_size":
         return ""
@@ -131,11 +122,11 @@ def _ratio(key: str, base: Any, best: Any) -> str:
 
 
 def _tiles(best: dict[str, Any]) -> str:
-    from .report import format_value
+    from .report import claim_text, format_value
 
-    speedup = best.get("speedup") or {}
+    headline, sentence = claim_text(best.get("speedup") or {})
     base_m, best_m = best.get("baseline") or {}, best.get("best") or {}
-    tiles = [("speedup", f"{speedup.get('median', 1.0):.2f}&times;", _speedup_text(speedup), "hero")]
+    tiles = [("speedup", _e(headline), _e(sentence), "hero")]
     for label, key in (
         ("samples/s", "samples_per_s"),
         ("latency p95 (ms/batch)", "latency_ms_p95"),
@@ -158,9 +149,12 @@ def _metrics_table(best: dict[str, Any]) -> str:
         [_e(label), _e(format_value(k, base_m.get(k))), _e(format_value(k, best_m.get(k))), _ratio(k, base_m.get(k), best_m.get(k))]
         for label, k in SUMMARY_FIELDS
     ]  # fmt: skip
-    return _table(["", "baseline", "best", "best / baseline"], rows, "metrics") + (
-        '<p class="note">Each column is that trial\'s own measurement. The speedup above comes from the '
-        "interleaved re-measurement of both (median of the pair ratios), so the two ratios can differ.</p>"
+    notes = "".join(f'<p class="note">Note: {_e(n)}.</p>' for n in (best.get("trial_figures") or {}).get("notes") or [])
+    return (
+        _table(["", "baseline", "best", "best / baseline"], rows, "metrics")
+        + '<p class="note">Samples/s and latencies are those of the confirmation rounds (baseline and winner '
+        "interleaved, fresh after the winner was picked), so their ratio is the speedup above; the other rows "
+        "are each trial's own measurement.</p>" + notes
     )
 
 
@@ -183,8 +177,12 @@ def _facts(run: RunFiles) -> str:
 
 
 def _summary(run: RunFiles) -> str:
+    from .report import busy_note
+
+    busy = busy_note(run.records, run.best.get("speedup") or {})
     body = (
-        f'<div class="tiles">{_tiles(run.best)}</div>'
+        (f'<p class="warn"><strong>{_e(busy)}</strong></p>' if busy else "")
+        + f'<div class="tiles">{_tiles(run.best)}</div>'
         f'<div class="split"><div>{_metrics_table(run.best)}</div><div>{_facts(run)}</div></div>'
     )
     return _section("summary", body)
@@ -195,7 +193,10 @@ def _diagnosis(run: RunFiles) -> str:
 
     diag = run.best.get("diagnosis") or {}
     lead = ""
-    if diag.get("summary"):
+    if diag.get("fault"):
+        lead = "Not shown: " + _e(diag["fault"]) + "."
+        diag = {}
+    elif diag.get("summary"):
         lead = _e(diag["summary"][0].upper() + diag["summary"][1:]) + "."
     note = (
         '<p class="note">The loader alone: the configured DataLoader, batches moved to the device, no model. '
@@ -232,6 +233,8 @@ def _trials(run: RunFiles) -> str:
             flags.append('<span class="flag">baseline</span>')
         if rec.get("number") == winner:
             flags.append('<span class="flag win">winner</span>')
+        if rec.get("noisy") in (True, "True", "true"):
+            flags.append(f'<span class="flag" title="{_e(rec.get("noise") or "")}">noisy</span>')
         changes = " ".join(
             _e(f"{k}={v}") for k, v in changed_knobs({"config": config, "baseline_config": base_config}).items()
         )

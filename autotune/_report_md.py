@@ -24,24 +24,24 @@ def _table(head: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def _speedup_line(speedup: dict[str, Any]) -> str:
-    text = f"**Speedup {speedup.get('median', 1.0):.2f}x**"
-    if speedup.get("method") == "interleaved":
-        return (
-            text
-            + f" (range {speedup['min']:.2f}-{speedup['max']:.2f}x over {speedup['n_pairs']} interleaved re-measurements)"
-        )
-    if speedup.get("method") == "baseline is best":
-        return text + " (no configuration beat the baseline on re-measurement)"
-    return text + " (ratio of the two trials' own measurements, not re-measured)"
+    from .report import claim_text
+
+    headline, sentence = claim_text(speedup)
+    return f"**Speedup: {headline}** ({sentence})"
 
 
 def _summary(run: RunFiles) -> list[str]:
-    from .report import SUMMARY_FIELDS, format_value
+    from .report import SUMMARY_FIELDS, busy_note, format_value
 
     best = run.best
     base_m, best_m = best.get("baseline") or {}, best.get("best") or {}
     changes = changed_knobs(best)
     lines = [_speedup_line(best.get("speedup") or {}) + ".", ""]
+    busy = busy_note(run.records, best.get("speedup") or {})
+    if busy:
+        lines += [f"**{busy}**", ""]
+    for note in (best.get("trial_figures") or {}).get("notes") or []:
+        lines += [f"Note: {note}.", ""]
     lines.append(
         "Changed knobs: " + (", ".join(f"`{k}={v}`" for k, v in changes.items()) or "none, the baseline won") + "."
     )
@@ -64,6 +64,8 @@ def _summary(run: RunFiles) -> list[str]:
 def _diagnosis(run: RunFiles) -> list[str]:
     diag = run.best.get("diagnosis") or {}
     lines = ["## Why it won", ""]
+    if diag.get("fault"):
+        return [*lines, f"Not shown: {diag['fault']}.", ""]
     if "summary" not in diag:
         return [*lines, f"Not measured: {diag.get('error') or 'this run has no diagnosis'}.", ""]
     lines += [diag["summary"][0].upper() + diag["summary"][1:] + ".", ""]
@@ -84,7 +86,7 @@ def _trials(run: RunFiles) -> list[str]:
     fastest = sorted(measured, key=lambda r: -(r.get("samples_per_s") or 0))[:_MAX_TRIAL_ROWS]
     rows = [
         [
-            r.get("number"),
+            f"{r.get('number')}" + (" (noisy)" if r.get("noisy") in (True, "True", "true") else ""),
             format_value("samples_per_s", r.get("samples_per_s")),
             format_value("latency_ms_p95", r.get("latency_ms_p95")),
             " ".join(

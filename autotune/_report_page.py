@@ -40,6 +40,7 @@ main { padding: 18px 0 40px; }
 h3 { font-size: 13px; text-transform: uppercase; letter-spacing: .04em; color: var(--muted); margin: 10px 0 6px; }
 .lead { margin: 0 0 10px; color: #374151; }
 .note { color: var(--muted); font-size: 13px; margin: 6px 0; }
+.warn { color: #9a3412; background: #fff7ed; border: 1px solid #fdba74; border-radius: 6px; padding: 8px 12px; }
 .split { display: grid; grid-template-columns: 3fr 2fr; gap: 16px; }
 .split.even { grid-template-columns: 1fr 1fr; }
 .split > .card { margin-bottom: 16px; }

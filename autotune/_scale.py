@@ -344,5 +344,6 @@ def write_hardware_groups(
             objectives=group_objectives,
             study={**summary["study"], "optuna_study": member.study_name, "hardware": hardware},
         )
-        write_best(folder, group_summary, *picked, ratios=None, stop_reason="measured elsewhere", study=group)
+        write_best(folder, group_summary, *picked, confirmed=None, stop_reason="measured elsewhere", study=group,
+                   why_unconfirmed="measured by other workers, on hardware this one is not")  # fmt: skip
     return written

@@ -52,7 +52,8 @@ def _group(storage: Any, member: Any) -> dict[str, Any]:
             return None
         out = {"trial": rec["number"], "config": rec.get("config"), **{k: rec.get(k) for k in keys}}
         if baseline is not None and rec.get("samples_per_s") and baseline.get("samples_per_s"):
-            out["speedup"] = rec["samples_per_s"] / baseline["samples_per_s"]
+            # The two trials' own figures: what the run claims comes from its confirmation rounds.
+            out["trial_ratio"] = rec["samples_per_s"] / baseline["samples_per_s"]
         return out
 
     return {
@@ -96,7 +97,9 @@ def study_status(storage: str, study_name: str | None = None) -> dict[str, Any]:
         worker asked for), ``n_measured``, ``states`` and ``statuses`` (counts), ``workers``
         (per worker id: ``states``, ``n_measured``, ``running`` trial numbers, ``last_at``),
         ``running`` and ``retried`` trials, and the ``baseline`` and ``best`` so far (trial,
-        config, objective metrics, ``speedup`` in throughput over the baseline).
+        config, objective metrics, ``trial_ratio``: the trials' own throughput ratio, not a
+        claim). :func:`out_dir_status` adds the finished run's ``claim`` (best_config.json's
+        ``speedup``: the one figure the run reports everywhere).
 
     Raises:
         ConfigError: the storage cannot be opened, holds no such study, or holds several and
@@ -129,7 +132,20 @@ def out_dir_status(out_dir: str | Path, study_name: str | None = None) -> dict[s
         ConfigError: the directory has no ``study.db`` (a shared study lives in its database:
             give its URL instead).
     """
+    import json
+
     db = Path(out_dir) / "study.db"
     if not db.is_file():
         raise ConfigError(f"No study.db in {out_dir}. For a study in another database pass --storage URL --study NAME.")
-    return study_status(f"sqlite:///{db.resolve()}", study_name)
+    data = study_status(f"sqlite:///{db.resolve()}", study_name)
+    best_path = Path(out_dir) / "best_config.json"
+    if best_path.is_file():
+        try:
+            best = json.loads(best_path.read_text())
+        except (OSError, ValueError):
+            return data
+        ran = (best.get("study") or {}).get("optuna_study")
+        for group in data["groups"]:
+            if group["optuna_study"] == ran:
+                group["claim"] = best.get("speedup")
+    return data

@@ -5,7 +5,7 @@ and talks to it over two pipes with pickled messages::
 
     parent -> ("init", spec)            worker -> ("ready", info) | ("fail", kind, message)
     parent -> ("trial", config_dict)    worker -> ("result", result_dict)
-    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: verify, held_out, export, diagnose)
+    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: rounds, held_out, export, diagnose)
     parent -> ("stop",)
 
 The same :class:`TrialContext` also runs in-process when ``isolation="inprocess"``.
@@ -27,7 +27,7 @@ from .config import Config
 from .data import to_device
 from .errors import InputError, TrialError
 from .guard import Reference, check_finite, collect_outputs, evaluate, make_reference
-from .measure import MeasureSettings, call_model, measure, size_bytes
+from .measure import MeasureSettings, call_model, measure, memory_mark, noise_reason, size_bytes
 
 __all__ = ["TrialContext", "WorkerSpec", "classify"]
 
@@ -151,6 +151,10 @@ class TrialContext:
     """A worker's state: the model, the data, the baseline's reference outputs."""
 
     def __init__(self, spec: WorkerSpec) -> None:
+        from ._pristine import snapshot
+
+        # Stock PyTorch as the worker found it: restored before every build and measurement.
+        self.pristine = snapshot()
         self.spec = spec
         torch.manual_seed(spec.seed)
         self.model = instantiate_model(spec).eval()
@@ -208,14 +212,24 @@ class TrialContext:
     def _probe(self, state: BuildState) -> None:
         from torch.utils.data import default_collate
 
+        from .data import has_tensor
+
         batch = default_collate(self.samples[:2])
         try:
             with torch.inference_mode():
-                call_model(state.model, to_device(batch, torch.device(state.device)))
+                out = call_model(state.model, to_device(batch, torch.device(state.device)))
         except Exception as exc:
             raise InputError(f"The model's forward pass failed on the first batch: {_one_line(exc)}") from exc
+        if not has_tensor(out):
+            raise InputError(
+                f"The model's forward pass returned {_describe_output(out)}, with no tensor in it: there is nothing "
+                "to compare or time. Return the model's outputs (a tensor, or a tuple, dict or dataclass of tensors)."
+            )
 
     def build(self, config: dict[str, Any]) -> BuildState:
+        from ._pristine import restore
+
+        restore(self.pristine)
         if config.get("compile_mode", "none") != "none":
             # Compiled trials share the wrapper's code object; a fresh cache keeps the
             # recompilation limit from silently falling back to eager after a few trials.
@@ -228,11 +242,12 @@ class TrialContext:
         result: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
         try:
             torch.manual_seed(self.spec.seed)
+            mark = memory_mark(self.spec.device)  # before the build: the trial's memory is its own
             state = self.build(config)
             # Timing first: compilation lands in its warm-up (compile_s), and the numbers of a
             # candidate the guard rejects are still recorded.
             result.update(state.info)
-            result.update(measure(state, self.spec.dataset, self.spec.measure))
+            result.update(self._measure_clean(state, mark))
             result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model)
             guard_start = time.perf_counter()
             outputs = collect_outputs(state, self.samples)
@@ -253,19 +268,73 @@ class TrialContext:
         result["trial_s"] = time.perf_counter() - started
         return result
 
-    def verify(self, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int) -> dict[str, Any]:
-        """Measure the baseline and each finalist in turn, ``n_rounds`` times.
+    def _measure_clean(self, state: BuildState, mark: float) -> dict[str, Any]:
+        """Measure ``state``; measure again (a bounded number of times) while the windows disagree
+        or other processes used the CPU, keep the cleanest, and mark it ``noisy`` if none was clean."""
+        from ._pristine import restore
+
+        settings = self.spec.measure
+        best: dict[str, Any] | None = None
+        for attempt in range(1 + settings.n_remeasure):
+            restore(self.pristine)
+            result = measure(state, self.spec.dataset, settings, mem_mark=mark if attempt == 0 else None)
+            result["noise"] = noise_reason(result, settings)
+            if best is None or _noise_rank(result) < _noise_rank(best):
+                best = {**result, "compile_s": best["compile_s"] if best else result["compile_s"]}
+                best["peak_mem_mib"] = max(best["peak_mem_mib"], result["peak_mem_mib"])
+            if result["noise"] is None:
+                break
+        assert best is not None
+        best["n_measurements"] = attempt + 1
+        best["noisy"] = best["noise"] is not None
+        return best
+
+    def rounds(
+        self,
+        configs: list[dict[str, Any]],
+        n_min: int,
+        n_max: int,
+        target: float | None = None,
+        max_s: float | None = None,
+        diagnose: bool = False,
+    ) -> dict[str, Any]:
+        """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
+
+        With ``target``, rounds stop once the 95% interval of ``configs[1]``'s ratio to
+        ``configs[0]`` is within +-``target`` (after ``n_min`` rounds), or ``max_s`` seconds
+        have passed; never after more than ``n_max`` rounds. With ``diagnose``, each round also
+        times every configuration's loader alone and model alone (:mod:`autotune._diagnose`), so
+        the diagnosis comes from the same rounds as the end-to-end figures.
 
         Returns:
-            ``{"rounds": [[baseline, finalist 1, ...], ...]}`` in samples/s. Each finalist's
-            ratio to the baseline of its own round cancels drifts slower than one round.
+            ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
+            "others_cpu", "peak_mem_mib", ...}, ...per config], ...per round]}``.
         """
+        from ._claim import half_width
+        from ._pristine import restore
+
         # Builds are lazy (compilation happens in the first measurement), so building them all
         # first, each after a dynamo reset, is safe.
-        states = [self.build(c) for c in (baseline, *finalists)]
-        rounds = []
-        for _ in range(n_rounds):
-            rounds.append([measure(s, self.spec.dataset, self.spec.measure)["samples_per_s"] for s in states])
+        states = [self.build(c) for c in configs]
+        started = time.perf_counter()
+        rounds: list[list[dict[str, Any]]] = []
+        keys = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "others_cpu", "peak_mem_mib")
+        for r in range(n_max):
+            row: list[dict[str, Any]] = [{} for _ in states]
+            order = range(len(states)) if r % 2 == 0 else reversed(range(len(states)))
+            for i in order:
+                restore(self.pristine)
+                m = measure(states[i], self.spec.dataset, self.spec.measure)
+                row[i] = {k: m[k] for k in keys}
+                if diagnose:
+                    restore(self.pristine)
+                    row[i].update(_halves(states[i], self.spec.dataset, self.spec.measure))
+            rounds.append(row)
+            if target is None or len(states) != 2 or r + 1 < n_min:
+                continue
+            ratios = [x[1]["samples_per_s"] / x[0]["samples_per_s"] for x in rounds]
+            if half_width(ratios) <= target or (max_s is not None and time.perf_counter() - started > max_s):
+                break
         return {"rounds": rounds}
 
     def export(self, config: dict[str, Any], out_dir: str, formats: list[str]) -> dict[str, Any]:
@@ -338,6 +407,25 @@ class TrialContext:
         return diagnose_state(self.build(config), self.spec.dataset, self.spec.measure)
 
 
+def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:
+    """Clean before noisy, then the steadier windows first."""
+    return (result["noise"] is not None, result["cov"] + result["others_cpu"])
+
+
+def _halves(state: BuildState, dataset: Any, settings: MeasureSettings) -> dict[str, float]:
+    """The loader alone and the model alone of ``state``, timed for one short window each."""
+    from ._diagnose import diagnose_state
+
+    d = diagnose_state(state, dataset, settings)
+    return {k: d[k] for k in ("loader_samples_per_s", "model_samples_per_s")}
+
+
+def _describe_output(out: Any) -> str:
+    if out is None:
+        return "None"
+    return f"a {type(out).__name__}"
+
+
 def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
     """The form of the tuned model to export to ONNX: itself, except that autocast on the CPU is
     dropped (the exporter would write a bfloat16 graph ONNX Runtime's CPU provider cannot run).
@@ -372,7 +460,7 @@ def serve(conn: Any) -> None:
         message = conn.recv()
         if message[0] == "trial":
             conn.send(("result", ctx.run_trial(message[1])))
-        elif message[0] == "call" and message[1] in ("verify", "held_out", "export", "diagnose"):
+        elif message[0] == "call" and message[1] in ("rounds", "held_out", "export", "diagnose"):
             try:
                 conn.send(("result", getattr(ctx, message[1])(*message[2:])))
             except Exception as exc:

@@ -21,7 +21,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("cfg", help="Python file defining model and dataset (and optionally metric, space, options)")
     run.add_argument("--trials", type=int, help="measured trials in the study (default 30)")
     run.add_argument("--timeout", type=float, help="seconds for the search")
-    run.add_argument("--trial-timeout", type=float, help="seconds one trial may take (default 600)")
+    run.add_argument(
+        "--trial-timeout",
+        type=float,
+        help="seconds one trial may take (default: adaptive, 10x the baseline trial, at least 30 s, +120 s to compile)",
+    )
     run.add_argument("--out", help="output directory (default autotune-out)")
     run.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
     run.add_argument("--space", help="preset name or TOML file (default: default)")
@@ -154,18 +158,23 @@ def _print_result(console: Any, result: Any) -> None:
 
     from .report import summary_rows
 
-    table = Table(
-        title=f"baseline vs best  (speedup {result.speedup:.2f}x, range {result.speedup_min:.2f}-{result.speedup_max:.2f}, interleaved)"
-    )
+    table = Table(title=_result_title(result))
     table.add_column("")
     table.add_column("baseline", justify="right")
     table.add_column("best", justify="right")
     for row in summary_rows(result.baseline, result.best):
         table.add_row(*row)
     console.print(table)
+    if result.claim:
+        colour = "green" if result.verdict == "speedup" else "yellow"
+        console.print(f"[{colour}]{result.claim}[/{colour}]", highlight=False, soft_wrap=True)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
     diagnosis = result.diagnosis or {}
-    if diagnosis.get("summary") or diagnosis.get("error"):
-        why = diagnosis.get("summary") or f"not measured: {diagnosis['error']}"
+    if diagnosis.get("summary") or diagnosis.get("error") or diagnosis.get("fault"):
+        why = diagnosis.get("summary") or (
+            f"not shown: {diagnosis['fault']}" if diagnosis.get("fault") else f"not measured: {diagnosis['error']}"
+        )
         console.print(f"why it won: {why}", highlight=False, soft_wrap=True)
     if result.pareto:
         _print_pareto(console, result)
@@ -184,6 +193,20 @@ def _print_result(console: Any, result: Any) -> None:
     names = ("best_config.json", "trials.csv", "study.db", "report.html", "report.md")
     files = ", ".join(n for n in names if (result.out_dir / n).exists())
     console.print(f"files in {result.out_dir}/: {files}  (stopped: {result.stop_reason})", highlight=False)
+
+
+def _result_title(result: Any) -> str:
+    """The summary table's title: the claim, in the same words as the report."""
+    if result.verdict == "speedup":
+        return (
+            f"baseline vs best  (speedup {result.speedup:.2f}x, 95% CI {result.speedup_min:.2f}-"
+            f"{result.speedup_max:.2f}x, confirmation rounds)"
+        )
+    if result.verdict == "noisy":
+        return "baseline vs best  (no speedup claimed: the machine was too busy to measure one reliably)"
+    if result.verdict == "unconfirmed":
+        return f"baseline vs best  ({result.speedup:.2f}x from the trials alone, NOT confirmed)"
+    return "baseline vs best  (no measurable speedup: the baseline stands)"
 
 
 def _print_artifacts(console: Any, result: Any) -> None:
@@ -447,9 +470,17 @@ def _status(args: argparse.Namespace, console: Any) -> int:
         for label in ("baseline", "best"):
             rec = group[label]
             if rec is not None:
-                speed = f", {rec['speedup']:.2f}x the baseline" if rec.get("speedup") and label == "best" else ""
-                metrics = ", ".join(f"{k} {v:,.4g}" for k, v in rec.items() if isinstance(v, float) and k != "speedup")
+                speed = (
+                    f", {rec['trial_ratio']:.2f}x the baseline's trial (unconfirmed)"
+                    if rec.get("trial_ratio") and label == "best"
+                    else ""
+                )
+                metrics = ", ".join(
+                    f"{k} {v:,.4g}" for k, v in rec.items() if isinstance(v, float) and k != "trial_ratio"
+                )
                 console.print(f"  {label}: trial {rec['trial']}: {metrics}{speed}", highlight=False)
+        if group.get("claim"):
+            console.print(f"  finished run: {group['claim'].get('sentence')}", highlight=False, soft_wrap=True)
         table = Table()
         for col in ("worker", "measured", "running", "finished", "last trial at"):
             table.add_column(col)

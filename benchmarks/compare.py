@@ -7,7 +7,7 @@ For one workload (a dict as a cfg.py defines):
    ordinary trial (build, time, guard): a recipe the guard rejects, or that cannot be built,
    falls back to the next one, and the table says why.
 3. The same worker re-measures baseline, winner and expert interleaved, ``n_rounds`` times
-   (``TrialContext.verify``, what ``optimize`` uses for its own speedup). Each ratio is the
+   (``TrialContext.rounds``, what ``optimize`` uses for its own speedup, order alternating). Each ratio is the
    median over rounds of that round's pair, with min-max, so drifts slower than a round cancel.
 """
 
@@ -88,7 +88,17 @@ def compare(
             print(f"  {name}: {notes[-1]}", flush=True)
         configs = [tuned] + ([expert["config"]] if expert else [])
         print(f"  {name}: re-measuring baseline, tuned{', expert' if expert else ''} interleaved x{n_rounds}")
-        rounds = runner.call("verify", baseline, configs, n_rounds, n_trials=(len(configs) + 1) * n_rounds)["rounds"]
+        measured = runner.call(
+            "rounds",
+            [baseline, *configs],
+            n_rounds,
+            n_rounds,
+            None,
+            None,
+            False,
+            n_trials=(len(configs) + 1) * n_rounds,
+        )["rounds"]
+        rounds = [[c["samples_per_s"] for c in row] for row in measured]
     finally:
         runner.close()
     col = list(zip(*rounds, strict=True))  # per config: its samples/s in every round
@@ -111,7 +121,7 @@ def compare(
         "tuned_metric_drop": result.best["metric_drop"],
         "tuned_changes": {k: v for k, v in tuned.items() if baseline.get(k) != v},
         "tuner_speedup": [result.speedup, result.speedup_min, result.speedup_max],
-        "ratio_in_trials": result.best["samples_per_s"] / result.baseline["samples_per_s"],
+        "tuner_claim": result.claim,
         "expert": expert,
         "notes": notes,
         "tune_s": tune_s,
@@ -155,8 +165,7 @@ def print_compare(rows: list[dict[str, Any]], title: str) -> str:
     notes = [
         f"- {r['workload']}: {r['space']} preset, {r['n_trials']} trials; guard: {r['metric']} "
         f"(baseline {r['baseline_metric']:.4f}), max drop {r['max_metric_drop']:g}; "
-        f"optimize's own claim: ratio in trials {r['ratio_in_trials']:.2f}x, speedup, interleaved "
-        f"{r['tuner_speedup'][0]:.2f}x [{r['tuner_speedup'][1]:.2f}-{r['tuner_speedup'][2]:.2f}]"
+        f"optimize's own claim: {r['tuner_claim']}"
         for r in rows
     ]
     notes += [f"- {r['workload']}: {n}" for r in rows for n in r["notes"]]

@@ -9,7 +9,7 @@ For one workload (a dict as a cfg.py defines, with ``loss_fn``):
    an ordinary training trial (the loss-curve guard included); a rejected recipe falls back to
    the next one, and the table says why.
 3. The same worker trains baseline, winner and expert from the same initial weights and times
-   them interleaved, ``n_rounds`` times (``TrainContext.verify``). Ratios are medians over rounds
+   them interleaved, ``n_rounds`` times (``TrainContext.rounds``). Ratios are medians over rounds
    of each round's pair, with min-max.
 """
 
@@ -105,7 +105,17 @@ def compare_training(
             print(f"  {name}: {notes[-1]}", flush=True)
         configs = [tuned] + ([expert["config"]] if expert else [])
         print(f"  {name}: re-measuring training baseline, tuned{', expert' if expert else ''} x{n_rounds}", flush=True)
-        rounds = runner.call("verify", baseline, configs, n_rounds, n_trials=(len(configs) + 1) * n_rounds)["rounds"]
+        measured = runner.call(
+            "rounds",
+            [baseline, *configs],
+            n_rounds,
+            n_rounds,
+            None,
+            None,
+            False,
+            n_trials=(len(configs) + 1) * n_rounds,
+        )["rounds"]
+        rounds = [[c["samples_per_s"] for c in row] for row in measured]
     finally:
         runner.close()
     col = list(zip(*rounds, strict=True))

@@ -39,10 +39,10 @@ def test_plain_progress_prints_one_line_per_trial():
             progress(rec, n_done, 4)
     lines = console.file.getvalue().splitlines()
     assert len(lines) == 3
-    assert re.fullmatch(r"\[  1/4\] +\d+s  trial   0  ok +1,000 samples/s  best 1\.00x  \(baseline\)", lines[0])
-    assert re.fullmatch(r"\[  2/4\] +\d+s  trial   1  ok +2,500 samples/s  best 2\.50x  batch_size=32", lines[1])
+    assert re.fullmatch(r"\[  1/4\] +\d+s  trial   0  ok +1,000 samples/s  best trial 1\.00x  \(baseline\)", lines[0])
+    assert re.fullmatch(r"\[  2/4\] +\d+s  trial   1  ok +2,500 samples/s  best trial 2\.50x  batch_size=32", lines[1])
     assert re.fullmatch(
-        r"\[  3/4\] +\d+s  trial   2  oom +best 2\.50x  batch_size=64: OutOfMemoryError: Tried to allocate 64 MiB",
+        r"\[  3/4\] +\d+s  trial   2  oom +best trial 2\.50x  batch_size=64: OutOfMemoryError: Tried to allocate 64 MiB",
         lines[2],
     )
 
@@ -68,5 +68,5 @@ def test_quiet_shows_nothing_and_a_terminal_gets_the_live_display():
         footer = Console(file=io.StringIO(), width=200, color_system=None)
         footer.print(progress)
     out = footer.file.getvalue()
-    assert "trial 3/4" in out and "1 trial left" in out and "of 1:00 left" in out and "best 2.50x" in out
+    assert "trial 3/4" in out and "1 trial left" in out and "of 1:00 left" in out and "best trial 2.50x" in out
     assert "trial   1  ok" in console.file.getvalue()  # the trial lines scroll above the footer

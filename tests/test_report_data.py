@@ -45,7 +45,8 @@ def test_summary_and_result_match_best_config(finished_run):
     assert set(summary["reports"]) == {"report.html", "report.md"}
     json.dumps(summary)  # JSON-safe
     result = load_result(finished_run)
-    assert result.speedup == best["speedup"]["median"] and result.best_config == best["config"]
+    assert result.speedup == best["speedup"]["speedup"] and result.best_config == best["config"]
+    assert result.verdict == best["speedup"]["verdict"] and result.claim == best["speedup"]["sentence"]
     assert result.diagnosis == best["diagnosis"] and len(result.study.trials) == best["n_trials"]
 
 

@@ -1,0 +1,127 @@
+"""The speedup a run claims: finalists picked on one set of rounds, the claim made on fresh ones.
+
+Measuring the best few trials once more and reporting the best of them flatters the winner
+(the winner's curse: the pick is partly the luckiest measurement). So:
+
+1. *Selection*: the finalists and the baseline are measured in interleaved rounds whose order
+   alternates (baseline, A, B / B, A, baseline); the finalist with the best ratio is picked.
+2. *Confirmation*: fresh rounds of the baseline and the pick alone, order alternating, until
+   the ratio's 95% confidence interval is within the target (default +-5%) or a cap is hit.
+
+Each round's ratio (pick / baseline in that round) cancels drifts slower than a round. The
+claimed speedup is their geometric mean, which is exactly the ratio of the figures shown for
+the pick and the baseline (each the geometric mean of its rounds); the interval is a Student-t
+interval on the log-ratios. When the interval includes 1.0 there is no measurable speedup and
+the baseline is kept; when the rounds ran beside other busy processes, or the interval stays
+wide, no speedup is claimed and the report says the machine was too busy.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["Claim", "interval", "judge", "geomean"]
+
+# Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
+_T975 = (
+    12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228,
+    2.201, 2.179, 2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086,
+    2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042,
+)  # fmt: skip
+
+# A claim whose interval is wider than this (relative, either side) is too noisy to stand.
+MAX_CLAIM_WIDTH = 0.25
+
+Claim = dict[str, Any]
+
+
+def geomean(values: Sequence[float]) -> float:
+    """The geometric mean of positive numbers.
+
+    Example:
+        >>> round(geomean([1.0, 4.0]), 6)
+        2.0
+    """
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def interval(ratios: Sequence[float]) -> tuple[float, float, float]:
+    """(geometric mean, low, high) of paired ratios: a 95% Student-t interval on their logs.
+
+    With one ratio the interval is unbounded (0, inf): one round proves nothing.
+
+    Example:
+        >>> mid, lo, hi = interval([2.0, 2.1, 1.9, 2.0, 2.05])
+        >>> round(mid, 2), lo < mid < hi, hi / lo < 1.1
+        (2.01, True, True)
+    """
+    logs = [math.log(r) for r in ratios]
+    mid = statistics.fmean(logs)
+    if len(logs) < 2:
+        return math.exp(mid), 0.0, math.inf
+    t = _T975[len(logs) - 2] if len(logs) - 1 <= len(_T975) else 1.96
+    half = t * statistics.stdev(logs) / math.sqrt(len(logs))
+    return math.exp(mid), math.exp(mid - half), math.exp(mid + half)
+
+
+def half_width(ratios: Sequence[float]) -> float:
+    """The interval's larger relative distance from its centre (0.05 means within +-5%)."""
+    mid, lo, hi = interval(ratios)
+    return max(hi / mid - 1.0, 1.0 - lo / mid) if math.isfinite(hi) else math.inf
+
+
+def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> Claim:
+    """The verdict on confirmation rounds' ratios (pick / baseline per round).
+
+    Args:
+        ratios: One ratio per round.
+        others_cpu: Mean share of the machine's CPU other processes used during the rounds.
+        max_others_cpu: Above this share the machine counts as busy.
+
+    Returns:
+        ``{"verdict", "speedup", "low", "high", "median", "min", "max", "n_rounds",
+        "others_cpu", "sentence"}``. ``verdict`` is ``"speedup"`` (the interval excludes 1.0
+        and the machine was quiet), ``"none"`` (the interval includes 1.0: no measurable
+        speedup) or ``"noisy"`` (busy machine or an interval wider than +-25%: no claim).
+
+    Example:
+        >>> judge([1.5, 1.52, 1.49, 1.51, 1.5], 0.0, 0.1)["verdict"]
+        'speedup'
+        >>> judge([1.1, 0.9, 1.05, 0.95, 1.0], 0.0, 0.1)["verdict"]
+        'none'
+    """
+    mid, lo, hi = interval(ratios)
+    claim: Claim = {
+        "speedup": mid,
+        "low": lo,
+        "high": hi if math.isfinite(hi) else None,
+        "median": statistics.median(ratios),
+        "min": min(ratios),
+        "max": max(ratios),
+        "n_rounds": len(ratios),
+        "others_cpu": others_cpu,
+    }
+    span = f"{mid:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(ratios)} rounds)"
+    busy = others_cpu > max_others_cpu
+    wide = not math.isfinite(hi) or max(hi / mid - 1.0, 1.0 - lo / mid) > MAX_CLAIM_WIDTH
+    if lo <= 1.0 <= hi:
+        claim["verdict"] = "none"
+        claim["sentence"] = f"no measurable speedup: {span} includes 1.0"
+    elif busy or wide:
+        claim["verdict"] = "noisy"
+        why = (
+            f"other processes used {others_cpu:.0%} of the CPU during the rounds"
+            if busy
+            else "the rounds disagree too much"
+        )
+        claim["sentence"] = (
+            f"no speedup claimed: {why}, so {span} is unreliable; measure again on a quiet machine "
+            "(`autotune doctor` checks the load)"
+        )
+    else:
+        claim["verdict"] = "speedup"
+        claim["sentence"] = f"speedup {span}"
+    return claim

@@ -1,0 +1,194 @@
+"""Does the speedup autotune claims hold up? Claimed against an independent re-measurement.
+
+    python -m benchmarks.claims                 # quickstart, digits, transformer; about 6 minutes
+    python -m benchmarks.claims --load          # the same with a CPU hog running beside the tuning
+    python -m benchmarks.claims --smoke         # CI: quickstart only, tiny budget
+
+For each workload:
+
+1. ``autotune.optimize`` tunes it (with ``--load``, while a process keeps one core busy, as a
+   user's other work would; the hog stops when the tuning ends).
+2. Fresh Python processes then time the baseline and the winner independently of autotune's
+   own timing code: each process builds the workload's model, applies the configuration with
+   ``autotune.apply`` and ``autotune.dataloader`` (what a user deploys), and iterates the loader
+   end to end for a fixed time. Processes alternate (baseline, winner, winner, baseline, ...),
+   and the ratio is the geometric mean of the pairs.
+3. The table shows the claim (or the tool's refusal to claim one), the independent ratio and
+   their agreement. A claim within 25% of the independent ratio holds; a run on a busy machine
+   must either hold or say it was too noisy to claim.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.core import OthersCPU, machine, table
+
+ROOT = Path(__file__).resolve().parent.parent
+AGREEMENT = 0.25  # a claim within this relative distance of the independent ratio holds
+MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
+BUDGETS = {
+    "full": {"workloads": ("quickstart", "digits", "transformer"), "n_trials": 10, "pairs": 3, "seconds": 3.0},
+    "smoke": {"workloads": ("quickstart",), "n_trials": 2, "pairs": 1, "seconds": 0.5},
+}
+
+
+def workload(name: str) -> dict[str, Any]:
+    """A workload as a cfg.py defines it: quickstart from examples/, the others from benchmarks/."""
+    if name == "quickstart":
+        import autotune
+
+        return autotune.load_config(ROOT / "examples" / "quickstart.py")
+    from benchmarks.workloads import CPU_WORKLOADS
+
+    return CPU_WORKLOADS[name]()
+
+
+def _hog(seconds: float) -> subprocess.Popen:
+    code = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+    return subprocess.Popen([sys.executable, "-c", code])
+
+
+def time_once(name: str, config: dict[str, Any], seconds: float) -> float:
+    """In this (fresh) process: samples/s of ``config`` applied to workload ``name``, end to end."""
+    import torch
+
+    import autotune
+    from autotune.data import model_inputs
+
+    cfg = workload(name)
+    model = cfg["model"]() if not isinstance(cfg["model"], torch.nn.Module) else cfg["model"]
+    dataset = (
+        cfg["dataset"]() if callable(cfg["dataset"]) and not hasattr(cfg["dataset"], "__getitem__") else cfg["dataset"]
+    )
+    tuned = autotune.apply(model.eval(), config, dataset=dataset)
+    loader = autotune.dataloader(dataset, config)
+    n, start, warm = 0, None, 3
+    with torch.inference_mode():
+        while True:
+            for batch in loader:
+                args, kwargs = model_inputs(batch)
+                tuned(*args, **kwargs)
+                if warm:
+                    warm -= 1
+                    if not warm:
+                        start = time.perf_counter()
+                    continue
+                n += len(batch[0]) if isinstance(batch, (tuple, list)) else len(next(iter(batch.values())))
+                if time.perf_counter() - start >= seconds:
+                    return n / (time.perf_counter() - start)
+
+
+def independent(name: str, baseline: dict, best: dict, pairs: int, seconds: float) -> list[float]:
+    """Winner/baseline ratios from fresh processes, one process per measurement, order alternating."""
+    ratios = []
+    for i in range(pairs):
+        sps = {}
+        for which in ("baseline", "best") if i % 2 == 0 else ("best", "baseline"):
+            config = baseline if which == "baseline" else best
+            code = (
+                "import json, sys; from benchmarks.claims import time_once; "
+                f"print(json.dumps(time_once({name!r}, json.loads(sys.argv[1]), {seconds})))"
+            )
+            done = subprocess.run(
+                [sys.executable, "-c", code, json.dumps(config)], capture_output=True, text=True, cwd=ROOT, timeout=600
+            )
+            if done.returncode != 0:
+                raise RuntimeError(f"re-measuring {name} {which} failed: {done.stderr.strip()[-500:]}")
+            sps[which] = json.loads(done.stdout.strip().splitlines()[-1])
+        ratios.append(sps["best"] / sps["baseline"])
+    return ratios
+
+
+def check(name: str, out: Path, budget: dict[str, Any], load: bool) -> dict[str, Any]:
+    import autotune
+
+    cfg = workload(name)
+    shutil.rmtree(out / name, ignore_errors=True)
+    options = dict(cfg.get("options") or {})
+    options.update(n_trials=budget["n_trials"], out_dir=out / name, export=(), measure=MEASURE, device="cpu")
+    others = OthersCPU()
+    hog = _hog(3600) if load else None
+    try:
+        kwargs = {k: cfg[k] for k in ("metric", "max_metric_drop", "space") if k in cfg}
+        result = autotune.optimize(cfg["model"], cfg["dataset"], **{**kwargs, **options})
+    finally:
+        if hog is not None:
+            hog.kill()
+            hog.wait()
+    busy = others()
+    baseline = json.loads((out / name / "best_config.json").read_text())["baseline_config"]
+    same = result.best_config == baseline
+    ratios = [1.0] if same else independent(name, baseline, result.best_config, budget["pairs"], budget["seconds"])
+    truth = math.exp(statistics.fmean(math.log(r) for r in ratios))
+    agreement = result.speedup / truth
+    if result.verdict == "noisy":
+        verdict = "said too noisy to claim"
+    elif result.verdict == "unconfirmed":
+        verdict = "unconfirmed"
+    else:
+        verdict = "holds" if abs(agreement - 1) <= AGREEMENT else "FALSE CLAIM"
+    return {
+        "workload": name,
+        "load": load,
+        "claim": result.claim,
+        "verdict": result.verdict,
+        "claimed": result.speedup,
+        "ci": [result.speedup_min, result.speedup_max],
+        "independent": truth,
+        "independent_pairs": ratios,
+        "agreement": agreement,
+        "outcome": verdict,
+        "others_cores_while_tuning": busy,
+        "changes": {k: v for k, v in result.best_config.items() if baseline.get(k) != v},
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.claims", description=__doc__.split("\n")[0])
+    parser.add_argument("--load", action="store_true", help="keep one core busy while tuning")
+    parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
+    parser.add_argument("--out", type=Path, help="directory for the runs and claims.json")
+    args = parser.parse_args(argv)
+    budget = BUDGETS["smoke" if args.smoke else "full"]
+    out = args.out or Path(tempfile.gettempdir()) / "autotune-bench-claims"
+    out.mkdir(parents=True, exist_ok=True)
+    info = machine()
+    started = time.perf_counter()
+    print(f"claims vs independent re-measurement, {info['date']}, {info['cpu']}, {info['cpu_count']} cores, "
+          f"{info['cpu_capability']}; load: {'one core kept busy while tuning' if args.load else 'none added'}")  # fmt: skip
+    rows = [check(name, out, budget, args.load) for name in budget["workloads"]]
+    cells = [
+        [
+            r["workload"],
+            f"{r['others_cores_while_tuning']:.2f}",
+            r["verdict"],
+            f"{r['claimed']:.2f}x [{r['ci'][0]:.2f}-{r['ci'][1]:.2f}]",
+            f"{r['independent']:.2f}x",
+            f"{r['agreement']:.2f}",
+            r["outcome"],
+            " ".join(f"{k}={v}" for k, v in r["changes"].items()) or "(the baseline)",
+        ]
+        for r in rows
+    ]
+    title = "Claimed vs independent fresh-process speedup" + (" (one core busy while tuning)" if args.load else "")
+    header = "workload|others' cores while tuning|verdict|claimed [95% CI]|independent|claimed/independent|outcome|winner's changes"
+    text = table(title, header, cells)
+    wall = time.perf_counter() - started
+    print(f"total wall time: {wall:.0f} s")
+    (out / "claims.json").write_text(json.dumps({"machine": info, "rows": rows, "wall_s": wall}, indent=2) + "\n")
+    (out / "claims.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

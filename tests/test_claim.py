@@ -1,0 +1,173 @@
+"""The claim: selection and confirmation rounds, their statistics and verdicts, and candidates
+measured with nothing left behind by another."""
+
+import math
+
+import pytest
+import torch
+
+from autotune._claim import MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
+from autotune._pristine import restore, snapshot
+from autotune._result import _claim_fields, claim_speedup
+from autotune._worker import TrialContext, WorkerSpec
+from autotune.config import Config
+from autotune.measure import MeasureSettings
+from autotune.runner import InProcessRunner
+from tests.models import MLP, StateProbe, classification_data
+
+FAST = MeasureSettings(n_windows=2, window_s=0.03, warmup_batches=1)
+
+
+def _context(model, **kw) -> TrialContext:
+    spec = WorkerSpec(
+        model=model,
+        dataset=classification_data(128),
+        metric=None,
+        device="cpu",
+        baseline=dict(Config({"batch_size": 8})),
+        val_indices=list(range(16)),
+        measure=kw.pop("measure", FAST),
+        **kw,
+    )
+    return TrialContext(spec)
+
+
+def test_interval_is_the_geometric_mean_with_a_t_interval():
+    mid, lo, hi = interval([1.9, 2.0, 2.1, 2.0, 2.0])
+    assert mid == pytest.approx(geomean([1.9, 2.0, 2.1, 2.0, 2.0]))
+    assert lo < mid < hi and hi / lo < 1.1
+    # One round proves nothing; more agreeing rounds narrow the interval.
+    assert interval([2.0]) == (2.0, 0.0, math.inf)
+    assert half_width([2.0, 2.1, 1.9] * 4) < half_width([2.0, 2.1, 1.9])
+
+
+def test_judge_says_speedup_none_or_noisy():
+    assert judge([1.50, 1.52, 1.49, 1.51, 1.50], 0.01, 0.10)["verdict"] == "speedup"
+    # An interval that includes 1.0 is no measurable speedup, whatever the median says.
+    none = judge([1.3, 0.8, 1.2, 0.9, 1.1], 0.0, 0.10)
+    assert none["verdict"] == "none" and none["low"] <= 1.0 <= none["high"]
+    assert "no measurable speedup" in none["sentence"]
+    # Busy machine: other processes used the CPU during the rounds.
+    busy = judge([3.0, 3.1, 2.9, 3.0, 3.05], 0.45, 0.10)
+    assert busy["verdict"] == "noisy" and "45% of the CPU" in busy["sentence"]
+    # Rounds that agree too little to claim a number, even on a quiet machine.
+    wide = judge([1.5, 4.0, 2.0, 6.0, 3.0], 0.0, 0.10)
+    assert wide["verdict"] == "noisy" and half_width([1.5, 4.0, 2.0, 6.0, 3.0]) > MAX_CLAIM_WIDTH
+
+
+def test_rounds_alternate_their_order():
+    ctx = _context(StateProbe())
+    StateProbe.log.clear()
+    configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 16}))]
+    out = ctx.rounds(configs, 3, 3)
+    assert len(out["rounds"]) == 3 and all(len(r) == 2 for r in out["rounds"])
+    # Batches seen, collapsed into runs: 8, 16 | 16, 8 | 8, 16 gives four runs (a fixed order,
+    # 8, 16 | 8, 16 | 8, 16, would give six).
+    runs = [e["batch"] for i, e in enumerate(StateProbe.log) if i == 0 or StateProbe.log[i - 1]["batch"] != e["batch"]]
+    assert runs == [8, 16, 8, 16]
+
+
+def test_confirmation_rounds_stop_once_the_interval_is_tight():
+    ctx = _context(MLP())
+    same = dict(Config({"batch_size": 8}))
+    # The same configuration twice: the ratio is 1 with little spread, but a target of 0 is
+    # never reached, so the cap holds; any interval is within an infinite target as soon as allowed.
+    assert len(ctx.rounds([same, same], 2, 4, target=0.0)["rounds"]) == 4
+    assert len(ctx.rounds([same, same], 2, 4, target=math.inf)["rounds"]) == 2
+
+
+def test_a_candidate_is_measured_with_nothing_left_by_another():
+    """A winner with num_threads=1 measured in one worker beside the baseline: the baseline
+    still runs with the default thread count, as it does alone."""
+    ctx = _context(StateProbe())
+    StateProbe.log.clear()
+    default_threads = torch.get_num_threads()
+    baseline = dict(Config({"batch_size": 8}))
+    one_thread = dict(Config({"batch_size": 16, "num_threads": 1}))
+    ctx.run_trial(one_thread)
+    ctx.rounds([baseline, one_thread], 2, 2)
+    alone = [e for e in StateProbe.log if e["batch"] == 8]
+    assert alone and {e["threads"] for e in alone} == {default_threads}
+    assert {e["threads"] for e in StateProbe.log if e["batch"] == 16} == {1}
+    assert not any(e["autocast"] for e in StateProbe.log)
+
+
+def test_global_state_changed_by_a_build_is_restored_before_the_next():
+    import torch._inductor.config as inductor_config
+
+    saved = snapshot()
+    try:
+        # What a library (torchao's quantize_, say) or a knob could leave behind.
+        torch.set_num_threads(1)
+        inductor_config.freezing = not inductor_config.freezing
+        torch.backends.mha.set_fastpath_enabled(not torch.backends.mha.get_fastpath_enabled())
+        torch.set_float32_matmul_precision("medium")
+        assert saved.differences(snapshot())
+        restore(saved)
+        assert saved.differences(snapshot()) == []
+    finally:
+        restore(saved)
+
+
+def test_tf32_off_keeps_pytorchs_defaults():
+    from autotune.build import settings_active
+
+    stock = torch.backends.cudnn.allow_tf32
+    with settings_active({"tf32": False}):
+        # The baseline keeps stock PyTorch: cuDNN may use TF32, as PyTorch allows by default.
+        assert torch.backends.cudnn.allow_tf32 == stock
+        assert torch.get_float32_matmul_precision() == "highest"
+    with settings_active({"tf32": True}):
+        assert torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "high"
+    assert torch.backends.cudnn.allow_tf32 == stock and torch.get_float32_matmul_precision() == "highest"
+
+
+def _record(number: int, config: dict, sps: float) -> dict:
+    return {"number": number, "config": config, "key": Config(config).key(), "samples_per_s": sps}
+
+
+def test_the_claim_comes_from_fresh_rounds_of_the_pick_not_the_selection():
+    ctx = _context(MLP())
+    runner = InProcessRunner.__new__(InProcessRunner)
+    runner._ctx, runner.info = ctx, ctx.info
+    calls = []
+    original = ctx.rounds
+
+    def spy(configs, *args):
+        calls.append([c["batch_size"] for c in configs])
+        return original(configs, *args)
+
+    ctx.rounds = spy
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    finalists = [
+        _record(1, dict(Config({"batch_size": 16})), 300.0),
+        _record(2, dict(Config({"batch_size": 32})), 200.0),
+    ]
+    best, confirmed, table = claim_speedup(
+        runner, baseline, finalists, 2, speed_only=True, settings=FAST, diagnose=True
+    )
+    if confirmed is None:  # no finalist beat the baseline in selection: nothing to confirm
+        assert best is baseline and len(calls) == 1
+        return
+    # Selection measured all three; the confirmation measured only the baseline and the pick.
+    assert calls[0] == [8, 16, 32] and calls[1] == [8, best["config"]["batch_size"]] if best is not baseline else True
+    assert len(calls) == 2 and len(calls[1]) == 2
+    picked = next(row for row in table if row.get("picked"))
+    assert calls[1][1] == next(f for f in finalists if f["number"] == picked["trial"])["config"]["batch_size"]
+    claim = confirmed["claim"]
+    assert claim["n_rounds"] >= 2 and claim["low"] <= claim["speedup"] <= (claim["high"] or math.inf)
+    # One number: the figures shown are those whose ratio is the claim.
+    assert confirmed["best"]["samples_per_s"] / confirmed["baseline"]["samples_per_s"] == pytest.approx(
+        claim["speedup"]
+    )
+    assert "loader_samples_per_s" in confirmed["baseline"] and "model_samples_per_s" in confirmed["best"]
+
+
+def test_no_measurable_speedup_keeps_the_baseline():
+    baseline = {"key": "a", "samples_per_s": 100.0, "config": {}}
+    pick = {"key": "b", "samples_per_s": 150.0, "config": {}, "number": 3}
+    confirmed = {"claim": judge([1.1, 0.9, 1.05, 0.95, 1.0], 0.0, 0.1), "kept_baseline": 3}
+    fields = _claim_fields(baseline, baseline, confirmed, False)
+    assert fields["verdict"] == "none" and fields["speedup"] == 1.0 and fields["rejected_trial"] == 3
+    unconfirmed = _claim_fields(baseline, pick, None, True)
+    assert unconfirmed["verdict"] == "unconfirmed" and "interrupted" in unconfirmed["sentence"]
