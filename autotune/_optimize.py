@@ -288,7 +288,9 @@ def optimize(
             A trial still running at the ``timeout`` deadline is stopped then.
         isolation: ``"subprocess"`` (a worker process, restarted after faults) or ``"inprocess"``.
         n_val: Samples in the fixed validation subset of the guard.
-        measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``.
+        measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``, and the noise
+            limits ``max_cov`` (0.05), ``max_others_cpu`` (0.10) and ``n_remeasure`` (2); see
+            :class:`autotune.measure.MeasureSettings`.
         n_verify_pairs: Interleaved rounds that choose among the finalists, and the least number
             of fresh confirmation rounds of the chosen one against the baseline (they continue,
             up to three times as many, until the speedup's 95% interval is within +-5%).
@@ -366,7 +368,10 @@ def optimize(
     try:
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
     except TypeError as exc:
-        raise ConfigError(f"`measure` takes n_windows, window_s and warmup_batches: {exc}.") from None
+        raise ConfigError(
+            "`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu and n_remeasure: "
+            f"{exc}."
+        ) from None
     dataset = _materialize_dataset(dataset)
     train_dataset = _materialize_dataset(train_dataset) if train_dataset is not None else None
     test_dataset = _materialize_dataset(test_dataset) if test_dataset is not None else None

@@ -245,10 +245,16 @@ def fail_dead_local(study: Any) -> list[int]:
             )
             if storage.set_trial_state_values(t._trial_id, state=TrialState.FAIL):
                 failed.append(t.number)
-                if t.params:
-                    with warnings.catch_warnings():
-                        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-                        study.enqueue_trial(dict(t.params), user_attrs={"retry_of": t.number})
+                # The retry Optuna's heartbeat callback would queue after the grace period, now.
+                study.add_trial(
+                    optuna.trial.create_trial(
+                        state=TrialState.WAITING,
+                        params=t.params,
+                        distributions=t.distributions,
+                        user_attrs={"baseline": True} if t.user_attrs.get("baseline") else {},
+                        system_attrs={"failed_trial": t.number, "retry_history": [t.number]},
+                    )
+                )
     return failed
 
 

@@ -170,6 +170,9 @@ def _print_result(console: Any, result: Any) -> None:
         console.print(f"[{colour}]{result.claim}[/{colour}]", highlight=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    busy = _busy_note(result)
+    if busy:
+        console.print(f"[yellow]{busy}[/yellow]", highlight=False, soft_wrap=True)
     diagnosis = result.diagnosis or {}
     if diagnosis.get("summary") or diagnosis.get("error") or diagnosis.get("fault"):
         why = diagnosis.get("summary") or (
@@ -193,6 +196,19 @@ def _print_result(console: Any, result: Any) -> None:
     names = ("best_config.json", "trials.csv", "study.db", "report.html", "report.md")
     files = ", ".join(n for n in names if (result.out_dir / n).exists())
     console.print(f"files in {result.out_dir}/: {files}  (stopped: {result.stop_reason})", highlight=False)
+
+
+def _busy_note(result: Any) -> str | None:
+    """The report's warning when the machine was busy during the run, for the terminal."""
+    import json
+
+    from .report import busy_note
+    from .study import trial_record
+
+    path = result.out_dir / "best_config.json"
+    speedup = (json.loads(path.read_text()).get("speedup") or {}) if path.exists() else {}
+    records = [trial_record(t) for t in result.study.get_trials(deepcopy=False)] if result.study is not None else []
+    return busy_note(records, speedup)
 
 
 def _result_title(result: Any) -> str:

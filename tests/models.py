@@ -239,3 +239,30 @@ class BigActivations(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         big = torch.ones(self.n)  # touched, so it is resident
         return self.linear(x) + big[:1]
+
+
+class CpuHog:
+    """A process that keeps one core busy for at most ``seconds``, as another user's work would.
+
+    It is started through a launcher that exits at once, so it is not a descendant of the test
+    process: autotune counts its own process tree (loader workers) as its own work, and another
+    user's process is not in it.
+    """
+
+    def __init__(self, seconds: float = 120.0) -> None:
+        import subprocess
+        import sys
+
+        busy = f"import time\nend = time.time() + {seconds}\nwhile time.time() < end:\n    pass\n"
+        launch = (
+            "import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', "
+            f"{busy!r}], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True).pid)"
+        )
+        done = subprocess.run([sys.executable, "-c", launch], capture_output=True, text=True, check=True)
+        self.pid = int(done.stdout.strip())
+
+    def stop(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass

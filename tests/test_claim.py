@@ -171,3 +171,34 @@ def test_no_measurable_speedup_keeps_the_baseline():
     assert fields["verdict"] == "none" and fields["speedup"] == 1.0 and fields["rejected_trial"] == 3
     unconfirmed = _claim_fields(baseline, pick, None, True)
     assert unconfirmed["verdict"] == "unconfirmed" and "interrupted" in unconfirmed["sentence"]
+
+
+def test_a_run_beside_busy_processes_claims_no_speedup_and_says_so(tmp_path):
+    """With other processes keeping half the machine busy, the run must not present a clean
+    speedup: the rounds see the interference, and the summary and report say so."""
+    import os
+
+    import autotune
+    from tests.models import CpuHog
+
+    hogs = [CpuHog(120) for _ in range(max(1, (os.cpu_count() or 2) // 2))]
+    try:
+        result = autotune.optimize(
+            MLP(),
+            classification_data(),
+            space={"base": None, "batch_size": [8, 32, 64]},
+            baseline_batch_size=8,
+            measure={"n_windows": 2, "window_s": 0.1, "warmup_batches": 1, "n_remeasure": 1},
+            n_trials=3,
+            n_verify_pairs=2,
+            out_dir=tmp_path,
+            device="cpu",
+            export=(),
+        )
+    finally:
+        for hog in hogs:
+            hog.stop()
+    assert result.verdict in ("noisy", "none"), result.claim
+    noisy = [t for t in result.study.trials if t.user_attrs.get("noisy")]
+    assert noisy and all("other processes used" in t.user_attrs["noise"] for t in noisy)
+    assert "The machine was busy" in (tmp_path / "report.md").read_text()

@@ -1,7 +1,5 @@
 """The timing protocol: windows, the interference probe, per-trial memory and the noise verdict."""
 
-import subprocess
-import sys
 import time
 
 import pytest
@@ -10,15 +8,9 @@ import torch
 from autotune.build import build
 from autotune.config import Config
 from autotune.measure import Interference, MeasureSettings, measure, memory_mark, noise_reason
-from tests.models import MLP, BigActivations, classification_data
+from tests.models import MLP, BigActivations, CpuHog, classification_data
 
 FAST = MeasureSettings(n_windows=3, window_s=0.05, warmup_batches=1)
-
-
-def _hog() -> subprocess.Popen:
-    """A process that keeps one core busy for at most a minute."""
-    code = "import time\nend = time.time() + 60\nwhile time.time() < end:\n    pass\n"
-    return subprocess.Popen([sys.executable, "-c", code])
 
 
 def test_measure_times_the_requested_windows_over_the_real_loader():
@@ -47,15 +39,14 @@ def test_the_interference_probe_sees_another_process_and_not_its_own_work():
     while time.process_time() < end:
         pass
     assert probe._own() - own_before >= 0.25
-    hog = _hog()
+    hog = CpuHog(60)
     try:
         time.sleep(0.3)
         probe.start()
         time.sleep(1.0)
         others = probe.stop()
     finally:
-        hog.kill()
-        hog.wait()
+        hog.stop()
     # One busy core is 1/n of the machine's capacity; the probe's ticks round to 10 ms.
     import psutil
 
@@ -86,13 +77,12 @@ def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
         measure=MeasureSettings(n_windows=3, window_s=0.1, warmup_batches=1, n_remeasure=1),
     )
     ctx = TrialContext(spec)
-    hog = _hog()
+    hog = CpuHog(60)
     try:
         time.sleep(0.3)
         result = ctx.run_trial(dict(Config({"batch_size": 16})))
     finally:
-        hog.kill()
-        hog.wait()
+        hog.stop()
     assert result["status"] == "ok"
     assert result["n_measurements"] == 2 and result["noisy"] and "other processes used" in result["noise"]
 

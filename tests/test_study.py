@@ -228,5 +228,5 @@ def test_a_trial_whose_process_died_is_failed_and_retried_at_once(tmp_path):
     assert "ended while it ran" in frozen.user_attrs["reason"]
     assert study.trials[alive.number].state == optuna.trial.TrialState.RUNNING
     retry = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
-    assert len(retry) == 1 and retry[0].system_attrs["fixed_params"] == trial.params
-    assert retry[0].user_attrs["retry_of"] == trial.number
+    assert len(retry) == 1 and retry[0].params == trial.params
+    assert retry[0].system_attrs["failed_trial"] == trial.number  # as Optuna's own retry names it
