@@ -369,8 +369,7 @@ def optimize(
         timing = MeasureSettings(**{**_DEFAULT_MEASURE, **dict(measure or {})})
     except TypeError as exc:
         raise ConfigError(
-            "`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu and n_remeasure: "
-            f"{exc}."
+            f"`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu and n_remeasure: {exc}."
         ) from None
     dataset = _materialize_dataset(dataset)
     train_dataset = _materialize_dataset(train_dataset) if train_dataset is not None else None

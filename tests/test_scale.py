@@ -158,9 +158,7 @@ def test_killed_worker_trial_fails_by_heartbeat_and_is_retried(shared, tmp_path)
     trials = _trials(url, name)
     assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
     (dead,) = [
-        t
-        for t in trials
-        if t.user_attrs.get("worker", "").split(":")[1:2] == [str(pid)] and t.state == TrialState.FAIL
+        t for t in trials if t.user_attrs.get("worker", "").split(":")[1:2] == [str(pid)] and t.state == TrialState.FAIL
     ]
     assert dead.user_attrs["config"]["batch_size"] == 4
     # On this host its dead process is recognised at once; elsewhere the heartbeat's silence tells.
