@@ -221,6 +221,7 @@ def optimize(
     loss_tolerance: float = 0.05,
     n_train_steps: int = 20,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    output_kind: Any = "auto",
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
 
@@ -234,6 +235,7 @@ def optimize(
         metric: ``metric(outputs, batch) -> float``, higher is better; without it, fidelity to
             the baseline's outputs is the metric.
         max_metric_drop: Largest allowed drop of the metric below the baseline's (absolute).
+            For fidelity it applies to each output by its kind: see ``output_kind``.
         objectives: What to optimize, any of ``throughput`` (max), ``latency`` (p95, min),
             ``size`` (compressed bytes, min), ``memory`` (peak, min) and ``metric`` (max); default
             the preset's own (``shrink`` declares size and latency), else ``("throughput",)``.
@@ -289,6 +291,10 @@ def optimize(
             mean loss after ``n_train_steps`` steps from the same start, against the baseline's.
         n_train_steps: Training mode: optimizer steps (at the baseline's effective batch) each
             trial trains before timing; their losses are the guard.
+        output_kind: How fidelity (no ``metric``) judges the outputs: ``"auto"``, ``"logits"``,
+            ``"embedding"`` or ``"integer"`` for every output, a list in output order or a dict
+            by output name. ``"auto"`` takes logits only on strong evidence (integer targets,
+            a cross-entropy ``loss_fn``). See docs/concepts.md.
 
     Returns:
         A :class:`Result`.
@@ -301,6 +307,7 @@ def optimize(
     """
     from . import _select, report
     from ._diagnose import diagnose_run
+    from ._fidelity import check_output_kind
     from ._report_html import write_reports_safely
     from ._result import baseline_and_best, verify, write_best, write_pareto
     from ._scale import check_devices, close_runners, run_workers, start_runners, worker_ids, write_hardware_groups
@@ -315,6 +322,7 @@ def optimize(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
     )
     _select.check_select(select)
+    check_output_kind(output_kind)
     check_heartbeat(heartbeat_interval_s, grace_period_s)
     device, devices = check_devices(device, devices, isolation)
     train = mode == "train"
@@ -408,6 +416,7 @@ def optimize(
         effective_batch_size=effective_batch_size,
         n_train_steps=n_train_steps,
         loss_tolerance=loss_tolerance,
+        output_kind=output_kind,
     )
     runners = start_runners(spec, devices, isolation, trial_timeout, out / "logs")
     runner = runners[0]  # the first device's worker also verifies and exports

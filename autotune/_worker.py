@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ._fidelity import attention_mask
 from .build import BuildExtras, BuildState, TunedModule, build
 from .config import Config
 from .data import to_device
@@ -58,6 +59,7 @@ class WorkerSpec:
         n_train_steps: Training mode: optimizer steps of the loss-curve guard (at the baseline's
             effective batch size; the same number of samples for every trial).
         loss_tolerance: Training mode: largest relative change of the final mean loss.
+        output_kind: How fidelity judges each output (see :func:`autotune._fidelity.infer_kinds`).
     """
 
     model: Any
@@ -79,6 +81,7 @@ class WorkerSpec:
     effective_batch_size: int | None = None
     n_train_steps: int = 20
     loss_tolerance: float = 0.05
+    output_kind: Any = "auto"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -158,7 +161,7 @@ class TrialContext:
         self.extras = self._extras()
         baseline = self.build(spec.baseline)
         self._probe(baseline)
-        self.reference: Reference = make_reference(baseline, self.samples, spec.metric)
+        self.reference: Reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
         self.info = {
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "baseline_metric": self.reference.metric,
@@ -244,6 +247,8 @@ class TrialContext:
                 self.spec.device,
                 self.spec.metric,
                 self.reference.outputs,
+                self.reference.kinds,
+                self.reference.mask,
             )
             result["guard_s"] = time.perf_counter() - guard_start
             result["metric"] = value
@@ -326,8 +331,9 @@ class TrialContext:
         samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
         outputs = [collect_outputs(self.build(c), samples) for c in (baseline, best)]
         chunk, device, metric = self.reference.chunk, self.spec.device, self.spec.metric
-        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0])
-        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0])
+        judge = (self.reference.kinds, attention_mask(samples))
+        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0], *judge)
+        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0], *judge)
         return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
 
     def diagnose(self, config: dict[str, Any]) -> dict[str, Any]:
