@@ -278,7 +278,7 @@ class TrialContext:
         import dataclasses as dc
         from pathlib import Path
 
-        from .export import export_artifacts
+        from .export import export_artifacts, ship_measured
 
         if config.get("compile_mode", "none") != "none":
             torch._dynamo.reset()
@@ -291,12 +291,22 @@ class TrialContext:
             "metric": self.spec.metric,
             "baseline_metric": self.reference.metric,
             "max_metric_drop": self.spec.max_metric_drop,
+            "baseline_outputs": self.reference.outputs,
+            "kinds": self.reference.kinds,
+            "mask": self.reference.mask,
+            "metric_chunk": self.reference.chunk,
         }
-        rest = [f for f in formats if f != "onnx"]
         size, out = state.batch_size, Path(out_dir)
-        artifacts = export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common)
         by_format = {}
-        if "onnx" in formats:
+        artifacts: dict[str, Any] = {}
+        measured = state.artifact if state.artifact and state.artifact["format"] in formats else None
+        if measured is not None:
+            # The winner ran an exported file: that file ships, not a re-export of its torch model.
+            artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))
+            by_format[measured["format"]] = collect_outputs(state, self.samples)
+        rest = [f for f in formats if f != "onnx" and f not in artifacts]
+        artifacts.update(export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common))
+        if "onnx" in formats and "onnx" not in artifacts:
             model, note = _onnx_form(tuned, state.device)
             onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
             if onnx["onnx"]["status"] == "failed" and state.quantization != "none" and state.float_model is not None:
@@ -316,14 +326,26 @@ class TrialContext:
                 )
             if note:
                 onnx["onnx"]["form_note"] = note
+                keep = state.model
                 state.model = model
                 by_format["onnx"] = collect_outputs(state, self.samples)
+                state.model = keep
             artifacts.update(onnx)
+        for fmt, record in artifacts.items():
+            _label(record, fmt, state, measured)
         # What `autotune verify` re-checks the artifacts against, on any machine: the validation
         # samples and the outputs of the form each artifact was exported from.
         state.model = tuned
         outputs = collect_outputs(state, self.samples)
-        torch.save({"samples": self.samples, "outputs": outputs, "outputs_by_format": by_format}, out / "parity.pt")
+        parity = {
+            "samples": _plain(self.samples),
+            "outputs": outputs,
+            "outputs_by_format": by_format,
+            "baseline_outputs": self.reference.outputs,
+            "kinds": self.reference.kinds,
+            "max_metric_drop": self.spec.max_metric_drop,
+        }
+        torch.save(parity, out / "parity.pt")
         return {"artifacts": artifacts}
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -342,6 +364,42 @@ class TrialContext:
 
         torch.manual_seed(self.spec.seed)
         return diagnose_state(self.build(config), self.spec.dataset, self.spec.measure)
+
+
+def _check_args(common: dict[str, Any]) -> dict[str, Any]:
+    """The parity-check arguments among :func:`~autotune.export.export_artifacts`' keywords."""
+    return {k: v for k, v in common.items() if k != "fallback"}
+
+
+def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:
+    """Say whether an artifact is the measured winner; one that is not is another model, and its
+    speed is its own (``autotune verify`` times it), never the winner's speedup."""
+    if record.get("winner"):
+        return
+    why = record.get("form_note")
+    if why is None and measured is not None:
+        why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
+    if why is None and state.runtime != "torch":
+        why = f"the winner runs {state.runtime}; this is exported from its torch model"
+    record["winner"] = why is None
+    if why is not None:
+        record["form_note"] = why
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with numpy arrays and scalars as tensors and numbers, so that ``parity.pt`` loads
+    with ``weights_only=True`` and no other globals allowed."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
 
 
 def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
