@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import json
 import math
-import pickle
 import statistics
 import time
 import warnings
@@ -25,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ._load import _read_artifacts, load
+from ._load import _read_artifacts, _read_parity, load
 from .data import map_tensors
 from .errors import ConfigError
 from .export import file_digest
@@ -52,40 +51,6 @@ def _read_run(out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """(artifacts, the whole best_config.json) of a run directory."""
     artifacts, _ = _read_artifacts(out_dir)  # raises the ConfigErrors for a missing dir or file
     return artifacts, json.loads((out_dir / "best_config.json").read_text())
-
-
-def _read_parity(out_dir: Path) -> dict[str, Any]:
-    """What ``parity.pt`` holds: the validation samples, the tuned model's outputs (and those of
-    any other form an artifact was exported from), the baseline's outputs and their kinds."""
-    path = out_dir / "parity.pt"
-    if not path.is_file():
-        raise ConfigError(
-            f"No parity.pt in {str(out_dir)!r}: it is written with the artifacts; run the tuning again "
-            "with export formats to have one."
-        )
-    # weights_only with no added globals: an out dir may come from anywhere, and unpickling runs
-    # code. The export writes tensors, numbers and strings only (numpy samples become tensors).
-    try:
-        data = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        raise ConfigError(
-            f"{str(path)!r} holds objects other than tensors, numbers and strings; verify does not unpickle "
-            "them, as that could run any code. Export the run again with this version of autotune."
-        ) from None
-    except Exception as exc:
-        raise ConfigError(f"Cannot read {str(path)!r}: {describe_error(exc)}") from None
-    if not isinstance(data, dict) or not data.get("samples") or "outputs" not in data:
-        raise ConfigError(f"{str(path)!r} must hold {{'samples': [...], 'outputs': ...}}: export the run again.")
-    return {
-        "samples": list(data["samples"]),
-        "outputs": data["outputs"],
-        # An artifact exported from another form than the tuned model (a CPU bfloat16 winner's
-        # float32 ONNX) is compared with that form's outputs, as its export was.
-        "by_format": data.get("outputs_by_format") or {},
-        "baseline": data.get("baseline_outputs"),
-        "kinds": data.get("kinds"),
-        "max_metric_drop": data.get("max_metric_drop", 0.01),
-    }
 
 
 def _named_inputs(batch: Any) -> dict[str, torch.Tensor]:
@@ -169,7 +134,7 @@ def _check_one(
     try:
         with warnings.catch_warnings():  # loading a failed artifact warns; the report says it
             warnings.simplefilter("ignore")
-            predict = load(out_dir, format=fmt, device=device)
+            predict = load(out_dir, format=fmt, device=device, allow_modified=True)
         samples = parity["samples"]
         check = _parity(predict, samples, parity["by_format"].get(fmt, parity["outputs"]), parity)
         result.update({k: check[k] for k in ("max_abs", "rel_l2", "fidelity", "baseline_fidelity")})
