@@ -73,10 +73,23 @@ class Predictor:
             f"Inputs must be a numpy array or torch tensor, or a tuple/dict of them, but got {type(inputs).__name__}."
         )
 
-    def __call__(self, inputs: Any) -> Any:
-        """Run ``inputs`` (a batch: an array/tensor, a tuple of them by position, or a dict of
-        them by input name); numpy in gives numpy out, torch in gives torch out (on the inputs'
-        device)."""
+    def _structured(self, out: Any) -> Any:
+        """The model's own output structure from every format: an ONNX graph returns its outputs
+        flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
+        names = list(self.record.get("output_names") or [])
+        if self.format == "onnx" and isinstance(out, tuple) and names and not names[0].startswith("output"):
+            return dict(zip(names, out, strict=True))
+        return out
+
+    def __call__(self, inputs: Any = None, /, **kwargs: Any) -> Any:
+        """Run a batch, given as the model takes it: ``pred(batch)`` with an array/tensor, a tuple
+        of them by position or a dict of them by input name, or ``pred(**batch)`` by keyword.
+        Numpy in gives numpy out, torch in gives torch out (on the inputs' device); the outputs
+        keep the model's structure (a dict of the model's keys stays one) from every format."""
+        if kwargs:
+            if inputs is not None:
+                raise InputError("Pass the inputs either as one batch or by keyword, not both.")
+            inputs = kwargs
         values = self._positional(inputs)
         as_numpy = any(isinstance(v, np.ndarray) for v in values)
         home = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
@@ -92,7 +105,8 @@ class Predictor:
             for start in range(0, n, self.batch_size):
                 part = [t[start : start + self.batch_size].to(self.device) for t in tensors]
                 size = int(part[0].shape[0])
-                chunks.append(slice_batch(self.module(*pad_batch(part, self.batch_size)), size))
+                out = self._structured(self.module(*pad_batch(part, self.batch_size)))
+                chunks.append(slice_batch(out, size))
         out = map_tensors(lambda t: t.to(home), _concat(chunks))
         return map_tensors(lambda t: t.numpy(), out) if as_numpy else out
 
