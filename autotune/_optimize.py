@@ -271,7 +271,8 @@ def optimize(
             highest throughput.
         loss_fn: ``loss_fn(outputs, batch) -> Tensor``; enables recovery fine-tuning of pruned
             candidates (the ``finetune_steps`` knob).
-        train_dataset: Samples for fine-tuning (default: ``dataset``).
+        train_dataset: Samples for fine-tuning (default: the samples of ``dataset`` outside the
+            validation subset, which then holds at most half of them).
         prune_ignore: Module names (as in ``named_modules()``) that pruning keeps whole.
         test_dataset: Held-out samples: the baseline's and the winner's metric on them is
             reported (``held_out`` in ``best_config.json``), never used to choose.
@@ -397,13 +398,17 @@ def optimize(
         grace_period_s=grace_period_s,
     )
 
+    if loss_fn is not None and train_dataset is None and not train:
+        # Fine-tuning trains on the samples the guard does not score: at most half are held out.
+        n_val = min(n_val, data.n_samples // 2)
+    val_indices = validation_indices(data.n_samples, n_val)
     spec = WorkerSpec(
         model=model,
         dataset=dataset,
         metric=metric,
         device=env.device,
         baseline=search_space.baseline,
-        val_indices=validation_indices(data.n_samples, n_val),
+        val_indices=val_indices,
         measure=timing,
         seed=seed,
         loss_fn=loss_fn,
@@ -439,6 +444,9 @@ def optimize(
         },
         "space": search_space.values,
     }
+    if loss_fn is not None and not train:  # the split between what fine-tunes and what the guard scores
+        source = "train_dataset" if train_dataset is not None else "dataset samples outside the validation subset"
+        summary["guard"].update(n_val=len(val_indices), finetune_data=source)
     if train:
         summary["train"] = {
             "effective_batch_size": effective_batch_size,

@@ -186,7 +186,7 @@ class TrialContext:
             example=default_collate(self.samples[: max(2, min(8, len(self.samples)))]),
             calibration=calibration,
             loss_fn=spec.loss_fn,
-            train_dataset=spec.train_dataset if spec.train_dataset is not None else spec.dataset,
+            train_dataset=finetune_dataset(spec),
             batch_size=size,
             prune_ignore=tuple(spec.prune_ignore),
             seed=spec.seed,
@@ -364,6 +364,17 @@ class TrialContext:
 
         torch.manual_seed(self.spec.seed)
         return diagnose_state(self.build(config), self.spec.dataset, self.spec.measure)
+
+
+def finetune_dataset(spec: WorkerSpec) -> Any:
+    """What recovery fine-tuning trains on: ``train_dataset``, else the dataset's samples outside
+    the validation subset, so nothing trains on what the guard scores."""
+    if spec.train_dataset is not None:
+        return spec.train_dataset
+    from torch.utils.data import Subset
+
+    held = set(spec.val_indices)
+    return Subset(spec.dataset, [i for i in range(len(spec.dataset)) if i not in held])
 
 
 def _check_args(common: dict[str, Any]) -> dict[str, Any]:
