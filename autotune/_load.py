@@ -9,6 +9,9 @@ Example:
 from __future__ import annotations
 
 import json
+import pickle
+import statistics
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -19,7 +22,7 @@ import torch
 
 from .data import map_tensors, pad_batch, slice_batch
 from .errors import ConfigError, InputError
-from .export import FORMATS
+from .export import FORMATS, file_digest
 from .guard import _concat
 
 __all__ = ["Predictor", "load"]
@@ -38,6 +41,7 @@ class Predictor:
         device: Where the artifact runs.
         input_names: The artifact's inputs, in positional order.
         record: The artifact's entry in ``best_config.json``.
+        chosen: Which artifact :func:`load` took and why (the fastest here, or the one asked for).
     """
 
     def __init__(self, module: Any, fmt: str, path: Path, record: dict[str, Any], batch_size: int, device: str) -> None:
@@ -48,6 +52,7 @@ class Predictor:
         self.batch_size = batch_size
         self.device = torch.device(device)
         self.input_names: list[str] = list(record["input_names"])
+        self.chosen = f"{fmt}: asked for" if record else fmt
 
     def __repr__(self) -> str:
         return f"Predictor(format={self.format!r}, path={str(self.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r})"
@@ -68,10 +73,23 @@ class Predictor:
             f"Inputs must be a numpy array or torch tensor, or a tuple/dict of them, but got {type(inputs).__name__}."
         )
 
-    def __call__(self, inputs: Any) -> Any:
-        """Run ``inputs`` (a batch: an array/tensor, a tuple of them by position, or a dict of
-        them by input name); numpy in gives numpy out, torch in gives torch out (on the inputs'
-        device)."""
+    def _structured(self, out: Any) -> Any:
+        """The model's own output structure from every format: an ONNX graph returns its outputs
+        flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
+        names = list(self.record.get("output_names") or [])
+        if self.format == "onnx" and isinstance(out, tuple) and names and not names[0].startswith("output"):
+            return dict(zip(names, out, strict=True))
+        return out
+
+    def __call__(self, inputs: Any = None, /, **kwargs: Any) -> Any:
+        """Run a batch, given as the model takes it: ``pred(batch)`` with an array/tensor, a tuple
+        of them by position or a dict of them by input name, or ``pred(**batch)`` by keyword.
+        Numpy in gives numpy out, torch in gives torch out (on the inputs' device); the outputs
+        keep the model's structure (a dict of the model's keys stays one) from every format."""
+        if kwargs:
+            if inputs is not None:
+                raise InputError("Pass the inputs either as one batch or by keyword, not both.")
+            inputs = kwargs
         values = self._positional(inputs)
         as_numpy = any(isinstance(v, np.ndarray) for v in values)
         home = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
@@ -87,7 +105,8 @@ class Predictor:
             for start in range(0, n, self.batch_size):
                 part = [t[start : start + self.batch_size].to(self.device) for t in tensors]
                 size = int(part[0].shape[0])
-                chunks.append(slice_batch(self.module(*pad_batch(part, self.batch_size)), size))
+                out = self._structured(self.module(*pad_batch(part, self.batch_size)))
+                chunks.append(slice_batch(out, size))
         out = map_tensors(lambda t: t.to(home), _concat(chunks))
         return map_tensors(lambda t: t.numpy(), out) if as_numpy else out
 
@@ -108,6 +127,53 @@ def _read_artifacts(out_dir: Path) -> tuple[dict[str, Any], int | None]:
         raise ConfigError(f"{str(path)!r} lists no artifacts: run the tuning with export formats to write them.")
     batch_size = (best.get("best") or {}).get("batch_size") or (best.get("config") or {}).get("batch_size")
     return artifacts, batch_size
+
+
+def _read_parity(out_dir: Path) -> dict[str, Any]:
+    """What ``parity.pt`` holds: the validation samples, the tuned model's outputs (and those of
+    any other form an artifact was exported from), the baseline's outputs and their kinds."""
+    path = out_dir / "parity.pt"
+    if not path.is_file():
+        raise ConfigError(
+            f"No parity.pt in {str(out_dir)!r}: it is written with the artifacts; run the tuning again "
+            "with export formats to have one."
+        )
+    # weights_only with no added globals: an out dir may come from anywhere, and unpickling runs
+    # code. The export writes tensors, numbers and strings only (numpy samples become tensors).
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f"{str(path)!r} holds objects other than tensors, numbers and strings; verify does not unpickle "
+            "them, as that could run any code. Export the run again with this version of autotune."
+        ) from None
+    except Exception as exc:
+        raise ConfigError(f"Cannot read {str(path)!r}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(data, dict) or not data.get("samples") or "outputs" not in data:
+        raise ConfigError(f"{str(path)!r} must hold {{'samples': [...], 'outputs': ...}}: export the run again.")
+    return {
+        "samples": list(data["samples"]),
+        "outputs": data["outputs"],
+        # An artifact exported from another form than the tuned model (a CPU bfloat16 winner's
+        # float32 ONNX) is compared with that form's outputs, as its export was.
+        "by_format": data.get("outputs_by_format") or {},
+        "baseline": data.get("baseline_outputs"),
+        "kinds": data.get("kinds"),
+        "max_metric_drop": data.get("max_metric_drop", 0.01),
+    }
+
+
+def _inside(out_dir: Path, name: Any, fmt: str) -> Path:
+    """``out_dir / name``, refused when ``name`` would leave ``out_dir`` (absolute, ``..``, links)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"The {fmt} artifact's entry in best_config.json names no file: export it again.")
+    path = out_dir / name
+    if Path(name).is_absolute() or not path.resolve().is_relative_to(out_dir.resolve()):
+        raise ConfigError(
+            f"The {fmt} artifact's path {name!r} leaves {str(out_dir)!r}; artifacts must be files inside the "
+            "run's directory. Fix best_config.json or export again."
+        )
+    return path
 
 
 def _choose(artifacts: dict[str, Any], fmt: str | None, where: Path) -> tuple[str, dict[str, Any]]:
@@ -151,28 +217,53 @@ def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
     )
 
 
-def load(out_dir: str | Path, *, format: str | None = None, device: str = "cpu") -> Predictor:
+def load(
+    out_dir: str | Path, *, format: str | None = None, device: str = "cpu", allow_modified: bool = False
+) -> Predictor:
     """Load the exported artifact of a tuning run from ``out_dir``.
 
     Args:
         out_dir: The run's directory, holding ``best_config.json`` and the artifact files.
-        format: ``"onnx"`` or ``"torchscript"``; ``None`` takes the first that passed its checks,
-            ONNX first. An artifact that failed its checks loads only when named here, with a warning.
+        format: ``"onnx"`` or ``"torchscript"``; ``None`` takes the fastest on this machine of
+            those that passed their checks (timed briefly on the run's validation samples; the
+            measured winner's own file when they cannot be timed), and says which in
+            :attr:`Predictor.chosen`. An artifact that failed its checks loads only when named
+            here, with a warning.
         device: ``"cpu"`` or ``"cuda[:N]"``: ONNX runs on the matching ONNX Runtime provider.
+        allow_modified: Load an artifact whose sha256 differs from the one recorded at export
+            (refused by default: the file is not the one that was checked).
 
     Returns:
         A :class:`Predictor`.
 
     Raises:
         ConfigError: no such directory, no ``best_config.json``, no artifacts, an unknown format,
-            no artifact that passed its checks, or the artifact's file is missing.
+            no artifact that passed its checks, the artifact's file is missing, lies outside
+            ``out_dir`` or changed since export.
     """
     out_dir = Path(out_dir)
     artifacts, run_batch_size = _read_artifacts(out_dir)
+    if format is None:
+        passed = [f for f in FORMATS if (artifacts.get(f) or {}).get("status") == "ok"]
+        if len(passed) > 1:
+            return _fastest(out_dir, passed, device, allow_modified)
     fmt, record = _choose(artifacts, format, out_dir)
-    path = out_dir / str(record.get("path") or "")
-    if not record.get("path") or not path.is_file():
+    return _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
+
+
+def _load_one(
+    out_dir: Path, fmt: str, record: dict[str, Any], run_batch_size: Any, device: str, allow_modified: bool
+) -> Predictor:
+    path = _inside(out_dir, record.get("path"), fmt)
+    if not path.is_file():
         raise ConfigError(f"The {fmt} artifact's file {str(path)!r} is missing: export it again.")
+    if record.get("sha256") and file_digest(path) != record["sha256"]:
+        if not allow_modified:
+            raise ConfigError(
+                f"{str(path)!r} is not the file that was exported and checked (its sha256 differs). Export "
+                "again, or pass allow_modified=True to load it anyway."
+            )
+        warnings.warn(f"Loading {str(path)!r} although it changed since export.", stacklevel=3)
     if "input_names" not in record:
         raise ConfigError(f"The {fmt} artifact's entry in best_config.json lacks `input_names`: export it again.")
     batch_size = record.get("batch_size") or run_batch_size
@@ -183,3 +274,38 @@ def load(out_dir: str | Path, *, format: str | None = None, device: str = "cpu")
     except RuntimeError:
         raise ConfigError(f"`device` must be 'cpu' or 'cuda[:N]', but got {device!r}.") from None
     return Predictor(_open(fmt, path, record, device), fmt, path, record, batch_size, device)
+
+
+def _rate(predict: Predictor, batch: dict[str, torch.Tensor]) -> float:
+    """Samples/s of ``predict`` on one batch: the median of a few calls after a warm-up."""
+    for _ in range(2):
+        predict(batch)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        predict(batch)
+        times.append(time.perf_counter() - start)
+    return predict.batch_size / max(statistics.median(times), 1e-9)
+
+
+def _fastest(out_dir: Path, formats: list[str], device: str, allow_modified: bool) -> Predictor:
+    """The fastest here of several artifacts that passed their checks, saying which and why."""
+    from torch.utils.data import default_collate
+
+    from .export.parity import flat_inputs
+
+    artifacts, run_batch_size = _read_artifacts(out_dir)
+    loaded = [_load_one(out_dir, f, artifacts[f], run_batch_size, device, allow_modified) for f in formats]
+    try:
+        samples = _read_parity(out_dir)["samples"]
+        part = [samples[i % len(samples)] for i in range(max(p.batch_size for p in loaded))]
+        names, tensors, _ = flat_inputs(default_collate(part))
+        rates = {p.format: _rate(p, dict(zip(names, tensors, strict=True))) for p in loaded}
+    except Exception as exc:  # no validation samples to time on: the measured winner's own file
+        pick = next((p for p in loaded if p.record.get("winner")), loaded[0])
+        pick.chosen = f"{pick.format}: the measured winner's file (could not time the artifacts here: {exc})"
+        return pick
+    pick = max(loaded, key=lambda p: rates[p.format])
+    timing = ", ".join(f"{f} {r:,.0f}/s" for f, r in sorted(rates.items(), key=lambda kv: -kv[1]))
+    pick.chosen = f"{pick.format}: the fastest here of those that passed their checks ({timing})"
+    return pick

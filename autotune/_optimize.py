@@ -247,6 +247,7 @@ def optimize(
     loss_tolerance: float = 0.05,
     n_train_steps: int = 20,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    output_kind: Any = "auto",
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
 
@@ -260,6 +261,7 @@ def optimize(
         metric: ``metric(outputs, batch) -> float``, higher is better; without it, fidelity to
             the baseline's outputs is the metric.
         max_metric_drop: Largest allowed drop of the metric below the baseline's (absolute).
+            For fidelity it applies to each output by its kind: see ``output_kind``.
         objectives: What to optimize, any of ``throughput`` (max), ``latency`` (p95, min),
             ``size`` (compressed bytes, min), ``memory`` (peak, min) and ``metric`` (max); default
             the preset's own (``shrink`` declares size and latency), else ``("throughput",)``.
@@ -301,7 +303,8 @@ def optimize(
             highest throughput.
         loss_fn: ``loss_fn(outputs, batch) -> Tensor``; enables recovery fine-tuning of pruned
             candidates (the ``finetune_steps`` knob).
-        train_dataset: Samples for fine-tuning (default: ``dataset``).
+        train_dataset: Samples for fine-tuning (default: the samples of ``dataset`` outside the
+            validation subset, which then holds at most half of them).
         prune_ignore: Module names (as in ``named_modules()``) that pruning keeps whole.
         test_dataset: Held-out samples: the baseline's and the winner's metric on them is
             reported (``held_out`` in ``best_config.json``), never used to choose.
@@ -321,6 +324,10 @@ def optimize(
             mean loss after ``n_train_steps`` steps from the same start, against the baseline's.
         n_train_steps: Training mode: optimizer steps (at the baseline's effective batch) each
             trial trains before timing; their losses are the guard.
+        output_kind: How fidelity (no ``metric``) judges the outputs: ``"auto"``, ``"logits"``,
+            ``"embedding"`` or ``"integer"`` for every output, a list in output order or a dict
+            by output name. ``"auto"`` takes logits only on strong evidence (integer targets,
+            a cross-entropy ``loss_fn``). See docs/concepts.md.
 
     Returns:
         A :class:`Result`.
@@ -333,6 +340,7 @@ def optimize(
     """
     from . import _select, report
     from ._diagnose import diagnose_run
+    from ._fidelity import check_output_kind
     from ._report_html import write_reports_safely
     from ._result import baseline_and_best, claim_speedup, write_best, write_pareto
     from ._scale import check_devices, close_runners, run_workers, start_runners, worker_ids, write_hardware_groups
@@ -347,6 +355,7 @@ def optimize(
         n_trials, timeout, max_metric_drop, isolation, trial_timeout, n_val, baseline_batch_size, mode, metric
     )
     _select.check_select(select)
+    check_output_kind(output_kind)
     check_heartbeat(heartbeat_interval_s, grace_period_s)
     out = check_out_dir(out_dir)
     device, devices = check_devices(device, devices, isolation)
@@ -422,13 +431,17 @@ def optimize(
         grace_period_s=grace_period_s,
     )
 
+    if loss_fn is not None and train_dataset is None and not train:
+        # Fine-tuning trains on the samples the guard does not score: at most half are held out.
+        n_val = min(n_val, data.n_samples // 2)
+    val_indices = validation_indices(data.n_samples, n_val)
     spec = WorkerSpec(
         model=model,
         dataset=dataset,
         metric=metric,
         device=env.device,
         baseline=search_space.baseline,
-        val_indices=validation_indices(data.n_samples, n_val),
+        val_indices=val_indices,
         measure=timing,
         seed=seed,
         loss_fn=loss_fn,
@@ -441,6 +454,7 @@ def optimize(
         effective_batch_size=effective_batch_size,
         n_train_steps=n_train_steps,
         loss_tolerance=loss_tolerance,
+        output_kind=output_kind,
     )
     from .study import FIRST_TRIAL_TIMEOUT_S
 
@@ -465,6 +479,9 @@ def optimize(
         },
         "space": search_space.values,
     }
+    if loss_fn is not None and not train:  # the split between what fine-tunes and what the guard scores
+        source = "train_dataset" if train_dataset is not None else "dataset samples outside the validation subset"
+        summary["guard"].update(n_val=len(val_indices), finetune_data=source)
     if train:
         summary["train"] = {
             "effective_batch_size": effective_batch_size,

@@ -13,11 +13,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import math
-import pickle
 import statistics
 import time
 import warnings
@@ -26,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ._load import _read_artifacts, load
+from ._load import _read_artifacts, _read_parity, load
 from .data import map_tensors
 from .errors import ConfigError
 from .export import file_digest
@@ -35,8 +33,7 @@ from .guard import fidelity
 
 __all__ = ["ENV_KEYS", "THROUGHPUT_NOTES", "env_diff", "verify"]
 
-# The export's own tolerances, read from check_parity so the two cannot drift apart.
-_ATOL: float = inspect.signature(check_parity).parameters["atol"].default
+# The export's own tolerance, read from check_parity so the two cannot drift apart.
 _RTOL_L2: float = inspect.signature(check_parity).parameters["rtol_l2"].default
 _N_WARMUP = 3
 _N_REPEATS = 3
@@ -56,82 +53,36 @@ def _read_run(out_dir: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return artifacts, json.loads((out_dir / "best_config.json").read_text())
 
 
-def _numpy_globals(path: Path) -> list[Any] | None:
-    """The numpy reconstructors and dtype classes that ``path``'s pickle needs, or ``None`` when
-    it needs anything else (or this torch cannot tell)."""
-    scan = getattr(torch.serialization, "get_unsafe_globals_in_checkpoint", None)  # torch >= 2.5
-    names = scan(str(path)) if scan is not None else []
-    if not names or any(n.split(".")[0] != "numpy" for n in names):
-        return None
-    import numpy as np
-
-    found = []
-    for name in names:
-        module, _, attr = name.rpartition(".")
-        found.append(getattr(importlib.import_module(module), attr))
-    # An array's dtype is rebuilt from its class (numpy.dtypes.Float32DType...), which the scan
-    # does not list.
-    dtypes = getattr(np, "dtypes", None)  # numpy >= 1.25
-    return found + [getattr(dtypes, n) for n in getattr(dtypes, "__all__", [])]
-
-
-def _read_parity(out_dir: Path) -> tuple[list[Any], Any, dict[str, Any]]:
-    """The validation samples and the tuned model's outputs that ``parity.pt`` holds."""
-    path = out_dir / "parity.pt"
-    if not path.is_file():
-        raise ConfigError(
-            f"No parity.pt in {str(out_dir)!r}: it is written with the artifacts; run the tuning again "
-            "with export formats to have one."
-        )
-    # weights_only: an out dir may come from anywhere, and unpickling runs code. Samples may hold
-    # numpy arrays, whose reconstructors are allowed by name, and nothing else.
-    try:
-        try:
-            data = torch.load(path, map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError:
-            allowed = _numpy_globals(path)
-            if allowed is None:
-                raise ConfigError(
-                    f"{str(path)!r} holds objects other than tensors, numbers and numpy arrays; verify does "
-                    "not unpickle them, as that could run any code. Export the run again with plain samples."
-                ) from None
-            with torch.serialization.safe_globals(allowed):
-                data = torch.load(path, map_location="cpu", weights_only=True)
-    except ConfigError:
-        raise
-    except Exception as exc:
-        raise ConfigError(f"Cannot read {str(path)!r}: {describe_error(exc)}") from None
-    if not isinstance(data, dict) or not data.get("samples") or "outputs" not in data:
-        raise ConfigError(f"{str(path)!r} must hold {{'samples': [...], 'outputs': ...}}: export the run again.")
-    # An artifact exported from another form than the tuned model (a CPU bfloat16 winner's
-    # float32 ONNX) is compared with that form's outputs, as its export was.
-    by_format = data.get("outputs_by_format") or {}
-    return list(data["samples"]), data["outputs"], by_format
-
-
 def _named_inputs(batch: Any) -> dict[str, torch.Tensor]:
     """A collated batch's model inputs by graph input name, as the Predictor takes them."""
     names, tensors, _ = flat_inputs(batch)
     return dict(zip(names, tensors, strict=True))
 
 
-def _parity(predict: Any, samples: list[Any], expected: Any) -> dict[str, Any]:
-    """The artifact's outputs on ``samples`` against the tuned model's, with the export's tolerances."""
+def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any]) -> dict[str, Any]:
+    """The artifact's outputs on ``samples`` against the tuned model's (the export's tolerance,
+    per output) and against the baseline's (the guard's fidelity)."""
     from torch.utils.data import default_collate
+
+    from ._fidelity import attention_mask
 
     outputs = predict(_named_inputs(default_collate(samples)))
     outputs = map_tensors(lambda t: t.cpu().float() if t.is_floating_point() else t.cpu(), outputs)
     max_abs, rel_l2, mismatch = _errors(outputs, expected)
+    kinds, mask = data.get("kinds"), attention_mask(samples)
     reason = mismatch
-    if reason is None and not (rel_l2 <= _RTOL_L2 or max_abs <= _ATOL):
-        reason = (
-            f"outputs differ from the tuned model's: relative L2 error {rel_l2:.3g} > {_RTOL_L2:g} "
-            f"and max abs error {max_abs:.3g} > {_ATOL:g}"
-        )
+    if reason is None and not rel_l2 <= _RTOL_L2:
+        reason = f"an output differs from the tuned model's by a relative L2 error of {rel_l2:.3g} > {_RTOL_L2:g}"
+    kept = None
+    if mismatch is None and data.get("baseline") is not None:
+        kept = fidelity(outputs, data["baseline"], kinds, mask)
+        if reason is None and not 1.0 - kept <= data["max_metric_drop"]:
+            reason = f"its fidelity to the untuned model is {kept:.4g}, more than {data['max_metric_drop']:g} below 1"
     return {
         "max_abs": _finite(max_abs),
         "rel_l2": _finite(rel_l2),
-        "fidelity": fidelity(outputs, expected),
+        "fidelity": fidelity(outputs, expected, kinds, mask) if mismatch is None else 0.0,
+        "baseline_fidelity": kept,
         "ok": reason is None,
         "reason": reason,
     }
@@ -168,10 +119,10 @@ def _throughput(predict: Any, samples: list[Any], n_batches: int) -> float:
 
 
 def _check_one(
-    out_dir: Path, fmt: str, record: dict[str, Any], parity: tuple[list[Any], Any], device: str, n_batches: int
+    out_dir: Path, fmt: str, record: dict[str, Any], parity: dict[str, Any], device: str, n_batches: int
 ) -> dict[str, Any]:
     result: dict[str, Any] = {"status": "failed", "batch_size": record.get("batch_size")}
-    result.update(dict.fromkeys(("max_abs", "rel_l2", "fidelity", "samples_per_s", "reason")))
+    result.update(dict.fromkeys(("max_abs", "rel_l2", "fidelity", "baseline_fidelity", "samples_per_s", "reason")))
     recorded_error = record.get("error") or "no reason recorded"
     path = out_dir / str(record.get("path") or "")
     if not record.get("path") or not path.is_file():
@@ -183,11 +134,11 @@ def _check_one(
     try:
         with warnings.catch_warnings():  # loading a failed artifact warns; the report says it
             warnings.simplefilter("ignore")
-            predict = load(out_dir, format=fmt, device=device)
-        samples, outputs, by_format = parity
-        check = _parity(predict, samples, by_format.get(fmt, outputs))
-        result.update({k: check[k] for k in ("max_abs", "rel_l2", "fidelity")})
-        result["samples_per_s"] = _throughput(predict, parity[0], n_batches)
+            predict = load(out_dir, format=fmt, device=device, allow_modified=True)
+        samples = parity["samples"]
+        check = _parity(predict, samples, parity["by_format"].get(fmt, parity["outputs"]), parity)
+        result.update({k: check[k] for k in ("max_abs", "rel_l2", "fidelity", "baseline_fidelity")})
+        result["samples_per_s"] = _throughput(predict, samples, n_batches)
         reason = check["reason"]
     except Exception as exc:  # any failure of the artifact is its verdict, not verify's crash
         reason = f"the artifact raised {describe_error(exc)}"
@@ -237,8 +188,9 @@ def verify(out_dir: str | Path, *, device: str = "cpu", n_batches: int = 20) -> 
 
     Each artifact listed in ``best_config.json`` is checked to be the file that was exported
     (its sha256), loaded with :func:`autotune.load` (failed ones too) and run on the validation
-    samples in ``parity.pt``; its outputs must match the tuned model's there within the export's
-    tolerances (relative L2 error <= 1e-2 or max abs error <= 1e-3). Each is then timed alone.
+    samples in ``parity.pt``; each of its outputs must match the tuned model's there within the
+    export's tolerance (relative L2 error <= 1e-2 against the output's own scale), and keep the
+    guard's fidelity to the untuned model's outputs. Each is then timed alone.
 
     Args:
         out_dir: The run's directory.
@@ -247,7 +199,7 @@ def verify(out_dir: str | Path, *, device: str = "cpu", n_batches: int = 20) -> 
             batches; the median of 3 repeats is reported).
 
     Returns:
-        ``{"artifacts": {fmt: {"status", "max_abs", "rel_l2", "fidelity", "samples_per_s",
+        ``{"artifacts": {fmt: {"status", "max_abs", "rel_l2", "fidelity", "baseline_fidelity", "samples_per_s",
         "batch_size", "reason"}}, "env_diff": [{"key", "recorded", "current"}],
         "recorded_samples_per_s", "device", "throughput_notes"}``. ``status`` is ``"ok"``,
         ``"failed"`` (its outputs differ, it raised, or it failed at export), ``"modified"``

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ._fidelity import attention_mask
 from .build import BuildExtras, BuildState, TunedModule, build
 from .config import Config
 from .data import to_device
@@ -58,6 +59,7 @@ class WorkerSpec:
         n_train_steps: Training mode: optimizer steps of the loss-curve guard (at the baseline's
             effective batch size; the same number of samples for every trial).
         loss_tolerance: Training mode: largest relative change of the final mean loss.
+        output_kind: How fidelity judges each output (see :func:`autotune._fidelity.infer_kinds`).
     """
 
     model: Any
@@ -79,6 +81,7 @@ class WorkerSpec:
     effective_batch_size: int | None = None
     n_train_steps: int = 20
     loss_tolerance: float = 0.05
+    output_kind: Any = "auto"
 
 
 def _is_oom(exc: BaseException) -> bool:
@@ -162,7 +165,7 @@ class TrialContext:
         self.extras = self._extras()
         baseline = self.build(spec.baseline)
         self._probe(baseline)
-        self.reference: Reference = make_reference(baseline, self.samples, spec.metric)
+        self.reference: Reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
         self.info = {
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "baseline_metric": self.reference.metric,
@@ -187,7 +190,7 @@ class TrialContext:
             example=default_collate(self.samples[: max(2, min(8, len(self.samples)))]),
             calibration=calibration,
             loss_fn=spec.loss_fn,
-            train_dataset=spec.train_dataset if spec.train_dataset is not None else spec.dataset,
+            train_dataset=finetune_dataset(spec),
             batch_size=size,
             prune_ignore=tuple(spec.prune_ignore),
             seed=spec.seed,
@@ -259,6 +262,8 @@ class TrialContext:
                 self.spec.device,
                 self.spec.metric,
                 self.reference.outputs,
+                self.reference.kinds,
+                self.reference.mask,
             )
             result["guard_s"] = time.perf_counter() - guard_start
             result["metric"] = value
@@ -342,7 +347,7 @@ class TrialContext:
         import dataclasses as dc
         from pathlib import Path
 
-        from .export import export_artifacts
+        from .export import export_artifacts, ship_measured
 
         if config.get("compile_mode", "none") != "none":
             torch._dynamo.reset()
@@ -355,12 +360,22 @@ class TrialContext:
             "metric": self.spec.metric,
             "baseline_metric": self.reference.metric,
             "max_metric_drop": self.spec.max_metric_drop,
+            "baseline_outputs": self.reference.outputs,
+            "kinds": self.reference.kinds,
+            "mask": self.reference.mask,
+            "metric_chunk": self.reference.chunk,
         }
-        rest = [f for f in formats if f != "onnx"]
         size, out = state.batch_size, Path(out_dir)
-        artifacts = export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common)
         by_format = {}
-        if "onnx" in formats:
+        artifacts: dict[str, Any] = {}
+        measured = state.artifact if state.artifact and state.artifact["format"] in formats else None
+        if measured is not None:
+            # The winner ran an exported file: that file ships, not a re-export of its torch model.
+            artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))
+            by_format[measured["format"]] = collect_outputs(state, self.samples)
+        rest = [f for f in formats if f != "onnx" and f not in artifacts]
+        artifacts.update(export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common))
+        if "onnx" in formats and "onnx" not in artifacts:
             model, note = _onnx_form(tuned, state.device)
             onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
             if onnx["onnx"]["status"] == "failed" and state.quantization != "none" and state.float_model is not None:
@@ -380,14 +395,26 @@ class TrialContext:
                 )
             if note:
                 onnx["onnx"]["form_note"] = note
+                keep = state.model
                 state.model = model
                 by_format["onnx"] = collect_outputs(state, self.samples)
+                state.model = keep
             artifacts.update(onnx)
+        for fmt, record in artifacts.items():
+            _label(record, fmt, state, measured)
         # What `autotune verify` re-checks the artifacts against, on any machine: the validation
         # samples and the outputs of the form each artifact was exported from.
         state.model = tuned
         outputs = collect_outputs(state, self.samples)
-        torch.save({"samples": self.samples, "outputs": outputs, "outputs_by_format": by_format}, out / "parity.pt")
+        parity = {
+            "samples": _plain(self.samples),
+            "outputs": outputs,
+            "outputs_by_format": by_format,
+            "baseline_outputs": self.reference.outputs,
+            "kinds": self.reference.kinds,
+            "max_metric_drop": self.spec.max_metric_drop,
+        }
+        torch.save(parity, out / "parity.pt")
         return {"artifacts": artifacts}
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -395,8 +422,9 @@ class TrialContext:
         samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
         outputs = [collect_outputs(self.build(c), samples) for c in (baseline, best)]
         chunk, device, metric = self.reference.chunk, self.spec.device, self.spec.metric
-        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0])
-        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0])
+        judge = (self.reference.kinds, attention_mask(samples))
+        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0], *judge)
+        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0], *judge)
         return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
 
     def diagnose(self, config: dict[str, Any]) -> dict[str, Any]:
@@ -424,6 +452,53 @@ def _describe_output(out: Any) -> str:
     if out is None:
         return "None"
     return f"a {type(out).__name__}"
+
+
+def finetune_dataset(spec: WorkerSpec) -> Any:
+    """What recovery fine-tuning trains on: ``train_dataset``, else the dataset's samples outside
+    the validation subset, so nothing trains on what the guard scores."""
+    if spec.train_dataset is not None:
+        return spec.train_dataset
+    from torch.utils.data import Subset
+
+    held = set(spec.val_indices)
+    return Subset(spec.dataset, [i for i in range(len(spec.dataset)) if i not in held])
+
+
+def _check_args(common: dict[str, Any]) -> dict[str, Any]:
+    """The parity-check arguments among :func:`~autotune.export.export_artifacts`' keywords."""
+    return {k: v for k, v in common.items() if k != "fallback"}
+
+
+def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:
+    """Say whether an artifact is the measured winner; one that is not is another model, and its
+    speed is its own (``autotune verify`` times it), never the winner's speedup."""
+    if record.get("winner"):
+        return
+    why = record.get("form_note")
+    if why is None and measured is not None:
+        why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
+    if why is None and state.runtime != "torch":
+        why = f"the winner runs {state.runtime}; this is exported from its torch model"
+    record["winner"] = why is None
+    if why is not None:
+        record["form_note"] = why
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with numpy arrays and scalars as tensors and numbers, so that ``parity.pt`` loads
+    with ``weights_only=True`` and no other globals allowed."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
 
 
 def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:

@@ -135,6 +135,8 @@ class BuildState:
         float_model: With ``extras.keep_float``, a copy of the model after pruning and before
             quantization: the nearest form an exporter can take when the tuned one fails.
         torch_model: The torch module a non-torch runtime (TorchScript, ONNX Runtime) replaced.
+        artifact: The file a non-torch runtime runs, as measured: ``{"format", "path",
+            "input_names", ...}`` (ONNX: ``output_names``, ``ort`` session settings, ``precision``).
         optimizer_impl: Training mode: ``default``, ``foreach`` or ``fused`` optimizer step.
     """
 
@@ -155,6 +157,7 @@ class BuildState:
     runtime: str = "torch"
     float_model: Any = None
     torch_model: Any = None
+    artifact: dict[str, Any] | None = None
     optimizer_impl: str = "default"
 
 

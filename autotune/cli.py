@@ -236,7 +236,12 @@ def _print_artifacts(console: Any, result: Any) -> None:
             console.print(
                 f"[green]{fmt}[/green]: {art['path']} ({art['bytes'] / 2**20:.2f} MiB), parity ok "
                 f"(max abs {parity.get('max_abs', 0):.2g}, rel L2 {parity.get('rel_l2', 0):.2g})"
-                + (f"; {art['form_note']}" if art.get("form_note") else ""),
+                + (f"; {art['form_note']}" if art.get("form_note") else "")
+                + (
+                    "; NOT the measured winner: the speedup is not its own, `autotune verify` times it"
+                    if art.get("winner") is False
+                    else ""
+                ),
                 highlight=False,
             )
         else:

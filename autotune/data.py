@@ -198,14 +198,29 @@ def model_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
 def map_tensors(fn: Callable[[Any], Any], obj: Any) -> Any:
     """Apply ``fn`` to every tensor in a nested tuple/list/dict, keeping the structure.
 
-    Model-output objects with ``to_tuple()`` (as in Hugging Face models) are mapped as tuples.
+    Mappings keep their own type (a Hugging Face ``ModelOutput`` stays one, so ``.logits``
+    still works), named tuples too; other model-output objects with ``to_tuple()`` are mapped as
+    tuples.
     """
+    import copy
+
     import torch
 
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, Mapping):
-        return {k: map_tensors(fn, v) for k, v in obj.items()}
+        mapped = {k: map_tensors(fn, v) for k, v in obj.items()}
+        if type(obj) is dict:
+            return mapped
+        try:  # a copy of the caller's own type, its values replaced (ModelOutput sets attributes too)
+            same = copy.copy(obj)
+            for key, value in mapped.items():
+                same[key] = value
+            return same
+        except Exception:
+            return mapped
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a named tuple takes its fields positionally
+        return type(obj)(*(map_tensors(fn, v) for v in obj))
     if isinstance(obj, (tuple, list)):
         return type(obj)(map_tensors(fn, v) for v in obj)
     if hasattr(obj, "to_tuple"):

@@ -13,12 +13,13 @@ from typing import Any
 
 import torch
 
+from ._fidelity import attention_mask, fidelity_report, infer_kinds
 from .build import BuildState, settings_active
 from .data import map_tensors, pad_batch, slice_batch, to_device
 from .errors import InputError, TrialError
 from .measure import call_model
 
-__all__ = ["Reference", "collect_outputs", "fidelity", "evaluate"]
+__all__ = ["Reference", "collect_outputs", "fidelity", "fidelity_report", "evaluate"]
 
 
 def _leaves(out: Any) -> list[torch.Tensor]:
@@ -76,28 +77,24 @@ def check_finite(outputs: Any) -> None:
             raise TrialError("nan", f"output {i} holds {bad} NaN/inf values out of {leaf.numel()}")
 
 
-def fidelity(outputs: Any, reference: Any) -> float:
-    """How closely ``outputs`` follow the baseline's, in [0, 1] (1 = identical).
+def fidelity(outputs: Any, reference: Any, kinds: Sequence[str] | None = None, mask: Any = None) -> float:
+    """How closely ``outputs`` follow the baseline's, in [0, 1] (1 = identical): the score of
+    the worst output tensor, each judged by its kind (see :mod:`autotune._fidelity`).
 
-    Classification logits (2-D, several classes) score their top-1 agreement; other floating
-    outputs score ``1 - min(1, relative L2 error)``; integer outputs their exact agreement. The
-    score is the mean over output tensors.
+    Args:
+        outputs: A candidate's outputs on the validation samples.
+        reference: The baseline's outputs, same structure.
+        kinds: ``"logits"``, ``"embedding"`` or ``"integer"`` per output tensor; ``None``
+            judges every floating output as an embedding (logits need evidence or a declaration).
+        mask: The samples' ``attention_mask`` ``(n, seq)``: token-level outputs are judged on real
+            positions only.
+
+    Example:
+        >>> ref = torch.tensor([[2.0, 0.0], [0.0, 2.0]])
+        >>> fidelity(ref.flip(1), ref, ["logits"])
+        0.0
     """
-    outs, refs = _leaves(outputs), _leaves(reference)
-    if len(outs) != len(refs):
-        return 0.0  # the output structure itself changed
-    scores = []
-    for out, ref in zip(outs, refs, strict=True):
-        if out.shape != ref.shape:
-            scores.append(0.0)
-        elif ref.is_floating_point() and ref.dim() == 2 and ref.shape[-1] > 1:
-            scores.append(float((out.argmax(-1) == ref.argmax(-1)).float().mean()))
-        elif ref.is_floating_point():
-            err = float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-12))
-            scores.append(1.0 - min(1.0, err))
-        else:
-            scores.append(float((out == ref).float().mean()) if ref.numel() else 1.0)
-    return sum(scores) / len(scores) if scores else 1.0
+    return min((leaf["score"] for leaf in fidelity_report(outputs, reference, kinds, mask)), default=1.0)
 
 
 @dataclasses.dataclass
@@ -109,12 +106,16 @@ class Reference:
         chunk: Samples per metric batch (the baseline batch size).
         outputs: Baseline outputs on ``samples``, concatenated, on the CPU.
         metric: The baseline's metric (1.0 for fidelity).
+        kinds: The kind of each output tensor, as fidelity judges it.
+        mask: The samples' ``attention_mask`` or ``None``.
     """
 
     samples: list[Any]
     chunk: int
     outputs: Any
     metric: float
+    kinds: list[str] | None = None
+    mask: Any = None
 
 
 def evaluate(
@@ -124,13 +125,16 @@ def evaluate(
     device: str,
     metric: Callable[[Any, Any], float] | None,
     reference: Any | None,
+    kinds: Sequence[str] | None = None,
+    mask: Any = None,
 ) -> float:
     """The metric of ``outputs``: the user's metric over fixed batches, each weighted by its
-    size (a short last batch counts as its samples, not as a whole batch), or fidelity."""
+    size (a short last batch counts as its samples, not as a whole batch), or fidelity to
+    ``reference`` judged with ``kinds`` and ``mask`` (see :func:`fidelity`)."""
     from torch.utils.data import default_collate
 
     if metric is None:
-        return 1.0 if reference is None else fidelity(outputs, reference)
+        return 1.0 if reference is None else fidelity(outputs, reference, kinds, mask)
     values, sizes = [], []
     for start in range(0, len(samples), chunk):
         part = list(samples[start : start + chunk])
@@ -145,8 +149,14 @@ def evaluate(
     return sum(v * n for v, n in zip(values, sizes, strict=True)) / sum(sizes)
 
 
-def make_reference(state: BuildState, samples: list[Any], metric: Callable[[Any, Any], float] | None) -> Reference:
-    """Run the baseline on the validation samples and score it."""
+def make_reference(
+    state: BuildState,
+    samples: list[Any],
+    metric: Callable[[Any, Any], float] | None,
+    output_kind: Any = "auto",
+    loss_fn: Any = None,
+) -> Reference:
+    """Run the baseline on the validation samples, score it and tell the kind of each output."""
     outputs = collect_outputs(state, samples)
     try:
         check_finite(outputs)
@@ -160,4 +170,12 @@ def make_reference(state: BuildState, samples: list[Any], metric: Callable[[Any,
         raise InputError(f"Your metric failed on the baseline's outputs: {exc}") from None
     if value != value:  # NaN
         raise InputError("Your metric returned NaN on the baseline's outputs; it must return a number.")
-    return Reference(samples=samples, chunk=state.batch_size, outputs=outputs, metric=value)
+    kinds = infer_kinds(outputs, samples, output_kind, loss_fn)
+    return Reference(
+        samples=samples,
+        chunk=state.batch_size,
+        outputs=outputs,
+        metric=value,
+        kinds=kinds,
+        mask=attention_mask(samples),
+    )

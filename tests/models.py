@@ -266,3 +266,35 @@ class CpuHog:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+class TinyEmbedder(nn.Module):
+    """Token ids (B, 16) and an ``attention_mask`` (B, 16; 1 = real) -> a (B, 64) sentence embedding.
+
+    Like real encoders, one dimension carries a large constant ("massive activation"), so the
+    embedding's argmax never moves however the others are damaged.
+    """
+
+    def __init__(self, vocab: int = 100, width: int = 64) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.register_buffer("outlier", torch.eye(width)[0] * 10.0)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(self.embed(input_ids), src_key_padding_mask=attention_mask == 0)
+        keep = attention_mask.unsqueeze(-1).float()
+        return (hidden * keep).sum(1) / keep.sum(1).clamp_min(1.0) + self.outlier
+
+
+def sentence_data(n: int = 128, seed: int = 0) -> list:
+    """Dict samples {"input_ids", "attention_mask"} with 0-3 padded positions and no target."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for i in range(n):
+        mask = torch.ones(16, dtype=torch.long)
+        mask[12 + i % 4 :] = 0
+        samples.append({"input_ids": torch.randint(0, 100, (16,), generator=gen), "attention_mask": mask})
+    return samples

@@ -1,5 +1,8 @@
 """apply() rebuilds a compressed winner in the user's own code."""
 
+import collections
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,3 +21,43 @@ def test_apply_rebuilds_a_pruned_and_quantized_model():
 def test_apply_without_data_says_what_is_missing():
     with pytest.raises(autotune.ConfigError, match=r"pass dataset= to autotune\.apply"):
         autotune.apply(TinyCNN(), {"prune_ratio": 0.5}, device="cpu")
+
+
+@dataclasses.dataclass
+class FakeModelOutput(collections.OrderedDict):
+    """What a Hugging Face ``ModelOutput`` is: an OrderedDict dataclass whose keys are attributes."""
+
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            if getattr(self, field.name) is not None:
+                self[field.name] = getattr(self, field.name)
+
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value)
+        super().__setattr__(key, value)
+
+    def to_tuple(self):
+        return tuple(self.values())
+
+
+class Classifier(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.head = torch.nn.Linear(16, 8), torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        hidden = self.body(x)
+        return FakeModelOutput(logits=self.head(hidden), hidden=hidden)
+
+
+def test_apply_keeps_the_models_own_output_type():
+    x = torch.randn(4, 16)
+    tuned = autotune.apply(Classifier(), {"amp_dtype": "bfloat16", "channels_last": False})
+    with torch.no_grad():
+        out = tuned(x)
+    assert type(out) is FakeModelOutput
+    assert out.logits.shape == (4, 4) and out.logits.dtype == torch.float32 and out["hidden"] is out.hidden

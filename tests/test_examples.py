@@ -80,7 +80,10 @@ def test_quickstart_cli(tmp_path: Path) -> None:
 
 def test_digits_cli(tmp_path: Path) -> None:
     result = _check_outputs(_run_cfg("digits.py", tmp_path))
-    assert result["guard"] == {"metric": "user", "max_metric_drop": 0.01}
+    guard = result["guard"]
+    assert {k: guard[k] for k in ("metric", "max_metric_drop")} == {"metric": "user", "max_metric_drop": 0.01}
+    # It fine-tunes on its own train split, never on the samples the guard scores; recorded.
+    assert guard["finetune_data"] == "train_dataset"
     # The baseline metric is the model's accuracy on the tuning split.
     assert result["baseline"]["metric"] >= 0.95
 

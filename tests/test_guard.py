@@ -5,17 +5,41 @@ import torch
 
 import autotune
 from autotune.guard import fidelity
-from tests.models import MLP, WrongButFastUnderAutocast, classification_data
+from tests.models import MLP, TinyEmbedder, WrongButFastUnderAutocast, classification_data, sentence_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
 
 
+def test_an_int8_embedding_model_that_loses_its_geometry_is_infeasible_under_the_default_guard(tmp_path):
+    pytest.importorskip("onnxruntime")
+    result = autotune.optimize(
+        TinyEmbedder(),
+        sentence_data(),
+        space={"base": None},
+        fix={"runtime": "onnxruntime", "ort_precision": "int8_dynamic"},
+        out_dir=tmp_path,
+        baseline_batch_size=16,
+        measure=FAST,
+        n_verify_pairs=1,
+        n_trials=2,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+    int8 = next(t for t in result.study.trials if t.user_attrs["config"]["runtime"] == "onnxruntime")
+    attrs = int8.user_attrs
+    # Its argmax never moves (one dominant dimension), so top-1 agreement would pass it at 1.0.
+    assert attrs["status"] == "infeasible" and attrs["kind"] == "guard", attrs
+    assert attrs["metric_drop"] > 0.02
+    assert result.best_config["runtime"] == "torch"
+
+
 def test_fidelity_scores_top1_agreement_for_logits():
     ref = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
-    assert fidelity(ref.clone(), ref) == 1.0
+    assert fidelity(ref.clone(), ref, ["logits"]) == 1.0
     flipped = ref.clone()
     flipped[0] = torch.tensor([0.0, 1.0])
-    assert fidelity(flipped, ref) == pytest.approx(0.75)
+    assert fidelity(flipped, ref, ["logits"]) == pytest.approx(0.75)
 
 
 def test_fidelity_scores_relative_error_for_other_outputs():

@@ -216,3 +216,36 @@ def test_macs_count_cpu_attention_and_lstm_layers():
     lstm = nn.LSTM(64, 128, batch_first=True)
     macs, _ = _prune.count_macs(lstm, (torch.randn(2, 12, 64),), {})
     assert macs == 2 * 12 * 4 * 128 * (64 + 128)
+
+
+def test_fine_tuning_never_trains_on_the_samples_the_guard_scores(tmp_path):
+    import json
+
+    import torch.nn.functional as F
+
+    import autotune
+    from autotune._worker import WorkerSpec, finetune_dataset
+    from autotune.measure import MeasureSettings
+    from tests.models import MLP, classification_data
+
+    data = classification_data(200)  # fewer than n_val: the guard used to score all 200
+    result = autotune.optimize(
+        MLP(),
+        data,
+        space={"base": None, "batch_size": [8]},
+        loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]),
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        n_trials=1,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+    guard = json.loads((tmp_path / "best_config.json").read_text())["guard"]
+    assert guard["n_val"] == 100 and guard["finetune_data"] == "dataset samples outside the validation subset"
+    assert result.best_config is not None
+    val = autotune.data.validation_indices(200, 100)
+    spec = WorkerSpec(MLP(), data, None, "cpu", {}, val, MeasureSettings())
+    train = finetune_dataset(spec)
+    assert len(train) == 100 and not set(train.indices) & set(val)

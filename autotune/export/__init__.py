@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import ConfigError
 
-__all__ = ["FILE_NAMES", "FORMATS", "ORT_DEFAULTS", "export_artifacts", "file_digest"]
+__all__ = ["FILE_NAMES", "FORMATS", "ORT_DEFAULTS", "export_artifacts", "file_digest", "ship_measured"]
 
 FORMATS = ("onnx", "torchscript")
 FILE_NAMES = {"onnx": "model.onnx", "torchscript": "model.pt"}
@@ -117,6 +117,56 @@ def _export_one(
     return {**record, "status": "ok"}
 
 
+def ship_measured(
+    artifact: dict[str, Any], module: Any, samples: list, batch_size: int, out_dir: Path, **check: Any
+) -> dict[str, dict[str, Any]]:
+    """Ship the very file a ``runtime=torchscript`` or ``runtime=onnxruntime`` winner ran when it
+    was measured (an ONNX Runtime int8 graph stays int8), with its session settings, and check it
+    against that measured module and, through ``check``, against the baseline.
+
+    Args:
+        artifact: :attr:`autotune.build.BuildState.artifact` of the winner's build.
+        module: The module the trial measured (it runs ``artifact``'s file).
+        samples: Validation samples (uncollated).
+        batch_size: Samples per batch, recorded for loading.
+        out_dir: Where the file goes.
+        **check: Keyword arguments of :func:`~autotune.export.parity.check_parity`.
+
+    Returns:
+        ``{format: record}`` as :func:`export_artifacts` writes it, with ``"winner": True``.
+    """
+    import shutil
+
+    from .parity import check_parity, describe_error
+
+    fmt = artifact["format"]
+    path = Path(out_dir) / FILE_NAMES[fmt]
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(artifact["path"], path)
+    record: dict[str, Any] = {k: v for k, v in artifact.items() if k not in ("format", "path")}
+    record.update(path=path.name, batch_size=batch_size, bytes=path.stat().st_size, sha256=file_digest(path))
+    record.update(winner=True, measured_as="the winner's own file, as measured in the search")
+    if fmt == "onnx":
+        from .onnx import OrtModule
+
+        ort = artifact["ort"]
+        run: Any = OrtModule(path, artifact["input_names"], artifact["output_names"], **ort)
+    else:
+        import torch
+
+        from .torchscript import ScriptRunner
+
+        run = ScriptRunner(torch.jit.load(str(path)), artifact["input_names"])
+    try:
+        parity = check_parity(run, module, samples, batch_size, **check)
+    except Exception as exc:
+        return {fmt: {**record, "status": "failed", "error": f"the parity check raised {describe_error(exc)}"}}
+    record["parity"] = parity
+    if not parity["ok"]:
+        return {fmt: {**record, "status": "failed", "error": f"parity: {parity['reason']}"}}
+    return {fmt: {**record, "status": "ok"}}
+
+
 def export_artifacts(
     model: Any,
     example: Any,
@@ -130,6 +180,10 @@ def export_artifacts(
     baseline_metric: float | None = None,
     max_metric_drop: float = 0.01,
     onnx_source: tuple[Any, str, list] | None = None,
+    baseline_outputs: Any = None,
+    kinds: list[str] | None = None,
+    mask: Any = None,
+    metric_chunk: int | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Write ``model.onnx`` / ``model.pt`` into ``out_dir`` and check each against ``model``.
 
@@ -152,6 +206,8 @@ def export_artifacts(
         onnx_source: ``(float model, method, calibration batches)``: export the float model and
             quantize the graph with ONNX Runtime's ``method`` instead of exporting ``model``
             (a torch-quantized model the exporters cannot take).
+        baseline_outputs, kinds, mask, metric_chunk: The untuned model's outputs on ``samples``
+            and how the guard judges them (see :func:`~autotune.export.parity.check_parity`).
 
     Returns:
         Per format: ``{"path"`` (file name in ``out_dir``), ``"bytes", "sha256", "batch_size",``
@@ -175,6 +231,10 @@ def export_artifacts(
         "metric": metric,
         "baseline_metric": baseline_metric,
         "max_metric_drop": max_metric_drop,
+        "baseline_outputs": baseline_outputs,
+        "kinds": kinds,
+        "mask": mask,
+        "metric_chunk": metric_chunk,
     }
     return {
         fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source) for fmt in dict.fromkeys(formats)

@@ -153,11 +153,17 @@ def _run_batches(fn: Callable[..., Any], samples: list[Any], batch_size: int, de
 
 
 def _errors(outputs: Any, reference: Any) -> tuple[float, float, str | None]:
-    """(max absolute error, relative L2 error, why they cannot be compared or ``None``)."""
+    """(max absolute error, the largest relative L2 error of any output, why they cannot be
+    compared or ``None``).
+
+    Each output's error is relative to its own scale (``||out - ref|| / ||ref||``), so a small
+    output cannot hide behind a large one, and an output of tiny magnitude is not excused by an
+    absolute tolerance: an all-zero artifact is 100% off whatever the scale.
+    """
     outs, refs = output_leaves(outputs), output_leaves(reference)
     if len(outs) != len(refs):
         return math.inf, math.inf, f"the artifact returns {len(outs)} tensors, the model {len(refs)}"
-    max_abs, sq_err, sq_ref = 0.0, 0.0, 0.0
+    max_abs, worst = 0.0, 0.0
     for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
         if out.shape != ref.shape:
             return math.inf, math.inf, f"output {i} has shape {list(out.shape)}, the model's {list(ref.shape)}"
@@ -166,9 +172,9 @@ def _errors(outputs: Any, reference: Any) -> tuple[float, float, str | None]:
             return math.inf, math.inf, f"output {i} holds NaN/inf values"
         if out.numel():
             max_abs = max(max_abs, float((out - ref).abs().max()))
-        sq_err += float(((out - ref) ** 2).sum())
-        sq_ref += float((ref**2).sum())
-    return max_abs, math.sqrt(sq_err) / max(math.sqrt(sq_ref), 1e-12), None
+        err, scale = float(torch.linalg.vector_norm(out - ref)), float(torch.linalg.vector_norm(ref))
+        worst = max(worst, 0.0 if err == 0 else err / max(scale, 1e-30))
+    return max_abs, worst, None
 
 
 def _finite(value: float | None) -> float | None:
@@ -184,9 +190,12 @@ def check_parity(
     *,
     metric: Callable[[Any, Any], float] | None = None,
     baseline_metric: float | None = None,
-    atol: float = 1e-3,
     rtol_l2: float = 1e-2,
     max_metric_drop: float = 0.01,
+    baseline_outputs: Any = None,
+    kinds: list[str] | None = None,
+    mask: Any = None,
+    metric_chunk: int | None = None,
 ) -> dict[str, Any]:
     """Run an artifact and its reference model on ``samples`` and compare their outputs.
 
@@ -200,16 +209,25 @@ def check_parity(
         metric: ``metric(outputs, batch) -> float``, higher is better; ``None`` checks the
             outputs' errors alone.
         baseline_metric: The metric to compare with; ``None`` scores the reference's outputs.
-        atol: The largest absolute error that passes on its own.
-        rtol_l2: The largest relative L2 error (``||out - ref|| / ||ref||``) that passes.
-        max_metric_drop: The largest drop of the metric below ``baseline_metric`` that passes.
+        rtol_l2: The largest relative L2 error of any output against its own scale
+            (``||out - ref|| / ||ref||``) that passes.
+        max_metric_drop: The largest drop of the metric below ``baseline_metric`` (or, without
+            a metric, of fidelity to ``baseline_outputs``) that passes.
+        baseline_outputs: The untuned model's outputs on ``samples``: without a metric, the
+            artifact must keep the guard's fidelity to them, so export drift cannot add to the
+            drift the guard allowed the tuned model.
+        kinds: The kind of each output, as the guard judges it (:func:`autotune.guard.fidelity`).
+        mask: The samples' ``attention_mask``, as the guard uses it.
+        metric_chunk: Samples per metric batch: the guard's (the baseline batch size), so the
+            metric sees the batches the baseline's metric saw; default ``batch_size``.
 
     Returns:
-        ``{"max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "ok", "reason"}``:
-        ``fidelity`` is the top-1 agreement for classification logits (see
-        :func:`autotune.guard.fidelity`); ``ok`` holds when (``rel_l2 <= rtol_l2`` or
-        ``max_abs <= atol``) and the metric drop is at most ``max_metric_drop``; ``reason`` says
-        in one line why not (``None`` when ok). Unmeasurable numbers are ``None``.
+        ``{"max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity", "ok",
+        "reason"}``: ``rel_l2`` is the largest per-output relative error against the reference;
+        ``fidelity`` the guard's fidelity to the reference's outputs and ``baseline_fidelity``
+        to ``baseline_outputs``; ``ok`` holds when ``rel_l2 <= rtol_l2``, and the metric drop
+        (or ``1 - baseline_fidelity``) is at most ``max_metric_drop``; ``reason`` says in one
+        line why not (``None`` when ok). Unmeasurable numbers are ``None``.
 
     Example:
         >>> model = nn.Linear(4, 2)
@@ -225,25 +243,33 @@ def check_parity(
     finally:
         if was_training:  # only then: a PT2E graph refuses train()
             reference.train()
-    result: dict[str, Any] = dict.fromkeys(("max_abs", "rel_l2", "metric", "metric_drop", "fidelity"))
+    result: dict[str, Any] = dict.fromkeys(
+        ("max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity")
+    )
     try:
         outputs = _run_batches(run, samples, batch_size, device)
     except Exception as exc:  # any failure of the artifact is its verdict, not the caller's crash
         return {**result, "ok": False, "reason": f"the artifact raised {describe_error(exc)}"}
     max_abs, rel_l2, mismatch = _errors(outputs, expected)
-    result.update(max_abs=_finite(max_abs), rel_l2=_finite(rel_l2), fidelity=fidelity(outputs, expected))
     if mismatch is not None:
-        return {**result, "ok": False, "reason": mismatch}
+        return {**result, "max_abs": _finite(max_abs), "rel_l2": _finite(rel_l2), "ok": False, "reason": mismatch}
+    result.update(max_abs=_finite(max_abs), rel_l2=_finite(rel_l2), fidelity=fidelity(outputs, expected, kinds, mask))
     reason = None
-    if not (rel_l2 <= rtol_l2 or max_abs <= atol):
-        reason = (
-            f"outputs differ from the model's: relative L2 error {rel_l2:.3g} > {rtol_l2:g} "
-            f"and max abs error {max_abs:.3g} > {atol:g}"
-        )
+    if not rel_l2 <= rtol_l2:
+        reason = f"an output differs from the model's by a relative L2 error of {rel_l2:.3g} > {rtol_l2:g}"
+    if metric is None and baseline_outputs is not None:
+        kept = fidelity(outputs, baseline_outputs, kinds, mask)
+        result["baseline_fidelity"] = kept
+        if reason is None and not 1.0 - kept <= max_metric_drop:
+            reason = (
+                f"against the untuned model the artifact's fidelity is {kept:.4g}, a drop of {1.0 - kept:.4g} "
+                f"> {max_metric_drop:g}: export drift added to the tuned model's"
+            )
     if metric is not None:
-        value = evaluate(outputs, samples, batch_size, str(device), metric, None)
+        chunk = metric_chunk or batch_size
+        value = evaluate(outputs, samples, chunk, str(device), metric, None)
         if baseline_metric is None:
-            baseline_metric = evaluate(expected, samples, batch_size, str(device), metric, None)
+            baseline_metric = evaluate(expected, samples, chunk, str(device), metric, None)
         drop = baseline_metric - value
         result.update(metric=_finite(value), metric_drop=_finite(drop))
         if reason is None and not drop <= max_metric_drop:  # `not <=` so that NaN fails too

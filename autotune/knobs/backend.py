@@ -65,6 +65,7 @@ class Runtime(Knob):
                 info = ts.export_torchscript(state.model, extras.example, folder / "model.pt")
                 script = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
                 state.model = ts.ScriptRunner(script, info["input_names"])
+                state.artifact = {"format": "torchscript", **info, "path": str(folder / "model.pt")}
             else:
                 state.model, info = _ort_module(state, extras, folder)
         except Exception as exc:  # an exporter's failure rules this candidate out, nothing more
@@ -95,6 +96,15 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
         intra_op_threads=config["num_threads"] or 0,
         io_binding=config["ort_io_binding"],
     )
+    # The graph and session settings that were measured: what the export ships for this winner.
+    ort = {"provider": module.provider, "graph_optimization": module.graph_optimization}
+    state.artifact = {
+        "format": "onnx",
+        **info,
+        "path": str(path),
+        "precision": precision,
+        "ort": {**ort, "intra_op_threads": module.intra_op_threads},
+    }
     return module, {**info, "precision": precision}
 
 

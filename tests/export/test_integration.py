@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import autotune
-from tests.models import Oracle, classification_data
+from tests.models import MLP, Oracle, classification_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
 
@@ -93,7 +93,39 @@ def test_int8_winner_onnx_is_the_pruned_float_model_quantized_by_onnxruntime(tmp
     # ONNX Runtime's int8 is not torch's int8: the outputs differ by a few percent, which the
     # parity check measures and judges with the export's tolerances, never hides.
     parity = onnx["parity"]
-    assert parity["rel_l2"] < 0.1 and parity["fidelity"] >= 0.9
+    assert parity["rel_l2"] < 0.2 and parity["fidelity"] >= 0.9
     assert (onnx["status"] == "ok") == parity["ok"]
+    # It is not the model that was measured: labelled so, never shown under the winner's speedup.
+    assert onnx["winner"] is False
     fp32_bytes = result.baseline["size_bytes"]
     assert onnx["bytes"] <= 0.35 * fp32_bytes  # the int8 weights really are in the file
+
+
+def test_an_onnxruntime_int8_winner_ships_its_measured_quantized_graph(tmp_path):
+    import onnx as onnx_lib
+
+    result = autotune.optimize(
+        MLP(),
+        classification_data(128),
+        space={"base": None},
+        fix={"runtime": "onnxruntime", "ort_precision": "int8_dynamic"},
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure=FAST,
+        n_verify_pairs=1,
+        max_metric_drop=1.0,  # the int8 candidate must win: this is about what ships
+        isolation="inprocess",
+        baseline_batch_size=16,
+    )
+    assert result.best_config["runtime"] == "onnxruntime"
+    artifacts = json.loads((tmp_path / "best_config.json").read_text())["artifacts"]
+    onnx = artifacts["onnx"]
+    ops = {node.op_type for node in onnx_lib.load(str(tmp_path / "model.onnx")).graph.node}
+    assert "MatMulInteger" in ops or "DynamicQuantizeLinear" in ops, ops
+    assert onnx["winner"] is True and onnx["precision"] == "int8_dynamic"
+    assert onnx["ort"]["graph_optimization"] == result.best_config["ort_graph_optimization"]
+    assert onnx["parity"]["rel_l2"] == 0.0  # the very graph that was measured
+    assert artifacts["torchscript"]["winner"] is False and "torch model" in artifacts["torchscript"]["form_note"]
+    report = autotune.verify(tmp_path)
+    assert report["artifacts"]["onnx"]["status"] == "ok" and report["artifacts"]["onnx"]["samples_per_s"] > 0

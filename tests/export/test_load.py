@@ -12,7 +12,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from autotune._load import Predictor, load
-from autotune.errors import ConfigError
+from autotune.errors import ConfigError, InputError
 from autotune.export import export_artifacts
 from tests.models import SmallCNN
 
@@ -111,3 +111,32 @@ def test_clear_errors_for_missing_or_empty_runs(tmp_path, cnn_run):
     _write_run(tmp_path, {"onnx": {"path": "model.onnx", "status": "ok", "input_names": ["input_0"]}})
     with pytest.raises(ConfigError, match="is missing"):
         load(tmp_path)
+
+
+class PairDict(Pair):
+    """Keyword inputs, a dict of outputs."""
+
+    def forward(self, ids: torch.Tensor, scale: torch.Tensor) -> dict:
+        logits = super().forward(ids, scale)
+        return {"logits": logits, "probs": logits.softmax(-1)}
+
+
+def test_keyword_calls_and_the_same_output_structure_from_every_format(tmp_path):
+    model = PairDict().eval()
+    gen = torch.Generator().manual_seed(0)
+    samples = [
+        {"ids": torch.randint(0, 10, (5,), generator=gen), "scale": torch.rand(1, generator=gen)[0]} for _ in range(8)
+    ]
+    artifacts = export_artifacts(model, default_collate(samples[:4]), samples, 4, tmp_path, ["onnx", "torchscript"])
+    assert all(a["status"] == "ok" for a in artifacts.values()), artifacts
+    _write_run(tmp_path, artifacts, batch_size=4)
+    batch = default_collate(samples[:6])
+    with torch.no_grad():
+        expected = model(**batch)
+    for fmt in ("onnx", "torchscript"):
+        predict = load(tmp_path, format=fmt)
+        for out in (predict(**batch), predict(batch)):
+            assert isinstance(out, dict) and list(out) == ["logits", "probs"], (fmt, type(out))
+            torch.testing.assert_close(out["logits"], expected["logits"], rtol=1e-4, atol=1e-5)
+    with pytest.raises(InputError, match="not both"):
+        predict(batch, **batch)

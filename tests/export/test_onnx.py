@@ -180,9 +180,11 @@ def test_static_int8_is_under_a_third_of_the_size_and_keeps_top1(convnet_onnx, t
     q = quantize_onnx(info["path"], tmp_path / "int8.onnx", "int8_static", calibration)
     assert q["quant_format"] == "QDQ" and q["bytes"] <= 0.30 * q["src_bytes"]
     runner = OrtModule(q["path"], info["input_names"], info["output_names"], intra_op_threads=1)
-    parity = check_parity(runner, model, samples, 8, metric=_accuracy, baseline_metric=1.0, rtol_l2=0.1)
-    assert parity["fidelity"] >= 0.8  # top-1 agreement with the float model
-    assert parity["metric_drop"] == pytest.approx(1.0 - parity["fidelity"])
+    parity = check_parity(
+        runner, model, samples, 8, metric=_accuracy, baseline_metric=1.0, rtol_l2=0.1, kinds=["logits"]
+    )
+    assert parity["fidelity"] >= 0.8  # top-1 agreement with the float model, and probabilities
+    assert 0.0 <= parity["metric_drop"] <= 0.2
     assert parity["rel_l2"] is not None and parity["rel_l2"] < 0.1
 
 
@@ -192,7 +194,8 @@ def test_dynamic_int8_survives_weights_shared_between_layers(tmp_path):
     info = export_onnx(model, default_collate(samples[:4]), tmp_path / "model.onnx")
     q = quantize_onnx(info["path"], tmp_path / "int8.onnx", "int8_dynamic", [])
     runner = OrtModule(q["path"], info["input_names"], info["output_names"], intra_op_threads=1)
-    parity = check_parity(runner, model, samples, 8, rtol_l2=0.1)
+    # Each output is judged against its own scale; a doubly transposed weight is off by more than 100%.
+    parity = check_parity(runner, model, samples, 8, rtol_l2=0.5)
     assert parity["ok"], parity["reason"]
 
 

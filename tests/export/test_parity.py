@@ -1,0 +1,80 @@
+"""Strict parity: each output against its own scale, and the artifact against the baseline."""
+
+import torch
+from torch import nn
+
+from autotune.export.parity import check_parity
+
+
+class Scaled(nn.Module):
+    def __init__(self, model: nn.Module, factor: float) -> None:
+        super().__init__()
+        self.model, self.factor = model, factor
+
+    def forward(self, x):
+        return self.model(x) * self.factor
+
+
+class TwoOutputs(nn.Module):
+    """A large output and a small one: an error pooled over both would hide the small one's."""
+
+    def __init__(self, ruin_small: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.big, self.small = nn.Linear(8, 4), nn.Linear(8, 4)
+        self.ruin_small = ruin_small
+
+    def forward(self, x):
+        small = 1e-3 * self.small(x)
+        return {"big": 1e3 * self.big(x), "small": torch.zeros_like(small) if self.ruin_small else small}
+
+
+def _samples(n: int = 32) -> list:
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randn(8, generator=gen) for _ in range(n)]
+
+
+def test_an_all_zero_artifact_fails_against_small_outputs():
+    torch.manual_seed(0)
+    model = Scaled(nn.Linear(8, 4), 1e-4).eval()  # outputs of magnitude 1e-4
+    zeros = Scaled(model.model, 0.0)
+    parity = check_parity(zeros, model, _samples(), 8)
+    assert not parity["ok"] and parity["rel_l2"] == 1.0
+    assert parity["max_abs"] < 1e-3  # what used to pass it on its own
+
+
+def test_each_output_is_judged_against_its_own_scale():
+    parity = check_parity(TwoOutputs(ruin_small=True).eval(), TwoOutputs().eval(), _samples(), 8)
+    assert not parity["ok"] and parity["rel_l2"] == 1.0
+    assert check_parity(TwoOutputs().eval(), TwoOutputs().eval(), _samples(), 8)["ok"]
+
+
+def _outputs(model: nn.Module, samples: list) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.stack(samples))
+
+
+def test_export_drift_cannot_stack_on_the_drift_the_guard_allowed():
+    torch.manual_seed(0)
+    baseline = nn.Linear(8, 16).eval()
+    tuned = Scaled(baseline, 1.008).eval()  # 0.8% off the baseline: the guard passes it at 0.01
+    artifact = Scaled(tuned, 1.008).eval()  # another 0.8% off the tuned model: parity alone passes
+    samples = _samples()
+    reference = _outputs(baseline, samples)
+    alone = check_parity(artifact, tuned, samples, 8)
+    assert alone["ok"]
+    parity = check_parity(artifact, tuned, samples, 8, baseline_outputs=reference, kinds=["embedding"])
+    assert not parity["ok"] and "untuned" in parity["reason"]
+    assert parity["baseline_fidelity"] < 0.99
+    assert check_parity(tuned, tuned, samples, 8, baseline_outputs=reference, kinds=["embedding"])["ok"]
+
+
+def test_the_metric_is_scored_on_the_batches_the_baseline_metric_saw():
+    def full_batches(outputs, batch):  # a metric that depends on the batch structure
+        return float(len(outputs) == 8)
+
+    model = nn.Linear(8, 4).eval()
+    samples = _samples(32)
+    # the artifact runs at batch 16, the guard scored batches of 8
+    parity = check_parity(model, model, samples, 16, metric=full_batches, baseline_metric=1.0, metric_chunk=8)
+    assert parity["ok"] and parity["metric"] == 1.0
