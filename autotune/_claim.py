@@ -13,7 +13,9 @@ claimed speedup is their geometric mean, which is exactly the ratio of the figur
 the pick and the baseline (each the geometric mean of its rounds); the interval is a Student-t
 interval on the log-ratios. When the interval includes 1.0 there is no measurable speedup and
 the baseline is kept; when the rounds ran beside other busy processes, or the interval stays
-wide, no speedup is claimed and the report says the machine was too busy.
+wide, no speedup is claimed, the baseline is kept too (with throughput the only objective: a
+pick made under load can be slower on a quiet machine) and the report says the machine was
+too busy.
 """
 
 from __future__ import annotations

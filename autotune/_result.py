@@ -178,7 +178,7 @@ def claim_speedup(
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
         baseline stands, the finalists' table). When speed is the only objective, the baseline
         stands if no finalist beats it in selection or the confirmation finds no measurable
-        speedup; with other objectives (size, say) a slower winner can still be the right one.
+        speedup, or ran beside busy processes (``noisy``); with other objectives (size, say) a slower winner can still be the right one.
         A failed measurement leaves the search's best trial, unconfirmed.
     """
     from .errors import TrialError
@@ -192,7 +192,9 @@ def claim_speedup(
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_rounds, n_max=3 * n_rounds, diagnose=diagnose)
     except TrialError as exc:  # the study stands; its best trial is reported unconfirmed
         return finalists[0], None, [{"error": str(exc)}]
-    if speed_only and confirmed["claim"]["verdict"] == "none":
+    if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy"):
+        # Nothing measurable, or measured beside busy processes: a pick made under load (one
+        # thread, say) can be slower on a quiet machine, so the model as given stands.
         confirmed["kept_baseline"] = pick["number"]
         return baseline, confirmed, table
     return pick, confirmed, table
@@ -221,8 +223,12 @@ def _claim_fields(
     """The ``speedup`` entry of best_config.json: one measurement behind every figure shown."""
     if confirmed is not None:
         claim = dict(confirmed["claim"])
-        if best["key"] == baseline["key"]:  # confirmation found nothing measurable: the baseline stands
-            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "method": "no measurable speedup",
+        if best["key"] == baseline["key"]:  # confirmation found nothing to claim: the baseline stands
+            noisy = claim["verdict"] == "noisy"
+            sentence = claim["sentence"] + (f"; the baseline is kept (trial {confirmed.get('kept_baseline')} was the "
+                                            "pick, see speedup.rejected)" if noisy else "")  # fmt: skip
+            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "sentence": sentence,
+                    "method": "not claimed, baseline kept" if noisy else "no measurable speedup",
                     "rejected_trial": confirmed.get("kept_baseline"), "rejected": confirmed["claim"]}  # fmt: skip
         return {**claim, "method": "confirmation rounds"}
     if best["key"] == baseline["key"]:
