@@ -25,7 +25,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Claim", "interval", "judge", "geomean"]
+__all__ = ["Claim", "enough_rounds", "geomean", "half_width", "interval", "judge"]
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T975 = (
@@ -73,6 +73,26 @@ def half_width(ratios: Sequence[float]) -> float:
     """The interval's larger relative distance from its centre (0.05 means within +-5%)."""
     mid, lo, hi = interval(ratios)
     return max(hi / mid - 1.0, 1.0 - lo / mid) if math.isfinite(hi) else math.inf
+
+
+def enough_rounds(
+    rounds: Sequence[Sequence[dict[str, Any]]], n_min: int, target: float | None, max_s: float | None, elapsed: float
+) -> bool:
+    """Whether interleaved rounds may stop: at least ``n_min`` done, and either ``max_s`` seconds
+    spent or (two configurations, a ``target``) the ratio's interval within +-``target``.
+
+    Example:
+        >>> row = [{"samples_per_s": 100.0}, {"samples_per_s": 150.0}]
+        >>> enough_rounds([row] * 3, 3, 0.05, None, 1.0), enough_rounds([row] * 2, 3, 0.05, None, 1.0)
+        (True, False)
+    """
+    if len(rounds) < n_min:
+        return False
+    if max_s is not None and elapsed > max_s:
+        return True
+    if target is None or len(rounds[0]) != 2:
+        return False
+    return half_width([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]) <= target
 
 
 def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> Claim:

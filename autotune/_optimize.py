@@ -266,7 +266,9 @@ def optimize(
             ``size`` (compressed bytes, min), ``memory`` (peak, min) and ``metric`` (max); default
             the preset's own (``shrink`` declares size and latency), else ``("throughput",)``.
         n_trials: Measured trials in the study (a resumed study counts its earlier ones).
-        timeout: Seconds for this call's search; ``None`` for no limit.
+        timeout: Seconds for this call's search; ``None`` for no limit. A trial still running at
+            the deadline is stopped; the rounds that confirm the winner then take about a quarter
+            of it (20 to 90 s), export and reports follow.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         out_dir: Directory of the result files.
         storage: Optuna storage URL; default ``sqlite:///<out_dir>/study.db``.
@@ -512,8 +514,10 @@ def optimize(
         finalists = _select.finalists(records, objectives, baseline["key"], n_finalists, select)
         if finalists:
             speed_only = list(objectives) == ["throughput"]
+            # With a timeout the search ended on time; the rounds after it take a bounded share.
+            budget_s = None if timeout is None else max(20.0, min(90.0, timeout / 4))
             best, confirmed, summary["finalists"] = claim_speedup(
-                runner, baseline, finalists, n_verify_pairs, speed_only, timing, diagnose=not train
+                runner, baseline, finalists, n_verify_pairs, speed_only, timing, diagnose=not train, budget_s=budget_s
             )
         # Why it won: the loader and the model timed apart, in the confirmation rounds.
         summary["diagnosis"] = diagnose_run(runner, baseline, best, confirmed) if not train else None

@@ -107,9 +107,10 @@ def _rounds(
 
 
 def select(
-    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int
+    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int, max_s: float | None = None
 ) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Pick one finalist on interleaved selection rounds against the baseline.
+    """Pick one finalist on interleaved selection rounds against the baseline (``n_rounds``, or
+    as many as fit in ``max_s`` seconds, two at least).
 
     Returns:
         (the pick, or ``None`` when no finalist beat the baseline in these rounds, the finalists'
@@ -119,7 +120,8 @@ def select(
 
     if len(finalists) == 1:
         return finalists[0], [{"trial": finalists[0]["number"], "selection": "the only finalist"}]
-    rounds = _rounds(runner, [baseline["config"], *(f["config"] for f in finalists)], n_rounds, n_rounds)
+    n_min = n_rounds if max_s is None else min(2, n_rounds)
+    rounds = _rounds(runner, [baseline["config"], *(f["config"] for f in finalists)], n_min, n_rounds, max_s=max_s)
     table = []
     for i, f in enumerate(finalists, start=1):
         ratios = [r[i]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -171,8 +173,10 @@ def claim_speedup(
     speed_only: bool,
     settings: Any,
     diagnose: bool = True,
+    budget_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
-    """Select among the finalists, then confirm the pick on fresh rounds.
+    """Select among the finalists, then confirm the pick on fresh rounds; with ``budget_s``
+    (a study with a timeout), each step stops after about half of it once its least rounds ran.
 
     Returns:
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
@@ -184,12 +188,15 @@ def claim_speedup(
     from .errors import TrialError
 
     try:
-        pick, table = select(runner, baseline, finalists, n_rounds)
+        half = None if budget_s is None else budget_s / 2
+        pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
         if pick is None:
             if speed_only:
                 return baseline, None, table
             pick = finalists[0]
-        confirmed = confirm(runner, baseline, pick, settings, n_min=n_rounds, n_max=3 * n_rounds, diagnose=diagnose)
+        n_min = n_rounds if half is None else min(3, n_rounds)
+        confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
+                            max_s=90.0 if half is None else half)  # fmt: skip
     except TrialError as exc:  # the study stands; its best trial is reported unconfirmed
         return finalists[0], None, [{"error": str(exc)}]
     if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy"):

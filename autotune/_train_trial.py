@@ -310,7 +310,7 @@ class TrainContext:
         """Training throughput of ``configs`` in interleaved rounds whose order alternates, as
         :meth:`autotune._worker.TrialContext.rounds` (no diagnosis in training mode); each is
         warmed up (and compiled) before the first round."""
-        from ._claim import half_width
+        from ._claim import enough_rounds
         from ._pristine import restore
 
         # Every setup first: building a compiled one resets dynamo, which would throw away the
@@ -336,9 +336,6 @@ class TrainContext:
                 row[i] = {k: m[k] for k in ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov")}
                 row[i]["others_cpu"] = m.get("others_cpu", 0.0)
             rounds.append(row)
-            if target is None or len(runs) != 2 or r + 1 < n_min:
-                continue
-            ratios = [x[1]["samples_per_s"] / x[0]["samples_per_s"] for x in rounds]
-            if half_width(ratios) <= target or (max_s is not None and time.perf_counter() - started > max_s):
+            if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
                 break
         return {"rounds": rounds}

@@ -305,9 +305,9 @@ class TrialContext:
     ) -> dict[str, Any]:
         """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
 
-        With ``target``, rounds stop once the 95% interval of ``configs[1]``'s ratio to
-        ``configs[0]`` is within +-``target`` (after ``n_min`` rounds), or ``max_s`` seconds
-        have passed; never after more than ``n_max`` rounds. With ``diagnose``, each round also
+        After ``n_min`` rounds they stop once ``max_s`` seconds have passed or, with ``target``
+        and two configurations, once the 95% interval of ``configs[1]``'s ratio to ``configs[0]``
+        is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, each round also
         times every configuration's loader alone and model alone (:mod:`autotune._diagnose`), so
         the diagnosis comes from the same rounds as the end-to-end figures.
 
@@ -315,7 +315,7 @@ class TrialContext:
             ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
             "others_cpu", "peak_mem_mib", ...}, ...per config], ...per round]}``.
         """
-        from ._claim import half_width
+        from ._claim import enough_rounds
         from ._pristine import restore
 
         # Builds are lazy (compilation happens in the first measurement), so building them all
@@ -335,10 +335,7 @@ class TrialContext:
                     restore(self.pristine)
                     row[i].update(_halves(states[i], self.spec.dataset, self.spec.measure))
             rounds.append(row)
-            if target is None or len(states) != 2 or r + 1 < n_min:
-                continue
-            ratios = [x[1]["samples_per_s"] / x[0]["samples_per_s"] for x in rounds]
-            if half_width(ratios) <= target or (max_s is not None and time.perf_counter() - started > max_s):
+            if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
                 break
         return {"rounds": rounds}
 
