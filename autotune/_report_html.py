@@ -269,6 +269,10 @@ def _artifacts(run: RunFiles) -> str:
         ok = art.get("status") == "ok"
         size = f"{art['bytes'] / 2**20:.2f} MiB" if art.get("bytes") else "-"
         detail = (art.get("form_note") or "") if ok else (art.get("error") or parity.get("reason") or "unknown")
+        if ok:
+            detail = ("the measured winner" if art.get("winner") else "NOT the measured winner") + (
+                f": {detail}" if detail else ""
+            )
         nums = [
             f"{parity[k]:.2g}" if isinstance(parity.get(k), (int, float)) else "-"
             for k in ("max_abs", "rel_l2", "fidelity")

@@ -131,8 +131,9 @@ def _artifacts(run: RunFiles) -> list[str]:
             note = f"max abs {parity.get('max_abs', 0):.2g}, rel L2 {parity.get('rel_l2', 0):.2g}"
         else:
             note = art.get("error") or parity.get("reason") or "unknown"
-        rows.append([fmt, art.get("path", "-"), art.get("status", "?"), note])
-    return ["## Artifacts", "", *_table(["format", "file", "status", "parity"], rows)]
+        winner = "yes" if art.get("winner") else f"no: {art.get('form_note') or 'another model'}"
+        rows.append([fmt, art.get("path", "-"), art.get("status", "?"), note, winner])
+    return ["## Artifacts", "", *_table(["format", "file", "status", "parity", "the measured winner"], rows)]
 
 
 def _environment(run: RunFiles) -> list[str]:

@@ -477,6 +477,11 @@ def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[s
         why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
     if why is None and state.runtime != "torch":
         why = f"the winner runs {state.runtime}; this is exported from its torch model"
+    if why is None and state.compile_mode != "none":
+        why = (
+            f"the winner runs torch.compile (mode {state.compile_mode}), which no file format carries; "
+            "this is its uncompiled module"
+        )
     record["winner"] = why is None
     if why is not None:
         record["form_note"] = why

@@ -129,3 +129,21 @@ def test_an_onnxruntime_int8_winner_ships_its_measured_quantized_graph(tmp_path)
     assert artifacts["torchscript"]["winner"] is False and "torch model" in artifacts["torchscript"]["form_note"]
     report = autotune.verify(tmp_path)
     assert report["artifacts"]["onnx"]["status"] == "ok" and report["artifacts"]["onnx"]["samples_per_s"] > 0
+
+
+def test_an_artifact_of_a_compiled_winner_is_labelled_as_another_model():
+    """torch.compile has no file format: the exported module is the uncompiled one, so it must
+    not be presented as the measured winner (or under its speedup)."""
+    import torch
+
+    from autotune._worker import _label
+    from autotune.build import BuildState
+
+    compiled = BuildState(model=torch.nn.Linear(2, 2), device="cpu", compile_mode="max-autotune-no-cudagraphs")
+    record: dict = {"status": "ok"}
+    _label(record, "torchscript", compiled, None)
+    assert record["winner"] is False and "torch.compile" in record["form_note"]
+    eager = BuildState(model=torch.nn.Linear(2, 2), device="cpu")
+    record = {"status": "ok"}
+    _label(record, "torchscript", eager, None)
+    assert record["winner"] is True and "form_note" not in record
