@@ -35,7 +35,7 @@ from typing import Any
 from benchmarks import compare, core, search, training
 
 ROOT = Path(__file__).resolve().parent.parent
-QUICK_MEASURE = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 1}
+QUICK_MEASURE = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 1, "n_remeasure": 0}
 # Part 1 on 2 CPU cores: 3 windows instead of optimize's 5, so a transformer trial at batch 128
 # (about a second per batch) takes seconds, not half a minute.
 CPU_MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}

@@ -39,7 +39,7 @@ def finished_run(tmp_path_factory):
         space={"base": None, **grid},
         out_dir=out,
         baseline_batch_size=8,
-        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_verify_pairs=2,
         # Fewer than the 8 grid points even counting trials that are not measured (a repeat of
         # the baseline, one skipped by the out-of-memory rule): a spent grid stops the study.

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
 dataset = [(torch.randn(16), torch.tensor(i % 4)) for i in range(256)]
-options = {"measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}, "n_verify_pairs": 2}
+options = {"measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}, "n_verify_pairs": 2}
 """
 
 

@@ -11,7 +11,7 @@ import torch
 import autotune
 from tests.models import classification_data
 
-FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
 @pytest.fixture(scope="module")

@@ -126,7 +126,7 @@ def test_optimize_records_a_data_bound_baseline(tmp_path):
         space={"base": None, "batch_size": [8, 16]},
         out_dir=tmp_path,
         baseline_batch_size=8,
-        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_trials=2,
         n_val=8,
         n_verify_pairs=1,

@@ -8,7 +8,7 @@ import pytest
 import autotune
 from tests.models import MLP, HangAt, KillAt, NanUnderAutocast, OomAt, classification_data
 
-FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
 def _optimize(model, tmp_path, space, **kw):

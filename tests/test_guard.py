@@ -7,7 +7,7 @@ import autotune
 from autotune.guard import fidelity
 from tests.models import MLP, TinyEmbedder, WrongButFastUnderAutocast, classification_data, sentence_data
 
-FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
 def test_an_int8_embedding_model_that_loses_its_geometry_is_infeasible_under_the_default_guard(tmp_path):

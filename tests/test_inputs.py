@@ -11,7 +11,7 @@ import autotune
 from autotune.cli import main
 from tests.models import MLP, classification_data
 
-FAST = {"n_windows": 1, "window_s": 0.01, "warmup_batches": 1}
+FAST = {"n_windows": 1, "window_s": 0.01, "warmup_batches": 1, "n_remeasure": 0}
 GOOD_MODEL = "import torch\nmodel = torch.nn.Linear(4, 2)\n"
 GOOD_DATA = "dataset = [torch.randn(4) for _ in range(16)]\n"
 

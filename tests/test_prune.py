@@ -236,7 +236,7 @@ def test_fine_tuning_never_trains_on_the_samples_the_guard_scores(tmp_path):
         loss_fn=lambda out, batch: F.cross_entropy(out, batch[1]),
         out_dir=tmp_path,
         baseline_batch_size=8,
-        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_trials=1,
         device="cpu",
         isolation="inprocess",

@@ -145,7 +145,7 @@ def test_several_objectives_draw_the_pareto_front(tmp_path, browser):
         n_verify_pairs=1,
         out_dir=tmp_path,
         baseline_batch_size=8,
-        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_trials=4,
         n_val=32,
         device="cpu",

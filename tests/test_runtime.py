@@ -7,7 +7,7 @@ import textwrap
 import autotune
 from tests.models import TinyEncoder, token_data
 
-FAST = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 2}
+FAST = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 2, "n_remeasure": 0}
 
 
 def test_cpu_deploy_on_a_transformer_lets_onnxruntime_compete(tmp_path):

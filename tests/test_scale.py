@@ -45,7 +45,7 @@ model = Sleepy()
 dataset = [torch.randn(8) for _ in range(256)]
 space = {"base": None, "batch_size": BATCH_SIZES}
 options = {
-    "measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+    "measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
     "baseline_batch_size": 8,
     "n_val": 32,
     "n_verify_pairs": 1,
@@ -244,7 +244,7 @@ def test_gpu_devices_each_see_only_their_gpu(tmp_path, monkeypatch):
             model = Probe(8, 2)
             dataset = [torch.randn(8) for _ in range(256)]
             space = {{"base": None, "batch_size": [8, 16, 32, 64]}}
-            options = {{"measure": {{"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}}, "baseline_batch_size": 8,
+            options = {{"measure": {{"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}}, "baseline_batch_size": 8,
                        "n_val": 32, "n_verify_pairs": 1, "export": ()}}
             """
         )

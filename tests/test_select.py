@@ -43,7 +43,7 @@ def test_multi_objective_study_writes_a_feasible_front(tmp_path):
         space={"base": None, "batch_size": [8, 16, 32, 64], "num_threads": "all"},
         baseline_batch_size=8,
         n_trials=8,
-        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_verify_pairs=1,
     )
     saved = json.loads((tmp_path / "pareto.json").read_text())

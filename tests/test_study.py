@@ -14,7 +14,7 @@ import pytest
 import autotune
 from tests.models import MLP, classification_data
 
-FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
 def test_baseline_first_no_repeats_and_results_written(tmp_path):
@@ -85,7 +85,7 @@ class Slow(nn.Module):
 model = Slow()
 dataset = [torch.randn(8) for _ in range(64)]
 space = {"base": None, "batch_size": [1, 2, 4, 8, 16, 32, 64], "num_threads": "all"}
-options = {"measure": {"n_windows": 2, "window_s": 0.3, "warmup_batches": 1}, "baseline_batch_size": 8,
+options = {"measure": {"n_windows": 2, "window_s": 0.3, "warmup_batches": 1, "n_remeasure": 0}, "baseline_batch_size": 8,
            "n_verify_pairs": 1, "device": "cpu"}
 """
 
@@ -189,7 +189,7 @@ def test_a_group_keeps_its_objectives(tmp_path):
 
 def test_resuming_with_another_space_says_how_to_fix_it(tmp_path):
     common = {"out_dir": tmp_path, "isolation": "inprocess", "export": (), "n_finalists": 0}
-    common["measure"] = {"n_windows": 1, "window_s": 0.02, "warmup_batches": 1}
+    common["measure"] = {"n_windows": 1, "window_s": 0.02, "warmup_batches": 1, "n_remeasure": 0}
     autotune.optimize(MLP(), classification_data(), space={"base": None, "batch_size": [8, 16]}, n_trials=2, **common)
     with pytest.raises(autotune.ConfigError, match=r"search space cannot change.*new study"):
         autotune.optimize(

@@ -15,7 +15,7 @@ from autotune.errors import ConfigError, TrialError
 
 from .models import MLP, SmallCNN, classification_data
 
-FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
 def _digits() -> list:

@@ -26,7 +26,7 @@ def run_dir(tmp_path_factory):
         out_dir=out,
         device="cpu",
         n_trials=2,
-        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1},
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_verify_pairs=1,
         isolation="inprocess",
     )

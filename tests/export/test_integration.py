@@ -9,7 +9,7 @@ import torch
 import autotune
 from tests.models import MLP, Oracle, classification_data
 
-FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1}
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
 def test_winner_is_exported_with_parity_and_served(tmp_path, cpu_env):
@@ -112,9 +112,11 @@ def test_an_onnxruntime_int8_winner_ships_its_measured_quantized_graph(tmp_path)
         out_dir=tmp_path,
         device="cpu",
         n_trials=2,
-        measure=FAST,
-        n_verify_pairs=1,
-        max_metric_drop=1.0,  # the int8 candidate must win: this is about what ships
+        # The int8 candidate must win: this is about what ships, not about the claim, so other
+        # processes' load does not veto it (max_others_cpu), and enough rounds confirm it.
+        measure={**FAST, "max_others_cpu": 1.0},
+        n_verify_pairs=3,
+        max_metric_drop=1.0,
         isolation="inprocess",
         baseline_batch_size=16,
     )
