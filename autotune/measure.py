@@ -75,14 +75,22 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rss_mib() -> float:
+def _status_mib(field: str) -> float | None:
+    """A ``VmRSS``/``VmHWM`` line of ``/proc/self/status`` in MiB, or ``None`` off Linux."""
     try:
         with open("/proc/self/status") as f:
             for line in f:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024
     except OSError:
         pass
+    return None
+
+
+def _rss_mib() -> float:
+    rss = _status_mib("VmRSS")
+    if rss is not None:
+        return rss
     import psutil
 
     return psutil.Process().memory_info().rss / 2**20
@@ -116,13 +124,9 @@ def memory_mark(device: str | torch.device) -> float:
 def _peak_mib(device: torch.device) -> float:
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak = _status_mib("VmHWM")
+    if peak is not None:
+        return peak
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
