@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from .data import tensor_leaves
 from .errors import ConfigError
 
 __all__ = ["KINDS", "TIE", "attention_mask", "check_output_kind", "fidelity_report", "infer_kinds", "leaf_names"]
@@ -38,16 +39,7 @@ KINDS = ("auto", "logits", "embedding", "integer")
 TIE = 0.01
 
 
-def _leaves(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, Mapping):
-        return [t for v in out.values() for t in _leaves(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _leaves(v)]
-    if hasattr(out, "to_tuple"):  # model-output dataclasses
-        return _leaves(out.to_tuple())
-    return []
+_leaves = tensor_leaves  # the one definition of an output's tensors, in order
 
 
 def leaf_names(out: Any, prefix: str = "") -> list[str]:

@@ -21,6 +21,7 @@ __all__ = [
     "DataInfo",
     "describe",
     "has_tensor",
+    "tensor_leaves",
     "map_tensors",
     "model_inputs",
     "to_device",
@@ -228,6 +229,28 @@ def map_tensors(fn: Callable[[Any], Any], obj: Any) -> Any:
     return obj
 
 
+def tensor_leaves(obj: Any) -> list[Any]:
+    """The tensors of a nested tuple/list/dict (or model-output object), in order: mapping
+    values, sequence items, a model output's ``to_tuple()``.
+
+    Example:
+        >>> import torch
+        >>> [t.item() for t in tensor_leaves({"a": (torch.tensor(1), "x"), "b": [torch.tensor(2)]})]
+        [1, 2]
+    """
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, Mapping):
+        return [t for v in obj.values() for t in tensor_leaves(v)]
+    if isinstance(obj, (tuple, list)):
+        return [t for v in obj for t in tensor_leaves(v)]
+    if hasattr(obj, "to_tuple"):  # model-output dataclasses
+        return tensor_leaves(obj.to_tuple())
+    return []
+
+
 def has_tensor(obj: Any) -> bool:
     """Whether a nested tuple/list/dict (or model-output object) holds at least one tensor.
 
@@ -236,9 +259,7 @@ def has_tensor(obj: Any) -> bool:
         >>> has_tensor({"a": (1, torch.zeros(1))}), has_tensor(None), has_tensor([1, "x"])
         (True, False, False)
     """
-    found = []
-    map_tensors(found.append, obj)
-    return bool(found)
+    return bool(tensor_leaves(obj))
 
 
 def to_device(batch: Any, device: Any, *, non_blocking: bool = False) -> Any:

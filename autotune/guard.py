@@ -15,23 +15,14 @@ import torch
 
 from ._fidelity import attention_mask, fidelity_report, infer_kinds
 from .build import BuildState, settings_active
-from .data import map_tensors, pad_batch, slice_batch, to_device
+from .data import map_tensors, pad_batch, slice_batch, tensor_leaves, to_device
 from .errors import InputError, TrialError
 from .measure import call_model
 
 __all__ = ["Reference", "collect_outputs", "fidelity", "fidelity_report", "evaluate"]
 
 
-def _leaves(out: Any) -> list[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        return [out]
-    if isinstance(out, dict):
-        return [t for v in out.values() for t in _leaves(v)]
-    if isinstance(out, (tuple, list)):
-        return [t for v in out for t in _leaves(v)]
-    if hasattr(out, "to_tuple"):  # model-output dataclasses
-        return _leaves(out.to_tuple())
-    return []
+_leaves = tensor_leaves  # the one definition of an output's tensors, in order
 
 
 def _concat(chunks: list[Any]) -> Any:

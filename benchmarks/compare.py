@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import OthersCPU, spread_of, start_worker, table, trial_overheads
+from benchmarks.core import OthersCPU, interleaved, spread_of, start_worker, table, trial_overheads
 
 N_FINALIST_PAIRS = 2  # rounds of optimize's own re-measurement of its 3 finalists before it names the winner
 
@@ -88,17 +88,7 @@ def compare(
             print(f"  {name}: {notes[-1]}", flush=True)
         configs = [tuned] + ([expert["config"]] if expert else [])
         print(f"  {name}: re-measuring baseline, tuned{', expert' if expert else ''} interleaved x{n_rounds}")
-        measured = runner.call(
-            "rounds",
-            [baseline, *configs],
-            n_rounds,
-            n_rounds,
-            None,
-            None,
-            False,
-            n_trials=(len(configs) + 1) * n_rounds,
-        )["rounds"]
-        rounds = [[c["samples_per_s"] for c in row] for row in measured]
+        rounds = interleaved(runner, [baseline, *configs], n_rounds)
     finally:
         runner.close()
     col = list(zip(*rounds, strict=True))  # per config: its samples/s in every round

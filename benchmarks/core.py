@@ -38,6 +38,15 @@ def table(title: str, header: str, rows: list[list[Any]]) -> str:
     return text
 
 
+def interleaved(runner: Any, configs: list[dict[str, Any]], n_rounds: int) -> list[list[float]]:
+    """Samples/s of ``configs`` in ``n_rounds`` interleaved rounds in the runner's worker, order
+    alternating (what ``optimize`` uses for its own selection rounds): one row per round."""
+    measured = runner.call("rounds", configs, n_rounds, n_rounds, None, None, False, n_trials=len(configs) * n_rounds)[
+        "rounds"
+    ]
+    return [[c["samples_per_s"] for c in row] for row in measured]
+
+
 def spread_of(values: list[float]) -> str:
     """'median [min-max]' of ratios."""
     return f"{statistics.median(values):.2f}x [{min(values):.2f}-{max(values):.2f}]"

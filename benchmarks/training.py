@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.core import start_worker
+from benchmarks.core import interleaved, start_worker
 
 TRIAL_TIMEOUT_S = 600.0
 OPTIMIZER = (torch.optim.AdamW, {"lr": 1e-3})
@@ -105,17 +105,7 @@ def compare_training(
             print(f"  {name}: {notes[-1]}", flush=True)
         configs = [tuned] + ([expert["config"]] if expert else [])
         print(f"  {name}: re-measuring training baseline, tuned{', expert' if expert else ''} x{n_rounds}", flush=True)
-        measured = runner.call(
-            "rounds",
-            [baseline, *configs],
-            n_rounds,
-            n_rounds,
-            None,
-            None,
-            False,
-            n_trials=(len(configs) + 1) * n_rounds,
-        )["rounds"]
-        rounds = [[c["samples_per_s"] for c in row] for row in measured]
+        rounds = interleaved(runner, [baseline, *configs], n_rounds)
     finally:
         runner.close()
     col = list(zip(*rounds, strict=True))
