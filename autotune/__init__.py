@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from .errors import AutotuneError, ConfigError, ExportError, InputError, TrialError
+from autotune.errors import AutotuneError, ConfigError, ExportError, InputError, TrialError
 
 __version__ = "0.1.0"
 
@@ -39,25 +39,25 @@ __all__ = [
 
 _LAZY = {
     "Config": "autotune.config",
-    "Result": "autotune._result",
-    "apply": "autotune._apply",
-    "dataloader": "autotune._apply",
-    "optimize": "autotune._optimize",
-    "plan": "autotune._optimize",
-    "training": "autotune._apply",
-    "load_config": "autotune._cfg",
-    "load": "autotune._load",
-    "verify": "autotune._verify",
+    "Result": "autotune.search.result",
+    "apply": "autotune.run.apply",
+    "dataloader": "autotune.run.apply",
+    "optimize": "autotune.run.optimize",
+    "plan": "autotune.run.optimize",
+    "training": "autotune.run.apply",
+    "load_config": "autotune.run.cfg",
+    "load": "autotune.deploy.load",
+    "verify": "autotune.deploy.verify",
 }
 
 if TYPE_CHECKING:
-    from ._apply import apply, dataloader, training
-    from ._cfg import load_config
-    from ._load import load
-    from ._optimize import optimize, plan
-    from ._result import Result
-    from ._verify import verify
-    from .config import Config
+    from autotune.config import Config
+    from autotune.deploy.load import load
+    from autotune.deploy.verify import verify
+    from autotune.run.apply import apply, dataloader, training
+    from autotune.run.cfg import load_config
+    from autotune.run.optimize import optimize, plan
+    from autotune.search.result import Result
 
 
 def __getattr__(name: str) -> Any:

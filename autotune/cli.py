@@ -7,7 +7,7 @@ import inspect
 import sys
 from typing import Any
 
-from .errors import AutotuneError, ConfigError
+from autotune.errors import AutotuneError, ConfigError
 
 __all__ = ["main"]
 
@@ -82,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _parse_fix(items: list[str]) -> dict[str, Any]:
-    from .knobs import get_knob
+    from autotune.knobs import get_knob
 
     fixed = {}
     for item in items:
@@ -94,8 +94,8 @@ def _parse_fix(items: list[str]) -> dict[str, Any]:
 
 
 def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
-    from ._cfg import load_config
-    from ._optimize import optimize
+    from autotune.run.cfg import load_config
+    from autotune.run.optimize import optimize
 
     cfg = load_config(args.cfg)
     options = dict(cfg.get("options", {}))
@@ -156,7 +156,7 @@ def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
 def _print_result(console: Any, result: Any) -> None:
     from rich.table import Table
 
-    from .report import summary_rows
+    from autotune.report.summary import summary_rows
 
     table = Table(title=_result_title(result))
     table.add_column("")
@@ -202,8 +202,8 @@ def _busy_note(result: Any) -> str | None:
     """The report's warning when the machine was busy during the run, for the terminal."""
     import json
 
-    from .report import busy_note
-    from .study import trial_record
+    from autotune.report.summary import busy_note
+    from autotune.search.study import trial_record
 
     path = result.out_dir / "best_config.json"
     speedup = (json.loads(path.read_text()).get("speedup") or {}) if path.exists() else {}
@@ -253,9 +253,9 @@ def _print_runtimes(console: Any, result: Any) -> None:
     """When several runtimes were measured: the fastest trial of each, against torch's."""
     from rich.table import Table
 
-    from .knobs import REGISTRY
-    from .report import best_by
-    from .study import trial_record
+    from autotune.knobs import REGISTRY
+    from autotune.report.summary import best_by
+    from autotune.search.study import trial_record
 
     if result.study is None:  # `autotune show` of a run whose storage cannot be opened
         return
@@ -283,8 +283,8 @@ def _print_runtimes(console: Any, result: Any) -> None:
 def _print_pareto(console: Any, result: Any) -> None:
     from rich.table import Table
 
-    from .knobs import REGISTRY
-    from .report import format_value
+    from autotune.knobs import REGISTRY
+    from autotune.report.summary import format_value
 
     keys = ["samples_per_s", "latency_ms_p95", "size_bytes_compressed", "peak_mem_mib", "metric"]
     table = Table(title="feasible Pareto front (pareto.json)")
@@ -304,7 +304,7 @@ def _print_pareto(console: Any, result: Any) -> None:
 def _run(args: argparse.Namespace, console: Any) -> int:
     from rich.console import Console
 
-    from ._optimize import optimize, plan
+    from autotune.run.optimize import optimize, plan
 
     cfg, options = _options(args)
     if args.dry_run:
@@ -326,7 +326,7 @@ def _run(args: argparse.Namespace, console: Any) -> int:
     import contextlib
     import json
 
-    from ._progress import make_progress
+    from autotune.run.progress import make_progress
 
     out = options.get("out_dir", "autotune-out")
     # With --json, stdout carries the JSON alone: progress and messages go to stderr.
@@ -340,7 +340,7 @@ def _run(args: argparse.Namespace, console: Any) -> int:
         shown.print(f"Interrupted: every finished trial is saved in {out}/. Continue with --resume.")
         return 130
     if args.json:
-        from ._report_data import run_summary
+        from autotune.report.data import run_summary
 
         print(json.dumps(run_summary(result.out_dir), indent=2, default=str))
         return 0
@@ -353,7 +353,7 @@ def _verify(args: argparse.Namespace, console: Any) -> int:
 
     from rich.table import Table
 
-    from ._verify import verify
+    from autotune.deploy.verify import verify
 
     report = verify(args.out_dir, device=args.device)
     code = 0 if all(a["status"] == "ok" for a in report["artifacts"].values()) else 1
@@ -395,7 +395,7 @@ def _print_checks(console: Any, checks: list[Any]) -> None:
     """The doctor's checks in one table, section by section; problems carry what to do."""
     from rich.table import Table
 
-    from ._doctor import SECTIONS
+    from autotune.doctor.core import SECTIONS
 
     styles = {"ok": "green", "info": "blue", "warn": "yellow", "fail": "bold red"}
     table = Table(title="autotune doctor", expand=True)
@@ -418,7 +418,7 @@ def _print_checks(console: Any, checks: list[Any]) -> None:
 def _doctor(args: argparse.Namespace, console: Any) -> int:
     import json
 
-    from . import _doctor
+    import autotune.doctor.core as _doctor
 
     facts = _doctor.gather(".", compile_check=args.compile_check)
     checks = _doctor.diagnose(facts)
@@ -430,7 +430,7 @@ def _doctor(args: argparse.Namespace, console: Any) -> int:
 
 
 def _report(args: argparse.Namespace, console: Any) -> int:
-    from .report import write_reports
+    from autotune.report.html import write_reports
 
     paths = write_reports(args.out_dir)
     console.print(f"wrote {paths['html']} and {paths['md']}", highlight=False, soft_wrap=True)
@@ -440,7 +440,7 @@ def _report(args: argparse.Namespace, console: Any) -> int:
 def _show(args: argparse.Namespace, console: Any) -> int:
     import json
 
-    from ._report_data import load_result, run_summary
+    from autotune.report.data import load_result, run_summary
 
     if args.json:
         print(json.dumps(run_summary(args.out_dir), indent=2, default=str))
@@ -450,8 +450,8 @@ def _show(args: argparse.Namespace, console: Any) -> int:
 
 
 def _dashboard(args: argparse.Namespace, console: Any) -> int:
-    from ._dashboard import resolve_dashboard, run_dashboard
-    from ._storage import redact
+    from autotune.report.dashboard import resolve_dashboard, run_dashboard
+    from autotune.search.storage import redact
 
     storage = resolve_dashboard(args.out_dir, args.storage)  # fails before announcing anything
     console.print(
@@ -471,7 +471,7 @@ def _status(args: argparse.Namespace, console: Any) -> int:
 
     from rich.table import Table
 
-    from ._status import out_dir_status, study_status
+    from autotune.search.status import out_dir_status, study_status
 
     if (args.out_dir is None) == (args.storage is None):
         raise ConfigError("autotune status takes an output directory or --storage URL (with --study NAME), not both.")
@@ -525,7 +525,7 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     try:
         if args.command == "spaces":
-            from .space import list_presets
+            from autotune.search.space import list_presets
 
             for name, description in list_presets().items():
                 console.print(f"[bold]{name}[/bold]: {description}", highlight=False)

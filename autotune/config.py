@@ -6,7 +6,7 @@ import json
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .errors import ConfigError
+from autotune.errors import ConfigError
 
 __all__ = ["Config"]
 
@@ -24,7 +24,7 @@ class Config(Mapping[str, Any]):
     """
 
     def __init__(self, values: Mapping[str, Any] | None = None) -> None:
-        from .knobs import REGISTRY, get_knob
+        from autotune.knobs import REGISTRY, get_knob
 
         if values is not None and not isinstance(values, Mapping):
             raise ConfigError(f"A config must be a dict of knob values, but got {type(values).__name__}.")
@@ -69,7 +69,7 @@ class Config(Mapping[str, Any]):
 
     def key(self) -> str:
         """A canonical string of the values that matter, to spot a configuration measured before."""
-        from .knobs import REGISTRY
+        from autotune.knobs import REGISTRY
 
         active = {n: v for n, v in self._values.items() if REGISTRY[n].applies(self._values)}
         return json.dumps(active, sort_keys=True)

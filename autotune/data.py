@@ -14,7 +14,7 @@ import numbers
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .errors import InputError
+from autotune.errors import InputError
 
 __all__ = [
     "TARGET_KEYS",
@@ -27,6 +27,9 @@ __all__ = [
     "to_device",
     "slice_batch",
     "pad_batch",
+    "call_model",
+    "concat_outputs",
+    "outputs_to_cpu",
 ]
 
 TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})
@@ -306,3 +309,28 @@ def validation_indices(n_samples: int, n_val: int, seed: int = 0) -> list[int]:
         return list(range(n_samples))
     rng = np.random.default_rng(seed)
     return sorted(int(i) for i in rng.choice(n_samples, size=n_val, replace=False))
+
+
+def call_model(model: Any, batch: Any) -> Any:
+    """Run ``model`` on a batch already on its device."""
+    args, kwargs = model_inputs(batch)
+    return model(*args, **kwargs)
+
+
+def concat_outputs(chunks: list[Any]) -> Any:
+    """Outputs of consecutive batches joined along the batch axis, structure kept."""
+    import torch
+
+    first = chunks[0]
+    if isinstance(first, torch.Tensor):
+        return torch.cat(chunks) if first.dim() > 0 else first
+    if isinstance(first, dict):
+        return {k: concat_outputs([c[k] for c in chunks]) for k in first}
+    if isinstance(first, (tuple, list)):
+        return type(first)(concat_outputs([c[i] for c in chunks]) for i in range(len(first)))
+    return first
+
+
+def outputs_to_cpu(out: Any) -> Any:
+    """Outputs detached and on the CPU, floating tensors as float32."""
+    return map_tensors(lambda t: t.detach().cpu().float() if t.is_floating_point() else t.detach().cpu(), out)

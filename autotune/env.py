@@ -13,7 +13,7 @@ import shutil
 import sys
 from typing import Any
 
-from .errors import ConfigError
+from autotune.errors import ConfigError
 
 __all__ = ["Env", "c_compiler", "cpu_info", "cxx_compiler", "nvidia_driver", "resolve_device"]
 

@@ -77,7 +77,7 @@ def compare(
     try:
         expert, notes = None, []
         for label, changes in expert_recipes(env):
-            trial = runner.run({**baseline, **changes})
+            trial = runner.run({**baseline, **changes}).to_attrs()
             drop = trial.get("metric_drop")
             if trial["status"] == "ok" and drop <= max_drop + 1e-12:
                 expert = {"label": label, "config": {**baseline, **changes}, "metric_drop": drop}

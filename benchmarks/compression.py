@@ -6,7 +6,7 @@
     python -m benchmarks.compression --out DIR    # also write DIR/compression.json
 
 One table per workload of benchmarks/workloads.py (the digits CNN, a transformer encoder, an
-LSTM). Each row is one trial of the tuner's own harness (autotune._worker.TrialContext, here in
+LSTM). Each row is one trial of the tuner's own harness (autotune.trial.inference.TrialContext, here in
 this process): build the setting on the baseline, time it end to end, run the accuracy guard.
 The speed ratio of a setting is to the baseline measured just before and just after it (the
 mean of the two); the title says how far those baseline measurements spread by themselves.
@@ -58,9 +58,10 @@ QUICK_SETTINGS = ("baseline", "structured 0.3", "int8_dynamic")
 def context(cfg: dict[str, Any], measure: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     """The tuner's trial harness for one workload, and its baseline config (``shrink`` preset)."""
     import autotune
-    from autotune._worker import TrialContext, WorkerSpec
     from autotune.data import validation_indices
-    from autotune.measure import MeasureSettings
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.spec import WorkerSpec
 
     model, dataset, loss_fn = cfg["model"], cfg["dataset"], cfg.get("loss_fn")
     baseline = autotune.plan(model, dataset, space="shrink", device="cpu", loss_fn=loss_fn)[2].baseline
@@ -86,7 +87,7 @@ def run_workload(name: str, settings: list[tuple[str, dict]], measure: dict[str,
     for a minute; a ratio to the baseline measured just before and just after a setting cancels
     what changed slower than that.
     """
-    from autotune.measure import measure as time_it
+    from autotune.trial.measure import measure as time_it
 
     started = time.perf_counter()
     cfg = WORKLOADS[name]()
@@ -98,7 +99,7 @@ def run_workload(name: str, settings: list[tuple[str, dict]], measure: dict[str,
         if changes.get("finetune_steps") and cfg.get("loss_fn") is None:
             rows.append({"setting": label, "changes": changes, "status": "skipped", "reason": "needs loss_fn"})
             continue
-        row = {"setting": label, "changes": changes, **ctx.run_trial({**baseline, **changes})}
+        row = {"setting": label, "changes": changes, **ctx.run_trial({**baseline, **changes}).to_attrs()}
         if row["status"] == "ok":
             after = time_it(base_state, ctx.spec.dataset, ctx.spec.measure)["samples_per_s"]
             before = before or row["samples_per_s"]  # the first row is the baseline itself

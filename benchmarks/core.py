@@ -130,11 +130,11 @@ def start_worker(
         ``(runner, search_space, env)``; the caller closes the runner.
     """
     import autotune
-    from autotune._optimize import _DEFAULT_MEASURE
-    from autotune._worker import WorkerSpec
     from autotune.data import validation_indices
-    from autotune.measure import MeasureSettings
-    from autotune.runner import SubprocessRunner, pickle_spec
+    from autotune.run.optimize import _DEFAULT_MEASURE
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+    from autotune.trial.spec import WorkerSpec
 
     plan_options, spec_options = {}, {}
     if train is not None:
@@ -172,9 +172,9 @@ def repeat_baseline(cfg: dict[str, Any], name: str, measure: dict | None, n_repe
     runner, space, _ = start_worker(cfg, out, f"quality-{name}", measure=measure)
     start_s = time.perf_counter() - started
     try:
-        first = runner.run(space.baseline)
+        first = runner.run(space.baseline).to_attrs()
         fresh_s = time.perf_counter() - started
-        repeats = [runner.run(space.baseline) for _ in range(n_repeats)]
+        repeats = [runner.run(space.baseline).to_attrs() for _ in range(n_repeats)]
     finally:
         runner.close()
     failed = [r for r in (first, *repeats) if r["status"] != "ok"]

@@ -3,11 +3,11 @@
 1. Enumerate: every configuration of a small space (batch size x loader workers x autocast dtype
    x torch.compile, about 48) measured once by the tuner's own worker. The measurements are
    cached as JSON in the out dir and reused by the next run on the same hardware and software.
-2. Replay: the tuner's loop (as ``autotune.study.run_trials`` runs it for one worker: the
-   baseline enqueued first, then the warm start of ``autotune.space.warm_start``, repeats
+2. Replay: the tuner's loop (as ``autotune.search.study.run_trials`` runs it for one worker: the
+   baseline enqueued first, then the warm start of ``autotune.search.space.warm_start``, repeats
    answered from earlier trials, the guard as a constraint) on
    an in-memory study whose objective looks the cached value up, with the tuner's seeded TPE
-   sampler (``autotune.study.make_sampler``) for many seeds, and with Optuna's RandomSampler
+   sampler (``autotune.search.study.make_sampler``) for many seeds, and with Optuna's RandomSampler
    (the baseline first, no warm start).
 3. Report how many measured trials each needs to reach 95% and 99% of the enumerated optimum.
 """
@@ -68,7 +68,7 @@ def enumerate_space(name: str, cfg: dict, out: Path, space: dict, measure: dict)
     runner, _, _ = start_worker(cfg, out, f"search-{name}", space=space, measure=measure)
     try:
         for i, config in enumerate(configs):
-            r = runner.run(config)
+            r = runner.run(config).to_attrs()
             results[Config(config).key()] = {k: r.get(k) for k in RESULT_KEYS}
             changes = " ".join(f"{k}={config[k]}" for k in search_space.searched)
             sps = f"{r['samples_per_s']:>10,.0f} samples/s" if r.get("samples_per_s") else ""
@@ -84,15 +84,15 @@ def enumerate_space(name: str, cfg: dict, out: Path, space: dict, measure: dict)
 def replay(results: dict[str, dict], search_space: Any, sampler: Any, max_drop: float, warm: bool) -> dict:
     """Measured trials the tuner's loop needs to reach each fraction of the optimum (None: never).
 
-    The loop of ``autotune.study.run_trials`` for one worker, on an in-memory study: the baseline
+    The loop of ``autotune.search.study.run_trials`` for one worker, on an in-memory study: the baseline
     enqueued first, each suggestion in the tuner's knob order, a configuration suggested again
     answered from its first measurement (told, but not counted), the guard as the constraint.
     """
     import optuna
 
     from autotune.config import Config
-    from autotune.space import first_params
-    from autotune.study import _MAX_REPEATS, _suggest, _tell
+    from autotune.search.space import first_params
+    from autotune.search.study import _MAX_REPEATS, _suggest, _tell
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -125,7 +125,7 @@ def efficiency(name: str, cfg: dict, out: Path, *, space: dict, measure: dict, n
     """Enumerate (or reuse), replay both samplers for ``n_seeds`` seeds, print the tables."""
     import optuna
 
-    from autotune.study import make_sampler  # the tuner's seeded TPE settings
+    from autotune.search.study import make_sampler  # the tuner's seeded TPE settings
 
     enum = enumerate_space(name, cfg, out, space, measure)
     results, search_space = enum["results"], enum["search_space"]

@@ -93,7 +93,7 @@ def compare_training(
     try:
         expert, notes = None, []
         for label, changes in expert_recipes(env, search_space.values["channels_last"] != [False]):
-            trial = runner.run({**baseline, **changes})
+            trial = runner.run({**baseline, **changes}).to_attrs()
             if trial["status"] == "ok":
                 expert = {
                     "label": label,

@@ -7,13 +7,14 @@ import math
 import pytest
 import torch
 
-from autotune._claim import MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
 from autotune._pristine import restore, snapshot
-from autotune._result import _claim_fields, claim_speedup
-from autotune._worker import TrialContext, WorkerSpec
 from autotune.config import Config
-from autotune.measure import MeasureSettings
-from autotune.runner import InProcessRunner
+from autotune.search.claims import MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
+from autotune.search.result import _claim_fields, claim_speedup
+from autotune.trial.measure import MeasureSettings
+from autotune.trial.runner import InProcessRunner
+from autotune.trial.inference import TrialContext
+from autotune.trial.spec import WorkerSpec
 from tests.models import MLP, StateProbe, classification_data
 
 FAST = MeasureSettings(n_windows=2, window_s=0.03, warmup_batches=1)
@@ -111,7 +112,7 @@ def test_global_state_changed_by_a_build_is_restored_before_the_next():
 
 
 def test_tf32_off_keeps_pytorchs_defaults():
-    from autotune.build import settings_active
+    from autotune.trial.build import settings_active
 
     stock = torch.backends.cudnn.allow_tf32
     with settings_active({"tf32": False}):

@@ -7,8 +7,8 @@ import sys
 import time
 import urllib.request
 
-from autotune._dashboard import dashboard_storage
 from autotune.cli import main
+from autotune.report.dashboard import dashboard_storage
 
 
 def test_without_the_extra_the_error_says_what_to_install(finished_run, monkeypatch, capsys):

@@ -8,10 +8,10 @@ import torch
 from torch import nn
 
 import autotune
-from autotune._diagnose import classify, diagnose_run, diagnose_state, explain, window_for
-from autotune.build import build
 from autotune.config import Config
-from autotune.measure import MeasureSettings
+from autotune.trial.build import build
+from autotune.trial.diagnose import classify, diagnose_run, diagnose_state, explain, window_for
+from autotune.trial.measure import MeasureSettings
 from tests.models import MLP, classification_data
 
 SETTINGS = MeasureSettings(n_windows=2, window_s=0.1, warmup_batches=1)
@@ -98,8 +98,8 @@ def test_explain_names_the_knobs_that_acted_on_the_bound_half():
 
 
 def test_a_failed_diagnosis_is_recorded_not_raised():
-    from autotune._worker import WorkerSpec
-    from autotune.runner import InProcessRunner
+    from autotune.trial.runner import InProcessRunner
+    from autotune.trial.spec import WorkerSpec
 
     _, _, space = autotune.plan(MLP(), classification_data(), space="quick", device="cpu", baseline_batch_size=8)
     spec = WorkerSpec(

@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
-from autotune import _doctor
-from autotune._doctor import Check, diagnose, gather
-from autotune._doctor_probe import compile_probe, ort_provider_loads
+import autotune.doctor.core as _doctor
 from autotune.cli import _print_checks, main
+from autotune.doctor.core import Check, diagnose, gather
+from autotune.doctor.probe import compile_probe, ort_provider_loads
 
 # What gather() recorded on a GPU server: one H100 with another job's memory on it, a torch
 # built for CUDA 12.4 under a driver for 12.2, and an onnxruntime-gpu whose CUDA provider
@@ -86,8 +86,8 @@ def _render(checks):
 
 def test_importing_the_doctor_and_the_cli_imports_no_torch():
     code = (
-        "import sys, autotune.cli, autotune._doctor, autotune._doctor_checks, autotune._doctor_host, "
-        "autotune._doctor_probe; print('torch' in sys.modules)"
+        "import sys, autotune.cli, autotune.doctor.core, autotune.doctor.checks, autotune.doctor.host, "
+        "autotune.doctor.probe; print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
@@ -113,7 +113,7 @@ def test_this_machine(facts):
 
 
 def test_without_a_compiler_on_path_the_problem_comes_with_its_fix(monkeypatch, tmp_path):
-    import autotune._doctor_probe as probe
+    import autotune.doctor.probe as probe
 
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no g++, c++ or cc
     monkeypatch.delenv("CXX", raising=False)
@@ -213,7 +213,7 @@ def test_container_limits(facts):
 
 
 def test_arch_list_rules():
-    from autotune._doctor_checks import _arch_supported
+    from autotune.doctor.checks import _arch_supported
 
     assert _arch_supported((8, 6), ["sm_80"])  # same major, later minor: binary compatible
     assert not _arch_supported((9, 0), ["sm_80", "sm_86"])

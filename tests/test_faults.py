@@ -98,7 +98,7 @@ def test_the_study_timeout_stops_a_hanging_trial_on_time(tmp_path):
 
 
 def test_the_adaptive_trial_limit_follows_the_baseline():
-    from autotune.study import COMPILE_ALLOWANCE_S, FIRST_TRIAL_TIMEOUT_S, TIMEOUT_FLOOR_S, trial_limit
+    from autotune.search.study import COMPILE_ALLOWANCE_S, FIRST_TRIAL_TIMEOUT_S, TIMEOUT_FLOOR_S, trial_limit
 
     base = {"config": {"compile_mode": "none", "batch_size": 8}, "wall_s": 2.0}
     assert trial_limit({"compile_mode": "none"}, None, None) == FIRST_TRIAL_TIMEOUT_S

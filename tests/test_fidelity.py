@@ -4,9 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autotune._fidelity import attention_mask, fidelity_report, infer_kinds
 from autotune.errors import ConfigError
-from autotune.guard import fidelity
+from autotune.trial.fidelity import attention_mask, fidelity_report, infer_kinds
+from autotune.trial.guard import fidelity
 
 
 def _gen(seed: int = 0) -> torch.Generator:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import autotune
-from autotune.guard import fidelity
+from autotune.trial.guard import fidelity
 from tests.models import MLP, TinyEmbedder, WrongButFastUnderAutocast, classification_data, sentence_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}

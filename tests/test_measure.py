@@ -5,9 +5,9 @@ import time
 import pytest
 import torch
 
-from autotune.build import build
 from autotune.config import Config
-from autotune.measure import Interference, MeasureSettings, measure, memory_mark, noise_reason
+from autotune.trial.build import build
+from autotune.trial.measure import Interference, MeasureSettings, measure, memory_mark, noise_reason
 from tests.models import MLP, BigActivations, CpuHog, classification_data
 
 FAST = MeasureSettings(n_windows=3, window_s=0.05, warmup_batches=1)
@@ -65,7 +65,8 @@ def test_peak_memory_is_the_trials_own_not_the_workers_high_water_mark():
 
 
 def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
-    from autotune._worker import TrialContext, WorkerSpec
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.spec import WorkerSpec
 
     spec = WorkerSpec(
         model=MLP(),
@@ -80,7 +81,7 @@ def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
     hog = CpuHog(60)
     try:
         time.sleep(0.3)
-        result = ctx.run_trial(dict(Config({"batch_size": 16})))
+        result = ctx.run_trial(dict(Config({"batch_size": 16}))).to_attrs()
     finally:
         hog.stop()
     assert result["status"] == "ok"

@@ -32,6 +32,6 @@ def test_errors_share_one_root():
 
 
 def test_presets_are_found_from_any_directory(tmp_path):
-    code = "from autotune.space import list_presets; print(sorted(list_presets()))"
+    code = "from autotune.search.space import list_presets; print(sorted(list_presets()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert "'default'" in out and "'quick'" in out

@@ -5,7 +5,7 @@ import re
 
 from rich.console import Console
 
-from autotune._progress import LiveProgress, PlainProgress, make_progress
+from autotune.run.progress import LiveProgress, PlainProgress, make_progress
 
 BASE = {"batch_size": 8, "num_workers": 0}
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from autotune import _quantize
+import autotune.compress.quantize as _quantize
 from autotune.errors import ConfigError, TrialError
 
 

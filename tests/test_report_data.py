@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from autotune import InputError
-from autotune._report_data import load_result, load_run, run_summary, storage_of
+from autotune.report.data import load_result, load_run, run_summary, storage_of
 
 
 def _best(tmp_path, storage):

@@ -8,8 +8,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from autotune._report_data import load_run
-from autotune._report_html import SECTIONS, render_html, write_reports, write_reports_safely
+from autotune.report.data import load_run
+from autotune.report.html import SECTIONS, render_html, write_reports, write_reports_safely
 
 CHROMIUM_ARGS = [
     "--headless",

@@ -2,8 +2,8 @@
 
 import json
 
-from autotune._report_data import load_run
-from autotune._report_md import render_markdown
+from autotune.report.data import load_run
+from autotune.report.markdown import render_markdown
 
 
 def test_report_md_holds_the_summary_diagnosis_failures_and_artifacts(finished_run):

@@ -19,9 +19,9 @@ import pytest
 from optuna.trial import TrialState
 
 import autotune
-from autotune._status import study_status
-from autotune._storage import open_storage, redact
 from autotune.cli import main
+from autotune.search.status import study_status
+from autotune.search.storage import open_storage, redact
 
 CFG = """
 import os, time, torch

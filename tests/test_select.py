@@ -5,7 +5,7 @@ import json
 import pytest
 
 import autotune
-from autotune._select import choose, finalists, pareto_front
+from autotune.search.select import choose, finalists, pareto_front
 from tests.models import MLP, classification_data
 
 

@@ -7,7 +7,7 @@ import autotune
 from autotune.data import describe
 from autotune.errors import ConfigError
 from autotune.knobs import SpaceContext
-from autotune.space import load_preset, resolve_space
+from autotune.search.space import load_preset, resolve_space
 
 
 @pytest.fixture()
@@ -46,7 +46,7 @@ def test_a_toml_file_is_a_space(tmp_path, ctx):
 
 
 def test_warm_start_tries_the_usual_recipe_then_each_change_alone(cpu_env):
-    from autotune.space import warm_start
+    from autotune.search.space import warm_start
     from tests.models import TinyCNN, image_data
 
     _, _, space = autotune.plan(TinyCNN(), image_data(n=512), space="cpu", device="cpu")

@@ -133,11 +133,11 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path):
 
 
 def test_a_study_shared_by_two_kinds_of_hardware_keeps_them_apart(tmp_path, capsys):
-    from autotune._status import study_status
-    from autotune._storage import hardware_slug
     from autotune.cli import main
     from autotune.config import Config
-    from autotune.study import open_study
+    from autotune.search.status import study_status
+    from autotune.search.storage import hardware_slug
+    from autotune.search.study import open_study
 
     url = f"sqlite:///{tmp_path / 'shared.db'}"
     space = {"base": None, "batch_size": [8, 16]}
@@ -179,7 +179,7 @@ def test_a_study_shared_by_two_kinds_of_hardware_keeps_them_apart(tmp_path, caps
 
 
 def test_a_group_keeps_its_objectives(tmp_path):
-    from autotune.study import open_study
+    from autotune.search.study import open_study
 
     url = f"sqlite:///{tmp_path / 'study.db'}"
     open_study(url, "s", ["throughput"], 0, False, hardware="cpu x")
@@ -202,9 +202,9 @@ def test_a_trial_whose_process_died_is_failed_and_retried_at_once(tmp_path):
     recognised at once (not after the grace period) and its configuration is queued again."""
     import subprocess
 
-    from autotune._storage import fail_dead_local, open_storage, owner_attrs
-    from autotune.report import write_trials_csv
-    from autotune.study import trial_record
+    from autotune.report.summary import write_trials_csv
+    from autotune.search.storage import fail_dead_local, open_storage, owner_attrs
+    from autotune.search.study import trial_record
 
     storage = open_storage(f"sqlite:///{tmp_path / 'study.db'}")
     study = optuna.create_study(storage=storage, study_name="s")

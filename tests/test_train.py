@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import autotune
-from autotune._train import FixedOrder, optimizer_factory, prepare, with_impl
 from autotune.errors import ConfigError, TrialError
+from autotune.trial.train_setup import FixedOrder, optimizer_factory, prepare, with_impl
 
 from .models import MLP, SmallCNN, classification_data
 

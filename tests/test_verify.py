@@ -7,8 +7,8 @@ import pytest
 import torch
 
 import autotune
-from autotune._verify import env_diff, verify
 from autotune.cli import main
+from autotune.deploy.verify import env_diff, verify
 from autotune.errors import ConfigError
 from autotune.export import export_artifacts
 
@@ -139,7 +139,7 @@ def test_numpy_samples_are_written_as_tensors_and_no_other_global_is_unpickled(c
 
     import numpy as np
 
-    from autotune._worker import _plain
+    from autotune.trial.inference import _plain
 
     parity = torch.load(copy / "parity.pt", weights_only=True)
     plain = _plain([(x.numpy(), np.int64(y)) for x, y in parity["samples"]])

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..errors import ConfigError
+from autotune.errors import ConfigError
 
 __all__ = ["FILE_NAMES", "FORMATS", "ORT_DEFAULTS", "export_artifacts", "file_digest", "ship_measured"]
 
@@ -40,7 +40,7 @@ def file_digest(path: Path) -> str:
 def _example_outputs(model: Any, example: Any) -> Any:
     import torch
 
-    from ..data import model_inputs
+    from autotune.data import model_inputs
 
     args, kwargs = model_inputs(example)
     with torch.no_grad():
@@ -50,8 +50,8 @@ def _example_outputs(model: Any, example: Any) -> Any:
 def _onnx_runner(
     model: Any, example: Any, path: Path, device: str, source: Any = None
 ) -> tuple[dict[str, Any], Callable[..., Any]]:
-    from .onnx import OrtModule, export_onnx, quantize_onnx
-    from .parity import restore_like
+    from autotune.export.onnx import OrtModule, export_onnx, quantize_onnx
+    from autotune.export.parity import restore_like
 
     if source is None:
         info = export_onnx(model, example, path)
@@ -79,7 +79,7 @@ def _torchscript_runner(
 ) -> tuple[dict[str, Any], Callable[..., Any]]:
     import torch
 
-    from .torchscript import export_torchscript, positional_inputs
+    from autotune.export.torchscript import export_torchscript, positional_inputs
 
     info = export_torchscript(model, example, path, fallback=fallback)
     loaded = torch.jit.load(str(path))  # the saved file is what ships, so it is what is checked
@@ -93,7 +93,7 @@ def _torchscript_runner(
 def _export_one(
     fmt: str, model: Any, example: Any, out_dir: Path, fallback: Any, check: dict, onnx_source: Any = None
 ) -> dict[str, Any]:
-    from .parity import check_parity, describe_error, device_of
+    from autotune.export.parity import check_parity, describe_error, device_of
 
     path = out_dir / FILE_NAMES[fmt]
     record: dict[str, Any] = {"path": path.name, "batch_size": check["batch_size"]}
@@ -125,7 +125,7 @@ def ship_measured(
     against that measured module and, through ``check``, against the baseline.
 
     Args:
-        artifact: :attr:`autotune.build.BuildState.artifact` of the winner's build.
+        artifact: :attr:`autotune.trial.build.BuildState.artifact` of the winner's build.
         module: The module the trial measured (it runs ``artifact``'s file).
         samples: Validation samples (uncollated).
         batch_size: Samples per batch, recorded for loading.
@@ -137,7 +137,7 @@ def ship_measured(
     """
     import shutil
 
-    from .parity import check_parity, describe_error
+    from autotune.export.parity import check_parity, describe_error
 
     fmt = artifact["format"]
     path = Path(out_dir) / FILE_NAMES[fmt]
@@ -147,14 +147,14 @@ def ship_measured(
     record.update(path=path.name, batch_size=batch_size, bytes=path.stat().st_size, sha256=file_digest(path))
     record.update(winner=True, measured_as="the winner's own file, as measured in the search")
     if fmt == "onnx":
-        from .onnx import OrtModule
+        from autotune.export.onnx import OrtModule
 
         ort = artifact["ort"]
         run: Any = OrtModule(path, artifact["input_names"], artifact["output_names"], **ort)
     else:
         import torch
 
-        from .torchscript import ScriptRunner
+        from autotune.export.torchscript import ScriptRunner
 
         run = ScriptRunner(torch.jit.load(str(path)), artifact["input_names"])
     try:

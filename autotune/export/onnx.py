@@ -16,9 +16,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..data import batch_size_of, pad_batch
-from ..errors import ConfigError, ExportError, InputError
-from .parity import describe_error, exportable, flat_inputs, output_leaves, quiet_warnings
+from autotune.data import batch_size_of, pad_batch
+from autotune.errors import ConfigError, ExportError, InputError
+from autotune.export.parity import describe_error, exportable, flat_inputs, output_leaves, quiet_warnings
 
 __all__ = ["GRAPH_OPTIMIZATIONS", "QUANT_METHODS", "OrtModule", "export_onnx", "quantize_onnx", "to_fp16"]
 

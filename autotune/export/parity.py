@@ -19,11 +19,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..build import FrozenCompiled
-from ..data import model_inputs, pad_batch, slice_batch, to_device
-from ..errors import AutotuneError, InputError
-from ..guard import _concat, _leaves, _to_cpu, evaluate, fidelity
-from ..measure import call_model
+from autotune.data import (
+    call_model,
+    concat_outputs,
+    model_inputs,
+    outputs_to_cpu,
+    pad_batch,
+    slice_batch,
+    tensor_leaves,
+    to_device,
+)
+from autotune.errors import AutotuneError, InputError
+from autotune.knobs.state import FrozenCompiled
+from autotune.trial.fidelity import evaluate, fidelity
 
 __all__ = [
     "check_parity",
@@ -68,7 +76,7 @@ def describe_error(exc: BaseException) -> str:
 
 def exportable(model: nn.Module) -> nn.Module:
     """``model`` in eval mode without its ``torch.compile`` and freezing wrappers, which
-    exporters cannot trace through; autocast and channels-last (:class:`~autotune.build.TunedModule`)
+    exporters cannot trace through; autocast and channels-last (:class:`~autotune.trial.build.TunedModule`)
     stay."""
     if isinstance(model, FrozenCompiled):
         model = model.compiled
@@ -100,7 +108,7 @@ def quiet_warnings() -> Iterator[None]:
 
 def output_leaves(out: Any) -> list[torch.Tensor]:
     """The tensors of a model's output in a fixed order (dict values in insertion order)."""
-    return _leaves(out)
+    return tensor_leaves(out)
 
 
 def restore_like(template: Any, leaves: Any) -> Any:
@@ -148,8 +156,8 @@ def _run_batches(fn: Callable[..., Any], samples: list[Any], batch_size: int, de
             part = list(samples[start : start + batch_size])
             # Padded to a full batch: an artifact traced or exported at one batch size sees only it.
             batch = to_device(pad_batch(default_collate(part), batch_size), device)
-            chunks.append(_to_cpu(slice_batch(call_model(fn, batch), len(part))))
-    return _concat(chunks)
+            chunks.append(outputs_to_cpu(slice_batch(call_model(fn, batch), len(part))))
+    return concat_outputs(chunks)
 
 
 def _errors(outputs: Any, reference: Any) -> tuple[float, float, str | None]:
@@ -216,7 +224,7 @@ def check_parity(
         baseline_outputs: The untuned model's outputs on ``samples``: without a metric, the
             artifact must keep the guard's fidelity to them, so export drift cannot add to the
             drift the guard allowed the tuned model.
-        kinds: The kind of each output, as the guard judges it (:func:`autotune.guard.fidelity`).
+        kinds: The kind of each output, as the guard judges it (:func:`autotune.trial.guard.fidelity`).
         mask: The samples' ``attention_mask``, as the guard uses it.
         metric_chunk: Samples per metric batch: the guard's (the baseline batch size), so the
             metric sees the batches the baseline's metric saw; default ``batch_size``.

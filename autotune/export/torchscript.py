@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..data import model_inputs
-from ..errors import ExportError
-from .parity import describe_error, exportable, output_leaves, quiet_warnings
+from autotune.data import model_inputs
+from autotune.errors import ExportError
+from autotune.export.parity import describe_error, exportable, output_leaves, quiet_warnings
 
 __all__ = ["export_torchscript", "positional_inputs"]
 

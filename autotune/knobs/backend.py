@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 _SCRATCH: tempfile.TemporaryDirectory[str] | None = None
 
@@ -51,9 +51,9 @@ class Runtime(Knob):
     def apply(self, state: Any, value: str) -> None:
         if value == "torch":
             return
-        from ..errors import TrialError
-        from ..export import torchscript as ts
-        from .compress import _extras
+        from autotune.errors import TrialError
+        from autotune.export import torchscript as ts
+        from autotune.knobs.compress import _extras
 
         extras = _extras(state, "runtime")
         folder = _scratch_dir()
@@ -75,7 +75,7 @@ class Runtime(Knob):
 
 
 def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
-    from ..export import onnx as ox
+    from autotune.export import onnx as ox
 
     config = state.config
     info = ox.export_onnx(state.model, extras.example, folder / "model.onnx")

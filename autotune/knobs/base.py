@@ -3,7 +3,7 @@
 A knob has a name used everywhere (Optuna parameter, config key, CLI ``--fix name=value``,
 JSON, docs), a :class:`Stage` that orders it in the build, the values it offers on an
 :class:`~autotune.env.Env` (with a reason for every value it leaves out), and ``apply``, which
-changes a :class:`~autotune.build.BuildState`. Adding a knob means adding one file that
+changes a :class:`~autotune.trial.build.BuildState`. Adding a knob means adding one file that
 subclasses :class:`Knob` and decorates it with :func:`register`.
 """
 
@@ -14,12 +14,12 @@ import enum
 import json
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..errors import ConfigError
+from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
-    from ..build import BuildState
-    from ..data import DataInfo
-    from ..env import Env
+    from autotune.data import DataInfo
+    from autotune.env import Env
+    from autotune.knobs.state import BuildState
 
 __all__ = ["Knob", "Offer", "SpaceContext", "Stage", "REGISTRY", "register", "get_knob"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 # Powers of two and the 1.5x steps between them: fine enough near the usual optimum.
 _SIZES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096)
@@ -48,7 +48,7 @@ class BatchSize(Knob):
     # micro-batches are accumulated into one optimizer step.
 
     def validate(self, value: Any) -> int:
-        from ..errors import ConfigError
+        from autotune.errors import ConfigError
 
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"Knob 'batch_size' must be a positive integer, but got {value!r}.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
@@ -39,7 +39,7 @@ class CompileMode(Knob):
         if value == "none":
             pass
         elif state.quantization == "int8_static":
-            from ..build import FrozenCompiled
+            from autotune.knobs.state import FrozenCompiled
 
             # Statically quantized (PT2E) graphs reach the int8 kernels only with weights frozen
             # into constants, which dynamo decides from inductor's global config while it traces.

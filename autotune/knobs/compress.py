@@ -1,7 +1,7 @@
 """Compression knobs: ``prune_ratio``, ``prune_method``, ``finetune_steps`` and ``quantization``.
 
 They change the model itself, so the accuracy guard decides whether a candidate may win. The
-work is done by :mod:`autotune._prune` (torch-pruning) and :mod:`autotune._quantize`
+work is done by :mod:`autotune.compress.prune` (torch-pruning) and :mod:`autotune.compress.quantize`
 (PyTorch and torchao int8 paths).
 """
 
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import ConfigError
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.errors import ConfigError
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
 def _extras(state: Any, knob: str) -> Any:
@@ -71,8 +71,8 @@ class PruneMethod(Knob):
         return Offer(values, excluded)
 
     def apply(self, state: Any, value: str) -> None:
-        from .. import _prune
-        from ..data import model_inputs
+        import autotune.compress.prune as _prune
+        from autotune.data import model_inputs
 
         if state.prune_ratio <= 0:
             return
@@ -106,7 +106,7 @@ class FinetuneSteps(Knob):
         return Offer([0], {str(c): "fine-tuning needs loss_fn (in cfg.py or optimize)" for c in self.choices[1:]})
 
     def apply(self, state: Any, value: int) -> None:
-        from .. import _prune
+        import autotune.compress.prune as _prune
 
         if value <= 0 or state.prune_ratio <= 0 or state.info.get("prune_method") == "semi_structured_2_4":
             return
@@ -136,7 +136,7 @@ class Quantization(Knob):
         return config.get("runtime", "torch") != "onnxruntime"
 
     def offer(self, ctx: SpaceContext) -> Offer:
-        from .. import _quantize
+        import autotune.compress.quantize as _quantize
 
         values, excluded = ["none"], {}
         for method in self.choices[1:]:
@@ -148,7 +148,7 @@ class Quantization(Knob):
         return Offer(values, excluded)
 
     def apply(self, state: Any, value: str) -> None:
-        from .. import _quantize
+        import autotune.compress.quantize as _quantize
 
         if value == "none":
             return

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
 @register

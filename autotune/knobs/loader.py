@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
 @register

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
 @register
@@ -40,7 +40,7 @@ class AmpDtype(Knob):
         return Offer(values, excluded)
 
     def apply(self, state: Any, value: str) -> None:
-        from ..errors import TrialError
+        from autotune.errors import TrialError
 
         if value != "float32" and state.device == "cpu" and state.quantization in ("int8_dynamic", "int8_static"):
             # Known before anything runs: ruled out at once, without a failed trial and a worker restart.

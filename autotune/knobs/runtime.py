@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Knob, Offer, SpaceContext, Stage, register
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
 @register
@@ -29,7 +29,7 @@ class NumThreads(Knob):
         return ctx.env.cpu_threads
 
     def validate(self, value: Any) -> int | None:
-        from ..errors import ConfigError
+        from autotune.errors import ConfigError
 
         if value is None:
             return None

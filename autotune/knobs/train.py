@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import Knob, Stage, register
+from autotune.knobs.base import Knob, Stage, register
 
 
 @register

@@ -57,9 +57,9 @@ def test_export_none_writes_no_artifacts(tmp_path):
 
 
 def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_path):
-    from autotune._worker import _onnx_form
-    from autotune.build import TunedModule
     from autotune.export import export_artifacts
+    from autotune.knobs.state import TunedModule
+    from autotune.trial.inference import _onnx_form
 
     tuned = TunedModule(Oracle().eval(), "bfloat16", False)
     model, note = _onnx_form(tuned, "cpu")
@@ -138,8 +138,8 @@ def test_an_artifact_of_a_compiled_winner_is_labelled_as_another_model():
     not be presented as the measured winner (or under its speedup)."""
     import torch
 
-    from autotune._worker import _label
-    from autotune.build import BuildState
+    from autotune.knobs.state import BuildState
+    from autotune.trial.inference import _label
 
     compiled = BuildState(model=torch.nn.Linear(2, 2), device="cpu", compile_mode="max-autotune-no-cudagraphs")
     record: dict = {"status": "ok"}

@@ -1,8 +1,8 @@
 import torch
 
-from autotune.build import BuildState
 from autotune.data import describe
 from autotune.knobs import SpaceContext, get_knob
+from autotune.knobs.state import BuildState
 
 
 def test_batch_sizes_are_bounded_by_the_dataset(cpu_env):

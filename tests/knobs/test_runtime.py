@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from autotune.build import settings_active
 from autotune.data import describe
 from autotune.knobs import SpaceContext, get_knob
+from autotune.trial.build import settings_active
 
 
 def test_threads_up_to_torch_default(cpu_env):

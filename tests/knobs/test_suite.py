@@ -6,11 +6,12 @@ import json
 import pytest
 import torch
 
-from autotune.build import BuildExtras, build, make_loader, settings_active
 from autotune.config import Config
 from autotune.data import describe
 from autotune.knobs import REGISTRY, SpaceContext, Stage, get_knob
-from autotune.measure import call_model
+from autotune.knobs.state import BuildExtras
+from autotune.trial.build import build, make_loader, settings_active
+from autotune.trial.measure import call_model
 from tests.models import TinyCNN, image_data
 
 KNOBS = list(REGISTRY)

@@ -1,0 +1,12 @@
+"""Using a finished run's artifacts: :func:`load` a predictor, :func:`verify` an output directory."""
+
+from autotune._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(
+    __name__,
+    {
+        "load": "load",
+        "Predictor": "load",
+        "verify": "verify",
+    },
+)

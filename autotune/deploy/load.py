@@ -1,0 +1,310 @@
+"""Load an exported artifact of a tuning run and run it like a function: :func:`load`.
+
+Example:
+    >>> predict = load("autotune_out")  # doctest: +SKIP
+    >>> predict(images).shape  # numpy in, numpy out  # doctest: +SKIP
+    (1000, 10)
+"""
+
+from __future__ import annotations
+
+import json
+import pickle
+import statistics
+import time
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from autotune.data import concat_outputs, map_tensors, pad_batch, slice_batch
+from autotune.errors import ConfigError, InputError
+from autotune.export import FORMATS, file_digest
+
+__all__ = ["Predictor", "load"]
+
+
+class Predictor:
+    """An exported artifact behind a plain call: arrays or tensors in, the same kind out.
+
+    Inputs run in chunks of the tuned batch size (the last one padded to it, as the artifact
+    was checked), and the outputs are concatenated.
+
+    Attributes:
+        format: ``"onnx"`` or ``"torchscript"``.
+        path: The artifact file.
+        batch_size: Samples per chunk.
+        device: Where the artifact runs.
+        input_names: The artifact's inputs, in positional order.
+        record: The artifact's entry in ``best_config.json``.
+        chosen: Which artifact :func:`load` took and why (the fastest here, or the one asked for).
+    """
+
+    def __init__(self, module: Any, fmt: str, path: Path, record: dict[str, Any], batch_size: int, device: str) -> None:
+        self.module = module
+        self.format = fmt
+        self.path = path
+        self.record = record
+        self.batch_size = batch_size
+        self.device = torch.device(device)
+        self.input_names: list[str] = list(record["input_names"])
+        self.chosen = f"{fmt}: asked for" if record else fmt
+
+    def __repr__(self) -> str:
+        return f"Predictor(format={self.format!r}, path={str(self.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r})"
+
+    def _positional(self, inputs: Any) -> list[Any]:
+        if isinstance(inputs, (np.ndarray, torch.Tensor)):
+            return [inputs]
+        if isinstance(inputs, (tuple, list)):
+            return list(inputs)
+        if isinstance(inputs, Mapping):
+            missing = [n for n in self.input_names if n not in inputs]
+            if missing:
+                raise InputError(
+                    f"Inputs lack {', '.join(map(repr, missing))}. The artifact takes: {', '.join(self.input_names)}."
+                )
+            return [inputs[n] for n in self.input_names]
+        raise InputError(
+            f"Inputs must be a numpy array or torch tensor, or a tuple/dict of them, but got {type(inputs).__name__}."
+        )
+
+    def _structured(self, out: Any) -> Any:
+        """The model's own output structure from every format: an ONNX graph returns its outputs
+        flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
+        names = list(self.record.get("output_names") or [])
+        if self.format == "onnx" and isinstance(out, tuple) and names and not names[0].startswith("output"):
+            return dict(zip(names, out, strict=True))
+        return out
+
+    def __call__(self, inputs: Any = None, /, **kwargs: Any) -> Any:
+        """Run a batch, given as the model takes it: ``pred(batch)`` with an array/tensor, a tuple
+        of them by position or a dict of them by input name, or ``pred(**batch)`` by keyword.
+        Numpy in gives numpy out, torch in gives torch out (on the inputs' device); the outputs
+        keep the model's structure (a dict of the model's keys stays one) from every format."""
+        if kwargs:
+            if inputs is not None:
+                raise InputError("Pass the inputs either as one batch or by keyword, not both.")
+            inputs = kwargs
+        values = self._positional(inputs)
+        as_numpy = any(isinstance(v, np.ndarray) for v in values)
+        home = next((v.device for v in values if isinstance(v, torch.Tensor)), torch.device("cpu"))
+        tensors = [(torch.from_numpy(np.ascontiguousarray(v)) if isinstance(v, np.ndarray) else v) for v in values]
+        if not all(isinstance(t, torch.Tensor) and t.dim() > 0 for t in tensors):
+            raise InputError("Every input must be an array or tensor with a batch axis.")
+        sizes = {int(t.shape[0]) for t in tensors}
+        if len(sizes) != 1 or 0 in sizes:
+            raise InputError(f"Inputs must share one non-zero batch size, but have {sorted(sizes)}.")
+        n = sizes.pop()
+        chunks = []
+        with torch.inference_mode():
+            for start in range(0, n, self.batch_size):
+                part = [t[start : start + self.batch_size].to(self.device) for t in tensors]
+                size = int(part[0].shape[0])
+                out = self._structured(self.module(*pad_batch(part, self.batch_size)))
+                chunks.append(slice_batch(out, size))
+        out = map_tensors(lambda t: t.to(home), concat_outputs(chunks))
+        return map_tensors(lambda t: t.numpy(), out) if as_numpy else out
+
+
+def _read_artifacts(out_dir: Path) -> tuple[dict[str, Any], int | None]:
+    """The ``artifacts`` entry of ``best_config.json`` and the run's batch size."""
+    if not out_dir.is_dir():
+        raise ConfigError(f"No directory {str(out_dir)!r}: give the out_dir that autotune.optimize wrote.")
+    path = out_dir / "best_config.json"
+    if not path.is_file():
+        raise ConfigError(f"No best_config.json in {str(out_dir)!r}: give the out_dir that autotune.optimize wrote.")
+    try:
+        best = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"Cannot read {str(path)!r}: {exc}") from None
+    artifacts = best.get("artifacts") if isinstance(best, dict) else None
+    if not isinstance(artifacts, dict) or not artifacts:
+        raise ConfigError(f"{str(path)!r} lists no artifacts: run the tuning with export formats to write them.")
+    batch_size = (best.get("best") or {}).get("batch_size") or (best.get("config") or {}).get("batch_size")
+    return artifacts, batch_size
+
+
+def _read_parity(out_dir: Path) -> dict[str, Any]:
+    """What ``parity.pt`` holds: the validation samples, the tuned model's outputs (and those of
+    any other form an artifact was exported from), the baseline's outputs and their kinds."""
+    path = out_dir / "parity.pt"
+    if not path.is_file():
+        raise ConfigError(
+            f"No parity.pt in {str(out_dir)!r}: it is written with the artifacts; run the tuning again "
+            "with export formats to have one."
+        )
+    # weights_only with no added globals: an out dir may come from anywhere, and unpickling runs
+    # code. The export writes tensors, numbers and strings only (numpy samples become tensors).
+    try:
+        data = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise ConfigError(
+            f"{str(path)!r} holds objects other than tensors, numbers and strings; verify does not unpickle "
+            "them, as that could run any code. Export the run again with this version of autotune."
+        ) from None
+    except Exception as exc:
+        raise ConfigError(f"Cannot read {str(path)!r}: {type(exc).__name__}: {exc}") from None
+    if not isinstance(data, dict) or not data.get("samples") or "outputs" not in data:
+        raise ConfigError(f"{str(path)!r} must hold {{'samples': [...], 'outputs': ...}}: export the run again.")
+    return {
+        "samples": list(data["samples"]),
+        "outputs": data["outputs"],
+        # An artifact exported from another form than the tuned model (a CPU bfloat16 winner's
+        # float32 ONNX) is compared with that form's outputs, as its export was.
+        "by_format": data.get("outputs_by_format") or {},
+        "baseline": data.get("baseline_outputs"),
+        "kinds": data.get("kinds"),
+        "max_metric_drop": data.get("max_metric_drop", 0.01),
+    }
+
+
+def _inside(out_dir: Path, name: Any, fmt: str) -> Path:
+    """``out_dir / name``, refused when ``name`` would leave ``out_dir`` (absolute, ``..``, links)."""
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"The {fmt} artifact's entry in best_config.json names no file: export it again.")
+    path = out_dir / name
+    if Path(name).is_absolute() or not path.resolve().is_relative_to(out_dir.resolve()):
+        raise ConfigError(
+            f"The {fmt} artifact's path {name!r} leaves {str(out_dir)!r}; artifacts must be files inside the "
+            "run's directory. Fix best_config.json or export again."
+        )
+    return path
+
+
+def _choose(artifacts: dict[str, Any], fmt: str | None, where: Path) -> tuple[str, dict[str, Any]]:
+    if fmt is not None:
+        if fmt not in FORMATS:
+            raise ConfigError(f"No artifact format named {fmt!r}. Known: {', '.join(FORMATS)}.")
+        if fmt not in artifacts:
+            raise ConfigError(f"{str(where)!r} has no {fmt} artifact. It has: {', '.join(artifacts)}.")
+        if artifacts[fmt].get("status") != "ok":
+            error = artifacts[fmt].get("error") or "no reason recorded"
+            warnings.warn(f"Loading the {fmt} artifact although it failed its checks: {error}", stacklevel=3)
+        return fmt, artifacts[fmt]
+    for name in FORMATS:  # ONNX first: it runs without Python's model code or torch
+        if (artifacts.get(name) or {}).get("status") == "ok":
+            return name, artifacts[name]
+    failed = "; ".join(f"{k}: {(v or {}).get('error') or 'failed'}" for k, v in artifacts.items())
+    raise ConfigError(
+        f"No artifact in {str(where)!r} passed its checks ({failed}). Pass format='onnx' or "
+        "format='torchscript' to load one anyway."
+    )
+
+
+def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
+    on_cuda = torch.device(device).type == "cuda"
+    if fmt == "torchscript":
+        return torch.jit.load(str(path), map_location=device)
+    from autotune.export.onnx import OrtModule
+
+    ort = record.get("ort") or {}
+    provider = ort.get("provider") or ""
+    if ("CUDA" in provider or "Tensorrt" in provider) != on_cuda:  # recorded for another device
+        provider = "CUDAExecutionProvider" if on_cuda else "CPUExecutionProvider"
+    return OrtModule(
+        path,
+        record["input_names"],
+        record.get("output_names") or [],
+        provider=provider,
+        graph_optimization=ort.get("graph_optimization", "all"),
+        intra_op_threads=ort.get("intra_op_threads", 0),
+        io_binding=on_cuda,
+    )
+
+
+def load(
+    out_dir: str | Path, *, format: str | None = None, device: str = "cpu", allow_modified: bool = False
+) -> Predictor:
+    """Load the exported artifact of a tuning run from ``out_dir``.
+
+    Args:
+        out_dir: The run's directory, holding ``best_config.json`` and the artifact files.
+        format: ``"onnx"`` or ``"torchscript"``; ``None`` takes the fastest on this machine of
+            those that passed their checks (timed briefly on the run's validation samples; the
+            measured winner's own file when they cannot be timed), and says which in
+            :attr:`Predictor.chosen`. An artifact that failed its checks loads only when named
+            here, with a warning.
+        device: ``"cpu"`` or ``"cuda[:N]"``: ONNX runs on the matching ONNX Runtime provider.
+        allow_modified: Load an artifact whose sha256 differs from the one recorded at export
+            (refused by default: the file is not the one that was checked).
+
+    Returns:
+        A :class:`Predictor`.
+
+    Raises:
+        ConfigError: no such directory, no ``best_config.json``, no artifacts, an unknown format,
+            no artifact that passed its checks, the artifact's file is missing, lies outside
+            ``out_dir`` or changed since export.
+    """
+    out_dir = Path(out_dir)
+    artifacts, run_batch_size = _read_artifacts(out_dir)
+    if format is None:
+        passed = [f for f in FORMATS if (artifacts.get(f) or {}).get("status") == "ok"]
+        if len(passed) > 1:
+            return _fastest(out_dir, passed, device, allow_modified)
+    fmt, record = _choose(artifacts, format, out_dir)
+    return _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
+
+
+def _load_one(
+    out_dir: Path, fmt: str, record: dict[str, Any], run_batch_size: Any, device: str, allow_modified: bool
+) -> Predictor:
+    path = _inside(out_dir, record.get("path"), fmt)
+    if not path.is_file():
+        raise ConfigError(f"The {fmt} artifact's file {str(path)!r} is missing: export it again.")
+    if record.get("sha256") and file_digest(path) != record["sha256"]:
+        if not allow_modified:
+            raise ConfigError(
+                f"{str(path)!r} is not the file that was exported and checked (its sha256 differs). Export "
+                "again, or pass allow_modified=True to load it anyway."
+            )
+        warnings.warn(f"Loading {str(path)!r} although it changed since export.", stacklevel=3)
+    if "input_names" not in record:
+        raise ConfigError(f"The {fmt} artifact's entry in best_config.json lacks `input_names`: export it again.")
+    batch_size = record.get("batch_size") or run_batch_size
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ConfigError(f"The {fmt} artifact records no batch size (got {batch_size!r}): export it again.")
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"`device` must be 'cpu' or 'cuda[:N]', but got {device!r}.") from None
+    return Predictor(_open(fmt, path, record, device), fmt, path, record, batch_size, device)
+
+
+def _rate(predict: Predictor, batch: dict[str, torch.Tensor]) -> float:
+    """Samples/s of ``predict`` on one batch: the median of a few calls after a warm-up."""
+    for _ in range(2):
+        predict(batch)
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        predict(batch)
+        times.append(time.perf_counter() - start)
+    return predict.batch_size / max(statistics.median(times), 1e-9)
+
+
+def _fastest(out_dir: Path, formats: list[str], device: str, allow_modified: bool) -> Predictor:
+    """The fastest here of several artifacts that passed their checks, saying which and why."""
+    from torch.utils.data import default_collate
+
+    from autotune.export.parity import flat_inputs
+
+    artifacts, run_batch_size = _read_artifacts(out_dir)
+    loaded = [_load_one(out_dir, f, artifacts[f], run_batch_size, device, allow_modified) for f in formats]
+    try:
+        samples = _read_parity(out_dir)["samples"]
+        part = [samples[i % len(samples)] for i in range(max(p.batch_size for p in loaded))]
+        names, tensors, _ = flat_inputs(default_collate(part))
+        rates = {p.format: _rate(p, dict(zip(names, tensors, strict=True))) for p in loaded}
+    except Exception as exc:  # no validation samples to time on: the measured winner's own file
+        pick = next((p for p in loaded if p.record.get("winner")), loaded[0])
+        pick.chosen = f"{pick.format}: the measured winner's file (could not time the artifacts here: {exc})"
+        return pick
+    pick = max(loaded, key=lambda p: rates[p.format])
+    timing = ", ".join(f"{f} {r:,.0f}/s" for f, r in sorted(rates.items(), key=lambda kv: -kv[1]))
+    pick.chosen = f"{pick.format}: the fastest here of those that passed their checks ({timing})"
+    return pick

@@ -1,0 +1,176 @@
+"""What the knobs change while a configuration is built, and the wrappers a built model runs in.
+
+:class:`BuildState` is the one object every knob's ``apply`` receives; :class:`TunedModule`
+runs the user's model behind autocast and channels-last inputs; :class:`FrozenCompiled` runs a
+compiled module with inductor's weight freezing on. This module imports no other part of
+autotune's phases, so knobs, the trial and the exporters can all depend on it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from autotune.data import map_tensors, to_device
+
+__all__ = ["BuildExtras", "BuildState", "FrozenCompiled", "TunedModule", "unwrap", "wrap"]
+
+
+class TunedModule(torch.nn.Module):
+    """The user's model behind autocast and channels-last inputs; outputs stay float32.
+
+    Args:
+        model: The (possibly pruned or quantized) model.
+        amp_dtype: ``"bfloat16"``, ``"float16"`` or ``None`` for no autocast.
+        channels_last: Convert 4-D floating inputs to channels-last memory format.
+    """
+
+    def __init__(self, model: torch.nn.Module, amp_dtype: str | None, channels_last: bool) -> None:
+        super().__init__()
+        self.model = model
+        self.amp_dtype = amp_dtype
+        self.channels_last = channels_last
+
+    def _prepare(self, value: Any) -> Any:
+        if self.channels_last and isinstance(value, torch.Tensor) and value.dim() == 4 and value.is_floating_point():
+            return value.contiguous(memory_format=torch.channels_last)
+        return value
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        args = tuple(self._prepare(a) for a in args)
+        kwargs = {k: self._prepare(v) for k, v in kwargs.items()}
+        if self.amp_dtype is None:
+            return self.model(*args, **kwargs)
+        tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
+        device_type = tensors[0].device.type if tensors else "cpu"
+        with torch.autocast(device_type, dtype=getattr(torch, self.amp_dtype)):
+            out = self.model(*args, **kwargs)
+        # Callers get float32, as from the untuned model: a drop-in replacement.
+        return _to_float32(out)
+
+
+class FrozenCompiled(torch.nn.Module):
+    """A compiled module whose calls run with inductor's weight freezing on, so that a statically
+    quantized graph compiles to int8 kernels, without turning freezing on for anything else."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            return self.compiled(*args, **kwargs)
+
+
+def unwrap(model: Any) -> Any:
+    """The user's (tuned) module under the compile, freezing and autocast wrappers."""
+    if isinstance(model, FrozenCompiled):
+        model = model.compiled
+    model = getattr(model, "_orig_mod", model)
+    return model.model if isinstance(model, TunedModule) else model
+
+
+def _to_float32(out: Any) -> Any:
+    return map_tensors(lambda t: t.float() if t.is_floating_point() else t, out)
+
+
+@dataclasses.dataclass
+class BuildExtras:
+    """Data some knobs need besides the model: example inputs to trace (pruning, export),
+    calibration batches (static quantization), and what recovery fine-tuning trains with.
+
+    Attributes:
+        example: One collated batch on the CPU.
+        calibration: Collated batches on the CPU.
+        loss_fn: ``loss_fn(outputs, batch) -> Tensor`` or ``None``.
+        train_dataset: Samples for fine-tuning.
+        batch_size: Fine-tuning batch size.
+        prune_ignore: Module names pruning keeps whole (the output layer always is).
+        seed: Seeds fine-tuning's shuffling.
+        keep_float: Keep a copy of the pruned float model (for export fallbacks).
+    """
+
+    example: Any = None
+    calibration: list[Any] = dataclasses.field(default_factory=list)
+    loss_fn: Any = None
+    train_dataset: Any = None
+    batch_size: int = 32
+    prune_ignore: tuple[str, ...] = ()
+    seed: int = 0
+    keep_float: bool = False
+
+    def example_on(self, device: str) -> Any:
+        """The example batch on ``device``."""
+        return to_device(self.example, torch.device(device))
+
+
+@dataclasses.dataclass
+class BuildState:
+    """What the knobs change, stage by stage.
+
+    Attributes:
+        model: The module being built; after the build, the thing to call.
+        device: Where it runs.
+        batch_size: Samples per batch.
+        amp_dtype: Autocast dtype name or ``None``.
+        channels_last: Whether 4-D inputs and weights are channels-last.
+        compile_mode: ``torch.compile`` mode or ``"none"``.
+        loader_kwargs: Keyword arguments of the DataLoader.
+        non_blocking: Copy batches to the device asynchronously (with pinned memory).
+        settings: Process-wide settings (``num_threads``, ``cudnn_benchmark``, ``tf32``).
+        extras: Example, calibration and fine-tuning data (see :class:`BuildExtras`).
+        prune_ratio: Set by the ``prune_ratio`` knob for ``prune_method`` to act on.
+        quantization: The quantization method applied.
+        info: What the build did: params and MACs before and after pruning, quantization details.
+        config: The whole configuration, for knobs whose work depends on others' values.
+        runtime: ``torch``, ``torchscript`` or ``onnxruntime``: what runs the model.
+        float_model: With ``extras.keep_float``, a copy of the model after pruning and before
+            quantization: the nearest form an exporter can take when the tuned one fails.
+        torch_model: The torch module a non-torch runtime (TorchScript, ONNX Runtime) replaced.
+        artifact: The file a non-torch runtime runs, as measured: ``{"format", "path",
+            "input_names", ...}`` (ONNX: ``output_names``, ``ort`` session settings, ``precision``).
+        optimizer_impl: Training mode: ``default``, ``foreach`` or ``fused`` optimizer step.
+    """
+
+    model: Any
+    device: str
+    batch_size: int = 32
+    amp_dtype: str | None = None
+    channels_last: bool = False
+    compile_mode: str = "none"
+    loader_kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
+    non_blocking: bool = False
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    extras: BuildExtras | None = None
+    prune_ratio: float = 0.0
+    quantization: str = "none"
+    info: dict[str, Any] = dataclasses.field(default_factory=dict)
+    config: Any = None  # the Config being built (a mapping of knob name to value)
+    runtime: str = "torch"
+    float_model: Any = None
+    torch_model: Any = None
+    artifact: dict[str, Any] | None = None
+    optimizer_impl: str = "default"
+
+
+def wrap(source: Any, model: Any = None, *, autocast: bool = True) -> TunedModule:
+    """The one way a :class:`TunedModule` is made: around ``model`` (default ``source.model``)
+    with ``source``'s autocast dtype and channels-last choice.
+
+    Args:
+        source: Anything with ``model``, ``amp_dtype`` and ``channels_last``: a
+            :class:`BuildState`, a training setup or another :class:`TunedModule`.
+        model: The module to wrap instead of ``source.model``.
+        autocast: ``False`` drops autocast (float32 compute), as an ONNX export on the CPU needs.
+
+    Example:
+        >>> state = BuildState(model=torch.nn.Linear(2, 2), device="cpu", amp_dtype="bfloat16")
+        >>> wrap(state, autocast=False).amp_dtype is None
+        True
+    """
+    inner = source.model if model is None else model
+    return TunedModule(inner, source.amp_dtype if autocast else None, source.channels_last)

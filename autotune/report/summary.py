@@ -1,0 +1,219 @@
+"""Result files and summary tables: ``best_config.json``, ``trials.csv`` and the terminal table."""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from autotune.knobs import REGISTRY
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "METRIC_KEYS",
+    "SUMMARY_FIELDS",
+    "TRAIN_KEYS",
+    "best_by",
+    "busy_note",
+    "claim_text",
+    "write_trials_csv",
+    "write_json",
+    "summary_rows",
+]
+
+SCHEMA_VERSION = 1
+METRIC_KEYS = (
+    "samples_per_s",
+    "samples_per_s_min",
+    "samples_per_s_max",
+    "cov",
+    "latency_ms_p50",
+    "latency_ms_p95",
+    "peak_mem_mib",
+    "size_bytes",
+    "size_bytes_compressed",
+    "n_params",
+    "macs",
+    "compile_s",
+    "metric",
+    "metric_drop",
+)
+# What a training-mode trial adds: the step's shape and the loss curve its guard judged.
+TRAIN_KEYS = (
+    "accumulation_steps",
+    "effective_batch_size",
+    "loss_first",
+    "loss_final",
+    "loss_rel_change",
+    "skipped_steps",
+)
+
+
+def now_iso() -> str:
+    """The current time, ISO 8601, UTC."""
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    # A crash while writing leaves the previous complete file, never half of one.
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, data: dict[str, Any]) -> None:
+    """Write ``data`` as indented JSON, atomically."""
+    _atomic_write(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
+    """One row per trial: number, status, kind, reason, every knob, every metric."""
+    import io
+
+    columns = [
+        "number",
+        "status",
+        "kind",
+        "reason",
+        "baseline",
+        "repeat_of",
+        "retry_of",
+        "worker",
+        *REGISTRY,
+        *METRIC_KEYS,
+        *(TRAIN_KEYS if any("loss_final" in r for r in records) else ()),
+        "noisy",
+        "noise",
+        "others_cpu",
+        "n_measurements",
+        "trial_s",
+        "wall_s",
+    ]
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for rec in records:
+        row = {k: rec.get(k) for k in columns}
+        row.update(rec.get("config", {}))
+        if not row["status"]:
+            row["status"], row["reason"] = _unfinished(rec.get("state"))
+        writer.writerow(row)
+    _atomic_write(path, buf.getvalue())
+
+
+def _unfinished(state: str | None) -> tuple[str, str]:
+    """(status, reason) of a trial that holds no result: running, queued, or its process died."""
+    if state == "RUNNING":
+        return "running", "being measured (or its process died; it is failed after the grace period)"
+    if state == "WAITING":
+        return "queued", "queued, not started"
+    return "failed", "its process ended before it recorded a result; its configuration is retried once"
+
+
+def format_value(key: str, value: Any) -> str:
+    if value is None:
+        return "-"
+    if key in ("n_params", "macs"):
+        return f"{value:,}"
+    if key.startswith("size_bytes"):
+        return f"{value / 2**20:.2f} MiB"
+    if key in ("samples_per_s", "peak_mem_mib"):
+        return f"{value:,.0f}"
+    if key.startswith("latency_ms"):
+        return f"{value:.2f}"
+    if key == "compile_s":
+        return f"{value:.2f}"
+    if key in ("metric", "metric_drop"):
+        return f"{value:.4f}"
+    return str(value)
+
+
+# (label, metric key) of the summary table's rows, in the terminal and in the reports.
+SUMMARY_FIELDS = (
+    ("samples/s", "samples_per_s"),
+    ("latency p50 (ms/batch)", "latency_ms_p50"),
+    ("latency p95 (ms/batch)", "latency_ms_p95"),
+    ("peak memory (MiB)", "peak_mem_mib"),
+    ("model size", "size_bytes"),
+    ("model size, compressed", "size_bytes_compressed"),
+    ("parameters", "n_params"),
+    ("MACs per sample", "macs"),
+    ("compile/warm-up (s)", "compile_s"),
+    ("metric", "metric"),
+    ("batch size", "batch_size"),
+)
+
+
+def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """(label, baseline, best) rows of the summary table."""
+    return [
+        (label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in SUMMARY_FIELDS
+    ]
+
+
+def claim_text(speedup: dict[str, Any]) -> tuple[str, str]:
+    """(headline, sentence) of a run's speedup entry (best_config.json's ``speedup``): the words
+    the terminal, report.md and report.html all use, so they cannot disagree.
+
+    Example:
+        >>> claim_text({"verdict": "speedup", "speedup": 2.0, "sentence": "speedup 2.00x (95% CI 1.9-2.1x over 5 rounds)"})
+        ('2.00x', 'speedup 2.00x (95% CI 1.9-2.1x over 5 rounds)')
+    """
+    verdict = speedup.get("verdict")
+    if verdict is None:  # a run written before confirmation rounds: its median of pair ratios
+        value = speedup.get("median", 1.0)
+        return f"{value:.2f}x", f"{value:.2f}x ({speedup.get('method', 'unknown method')})"
+    value = speedup.get("speedup", 1.0)
+    headline = {
+        "speedup": f"{value:.2f}x",
+        "none": "none measurable" if speedup.get("method") != "baseline is best" else "1.00x",
+        "noisy": "not claimed (busy machine)",
+        "unconfirmed": f"{value:.2f}x (unconfirmed)",
+    }.get(verdict, f"{value:.2f}x")
+    return headline, speedup.get("sentence", "")
+
+
+def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | None:
+    """A plain sentence when the machine was busy during the run: at least a quarter of the
+    trials (two at least) noisy, or a claim withheld for noise; ``None`` on a quiet run.
+
+    Example:
+        >>> busy_note([{"ran": True, "samples_per_s": 1.0, "noisy": True}] * 2, {}) is not None
+        True
+        >>> busy_note([{"ran": True, "samples_per_s": 1.0, "noisy": i == 0} for i in range(8)], {}) is None
+        True
+    """
+    ran = [r for r in records if r.get("ran") and r.get("samples_per_s") is not None]
+    noisy = [r for r in ran if r.get("noisy") in (True, "True", "true")]
+    parts = []
+    # One trial whose windows happened to disagree is not a busy machine; a quarter of them is.
+    if noisy and len(noisy) >= max(2, len(ran) / 4):
+        parts.append(
+            f"{len(noisy)} of {len(ran)} trials were noisy even after re-measuring (their windows disagreed, or "
+            "other processes used the CPU)"
+        )
+    if speedup.get("verdict") == "noisy":
+        parts.append(
+            f"the confirmation rounds ran beside other processes ({speedup.get('others_cpu', 0):.0%} of the CPU)"
+        )
+    if not parts:
+        return None
+    return (
+        "The machine was busy: " + "; ".join(parts) + ". Figures from such a run are unreliable: run "
+        "`autotune doctor` to check the load, and tune again on a quiet machine."
+    )
+
+
+def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any]]:
+    """For each value of ``knob`` among the trials that passed the guard, the fastest trial."""
+    best: dict[Any, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("status") != "ok" or "samples_per_s" not in rec:
+            continue
+        value = rec.get("config", {}).get(knob)
+        if value not in best or rec["samples_per_s"] > best[value]["samples_per_s"]:
+            best[value] = rec
+    return best

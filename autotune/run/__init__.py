@@ -1,0 +1,16 @@
+"""The run's phase: the options, :func:`optimize` as stages, :func:`plan`, cfg.py files, and applying a found configuration."""
+
+from autotune._lazy import exports
+
+__all__, __getattr__, __dir__ = exports(
+    __name__,
+    {
+        "optimize": "optimize",
+        "plan": "optimize",
+        "apply": "apply",
+        "dataloader": "apply",
+        "training": "apply",
+        "load_config": "cfg",
+        "make_progress": "progress",
+    },
+)

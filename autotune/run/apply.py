@@ -1,0 +1,197 @@
+"""``apply`` and ``dataloader``: a configuration reproduced in the user's own code."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from autotune.config import Config
+from autotune.errors import ConfigError, TrialError
+
+__all__ = ["apply", "dataloader", "training"]
+
+
+def _read_config(config: Any) -> Config:
+    if isinstance(config, Config):
+        return config
+    if isinstance(config, (str, Path)):
+        path = Path(config)
+        if path.is_dir():
+            path = path / "best_config.json"
+        if not path.is_file():
+            raise ConfigError(f"No config at {str(path)!r}: give a dict, a best_config.json or its directory.")
+        return Config.from_json(path.read_text())
+    if isinstance(config, Mapping):
+        return Config(config)
+    raise ConfigError(
+        f"`config` must be a dict, a Config or a path to best_config.json, but got {type(config).__name__}."
+    )
+
+
+def apply(
+    model: Any,
+    config: Any,
+    *,
+    device: str = "auto",
+    dataset: Any = None,
+    loss_fn: Any = None,
+    train_dataset: Any = None,
+    prune_ignore: tuple[str, ...] = (),
+) -> Any:
+    """Return ``model`` tuned as ``config`` says (a copy; the original is untouched).
+
+    The returned module takes the same inputs and returns float32 outputs. Process-wide
+    settings in the config (``num_threads``, ``cudnn_benchmark``, ``tf32``) are applied to this
+    process. Configs that prune or quantize need ``dataset`` (example inputs to trace, batches to
+    calibrate; fine-tuning trains with ``loss_fn`` on ``train_dataset``, default ``dataset``), as
+    during the search. Give the same data as to :func:`~autotune.optimize` to get the same model.
+
+    Example:
+        >>> import torch
+        >>> fast = apply(torch.nn.Linear(4, 2), {"amp_dtype": "bfloat16"}, device="cpu")
+        >>> fast(torch.randn(3, 4)).dtype
+        torch.float32
+    """
+    import torch
+
+    from autotune.env import resolve_device
+    from autotune.knobs.state import BuildExtras
+    from autotune.run.optimize import _check_model
+    from autotune.trial.build import apply_settings, build
+
+    _check_model(model)
+    if not isinstance(model, torch.nn.Module):
+        model = model()
+    cfg = _read_config(config)
+    extras = None
+    if dataset is not None:
+        from torch.utils.data import default_collate
+
+        size = cfg["batch_size"]
+        n = len(dataset)
+        extras = BuildExtras(
+            example=default_collate([dataset[i] for i in range(min(8, n))]),
+            calibration=[
+                default_collate([dataset[i] for i in range(k, min(k + size, n))])
+                for k in range(0, min(8 * size, n), size)
+            ],
+            loss_fn=loss_fn,
+            train_dataset=train_dataset if train_dataset is not None else dataset,
+            batch_size=size,
+            prune_ignore=tuple(prune_ignore),
+        )
+    state = build(model, cfg, resolve_device(device), extras=extras)
+    apply_settings(state.settings)
+    return state.model
+
+
+def dataloader(dataset: Any, config: Any, **overrides: Any) -> Any:
+    """A DataLoader with the tuned batch size and loader settings.
+
+    Args:
+        dataset: The dataset.
+        config: A dict, :class:`Config`, ``best_config.json`` or its directory.
+        **overrides: Any other DataLoader argument (``shuffle=True`` for training, say).
+
+    Example:
+        >>> import torch
+        >>> loader = dataloader([torch.zeros(3)] * 10, {"batch_size": 4})
+        >>> [b.shape[0] for b in loader]
+        [4, 4, 2]
+    """
+    import torch
+
+    from autotune.knobs.state import BuildState
+
+    cfg = _read_config(config)
+    state = BuildState(model=None, device="cpu")
+    from autotune.knobs import REGISTRY, Stage
+
+    for knob in REGISTRY.values():
+        if knob.stage == Stage.LOADER:
+            knob.apply(state, cfg[knob.name])
+    if state.loader_kwargs.get("pin_memory") and not torch.cuda.is_available():
+        state.loader_kwargs["pin_memory"] = False
+    return torch.utils.data.DataLoader(dataset, **{**state.loader_kwargs, **overrides})
+
+
+def _effective_from(config: Any) -> int | None:
+    """The effective batch size recorded in a training run's ``best_config.json``, if any."""
+    import json
+
+    if isinstance(config, (str, Path)):
+        path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
+        try:
+            return json.loads(path.read_text()).get("train", {}).get("effective_batch_size")
+        except (OSError, ValueError, AttributeError):
+            return None
+    return None
+
+
+def training(
+    model: Any,
+    optimizer: Any,
+    dataset: Any,
+    config: Any,
+    *,
+    device: str = "auto",
+    effective_batch_size: int | None = None,
+    shuffle: bool = True,
+) -> Any:
+    """The tuned pieces of a training loop, for your own loop: model, optimizer, gradient
+    scaler, autocast context, DataLoader and gradient-accumulation steps.
+
+    Args:
+        model: The model to train (it is copied: the original stays untouched).
+        optimizer: As for :func:`~autotune.optimize`: a class, ``(class, kwargs)`` or a
+            function ``params -> optimizer``.
+        dataset: The training samples.
+        config: A training run's ``best_config.json`` (or its directory), a dict or a Config.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        effective_batch_size: Samples per optimizer step; default what the run recorded, else
+            the config's ``batch_size`` (no accumulation).
+        shuffle: Shuffle the loader (it drops the last short batch, so shapes stay fixed).
+
+    Returns:
+        A :class:`~autotune.trial.train_setup.TrainingSetup` with ``model``, ``optimizer``, ``scaler``,
+        ``autocast()``, ``loader``, ``accumulation_steps``, ``to_device()`` and ``step()``.
+        Process-wide settings of the config (threads, cuDNN, TF32) are applied to this process.
+
+    Example:
+        >>> import torch
+        >>> data = [(torch.randn(8), torch.tensor(i % 2)) for i in range(64)]
+        >>> t = training(torch.nn.Linear(8, 2), (torch.optim.SGD, {"lr": 0.1}), data,
+        ...              {"batch_size": 8}, device="cpu", effective_batch_size=16)
+        >>> t.accumulation_steps, len(t.loader)
+        (2, 8)
+    """
+    import torch
+
+    from autotune.env import resolve_device
+    from autotune.run.optimize import _check_model
+    from autotune.trial.build import apply_settings
+    from autotune.trial.train_setup import optimizer_factory, prepare
+
+    _check_model(model)
+    if not isinstance(model, torch.nn.Module):
+        model = model()
+    cfg = _read_config(config)
+    if effective_batch_size is None:
+        effective_batch_size = _effective_from(config)
+    try:
+        setup = prepare(
+            model,
+            cfg,
+            resolve_device(device),
+            optimizer_factory(optimizer),
+            dataset,
+            effective_batch_size=effective_batch_size,
+            shuffle=shuffle,
+        )
+    except TrialError as exc:  # a config that cannot run here is the caller's input, not a trial's fault
+        raise ConfigError(f"This config cannot train here: {exc}.") from None
+    if setup.loader.pin_memory and not torch.cuda.is_available():
+        setup.loader.pin_memory = False
+    apply_settings(setup.settings)
+    return setup

@@ -1,0 +1,349 @@
+"""Many workers on one study: one per listed device of this machine, each driving its own worker
+process, all sharing the study through its storage (:mod:`autotune.search.study` says how they
+coordinate), and the result files of every hardware group of a study measured on several kinds
+of hardware.
+
+Workers on other machines are other ``autotune run --join`` processes; nothing here talks to
+them, the storage does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import shutil
+import signal
+import socket
+import threading
+import warnings
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["check_devices", "close_runners", "run_workers", "start_runners", "worker_ids", "write_hardware_groups"]
+
+
+def _normalize(item: Any) -> str:
+    if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+        return f"cuda:{item}"
+    if isinstance(item, str):
+        name = item.strip().lower()
+        if name.isdigit():
+            return f"cuda:{int(name)}"
+        if name == "cpu" or (name.startswith("cuda:") and name[5:].isdigit()):
+            return name
+    raise ConfigError(f"`devices` entries must be GPU indices (0, 1, ...), 'cuda:N' or 'cpu', but got {item!r}.")
+
+
+def check_devices(device: str, devices: Sequence[Any] | str | None, isolation: str) -> tuple[str, list[str] | None]:
+    """Check ``devices`` and return ``(device of the first worker, one device per worker)``.
+
+    ``devices=None`` keeps the single worker on ``device``. ``"cpu"`` may repeat (parallel CPU
+    workers, for smoke tests); a GPU may not.
+
+    Raises:
+        ConfigError: an entry is not a device, the list mixes CPU and GPU or kinds of GPU,
+            names a GPU twice, contradicts ``device``, or asks for several in-process workers.
+    """
+    if devices is None:
+        return device, None
+    if isinstance(devices, (int, str)) and not isinstance(devices, bool):
+        items = str(devices).split(",")
+    elif isinstance(devices, (list, tuple)):
+        items = list(devices)
+    else:
+        raise ConfigError(f"`devices` must be a list such as [0, 1] or a string such as '0,1', but got {devices!r}.")
+    normalized = [_normalize(d) for d in items if not (isinstance(d, str) and not d.strip())]
+    if not normalized:
+        raise ConfigError("`devices` must list at least one device, e.g. [0, 1] (CLI: --devices 0,1) or 'cpu,cpu'.")
+    kind = normalized[0].split(":")[0]
+    if any(d.split(":")[0] != kind for d in normalized):
+        raise ConfigError(
+            f"`devices` mixes CPU and GPUs ({', '.join(normalized)}); their timings must not meet. Run one "
+            "autotune per kind of device, each with join=True (CLI: --join), on the same storage and study."
+        )
+    if kind == "cuda" and len(set(normalized)) != len(normalized):
+        raise ConfigError(f"`devices` names a GPU twice ({', '.join(normalized)}); give each GPU once.")
+    if device not in ("auto", normalized[0]) and device.split(":")[0] != kind:
+        raise ConfigError(f"`device` is {device!r} but `devices` lists {', '.join(normalized)}; give only `devices`.")
+    if len(normalized) > 1 and isolation == "inprocess":
+        raise ConfigError(
+            "Several `devices` need one worker process each; isolation='inprocess' runs one. "
+            "Use isolation='subprocess' (the default)."
+        )
+    if kind == "cuda" and len(normalized) > 1:
+        from autotune.env import Env
+
+        keys = {d: Env.detect(d).hardware_key() for d in normalized}
+        if len(set(keys.values())) > 1:
+            listing = "; ".join(f"{d}: {k}" for d, k in keys.items())
+            raise ConfigError(
+                f"`devices` are different hardware ({listing}); their timings must not meet in one group. "
+                "Run one autotune per kind of GPU, each with join=True (CLI: --join)."
+            )
+    if kind == "cpu" and len(normalized) > 1:
+        warnings.warn(
+            f"{len(normalized)} CPU workers share this machine's cores, so each one's timings are distorted by "
+            "the others: use parallel CPU workers to smoke-test a shared study, not to measure.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return normalized[0], normalized
+
+
+def worker_ids(devices: Sequence[str] | None) -> list[str]:
+    """``host:pid`` for the single worker, ``host:pid:gpuN`` / ``host:pid:cpuN`` for each device's."""
+    base = f"{socket.gethostname()}:{os.getpid()}"
+    if devices is None:
+        return [base]
+    n_cpu = 0
+    ids = []
+    for device in devices:
+        if device == "cpu":
+            ids.append(f"{base}:cpu{n_cpu}")
+            n_cpu += 1
+        else:
+            ids.append(f"{base}:gpu{device.split(':')[1]}")
+    return ids
+
+
+def _pin(device: str) -> dict[str, str]:
+    """The worker environment that shows it only its GPU (which then is its ``cuda:0``)."""
+    if device == "cpu":
+        return {}
+    index = int(device.split(":")[1])
+    # Indices count within what this process sees: a scheduler may already have narrowed it.
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return {"CUDA_VISIBLE_DEVICES": visible[index] if index < len(visible) else str(index)}
+
+
+def start_runners(
+    spec: Any, devices: Sequence[str] | None, isolation: str, trial_timeout: float, log_dir: Path
+) -> list[Any]:
+    """One runner per worker: the single classic one, or one pinned worker process per device,
+    started in parallel (each imports torch and builds the baseline's reference outputs)."""
+    from autotune.trial.runner import InProcessRunner, SubprocessRunner, pickle_spec
+
+    if isolation == "inprocess":
+        return [InProcessRunner(spec)]
+    if devices is None:
+        return [SubprocessRunner(pickle_spec(spec), trial_timeout, log_dir / "worker.log")]
+    payloads = {d: pickle_spec(spec if d == "cpu" else dataclasses.replace(spec, device="cuda:0")) for d in devices}
+    runners: list[Any] = [None] * len(devices)
+    errors: list[BaseException] = []
+
+    def start(i: int, device: str) -> None:
+        try:
+            runners[i] = SubprocessRunner(payloads[device], trial_timeout, log_dir / f"worker-{i}.log", _pin(device))
+        except BaseException as exc:  # reported below, in the calling thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(i, d), daemon=True) for i, d in enumerate(devices)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        close_runners([r for r in runners if r is not None])
+        raise errors[0]
+    return runners
+
+
+def close_runners(runners: Sequence[Any]) -> None:
+    """Stop every runner's worker."""
+    for runner in runners:
+        runner.close()
+
+
+def _worker_study(study: Any, seed: int, sampler: Any, worker: str) -> Any:
+    """A study object of its own for one worker thread: its own sampler, seeded apart."""
+    import optuna
+
+    from autotune.search.storage import storage_of
+    from autotune.search.study import make_sampler
+
+    if sampler is None:
+        sampler = make_sampler(seed ^ zlib.crc32(worker.encode()), parallel=True)
+    else:
+        sampler = copy.deepcopy(sampler)
+        sampler.reseed_rng()
+    return optuna.load_study(study_name=study.study_name, storage=storage_of(study), sampler=sampler)
+
+
+def run_workers(
+    study: Any,
+    runners: Sequence[Any],
+    space: Any,
+    *,
+    ids: Sequence[str],
+    seed: int,
+    sampler: Any,
+    extra_attrs: dict[str, Any],
+    on_trial: Callable[[dict[str, Any], int], None] | None = None,
+    **options: Any,
+) -> str:
+    """Run :func:`autotune.search.study.run_trials` for every runner, one thread each, on one study.
+
+    A single runner runs in this thread, as it always did. With several, Ctrl-C (or an error in
+    any worker, such as a failed baseline) stops them all: the trials in flight are killed and
+    marked ``interrupted``, and the first error is raised here.
+
+    Args:
+        ids: Worker ids, stamped on each trial as ``worker``.
+        seed: Seeds each thread's default sampler (mixed with its worker id).
+        sampler: A user's sampler, copied and reseeded per thread; ``None`` for the default.
+        options: The other keyword arguments of :func:`~autotune.search.study.run_trials`.
+
+    Returns:
+        ``"budget"`` if any worker saw the budget filled, else ``"timeout"`` or ``"exhausted"``.
+    """
+    stop = threading.Event()
+    with _ctrl_c_sets(stop):
+        return _run_workers(study, runners, space, stop, ids, seed, sampler, extra_attrs, on_trial, options)
+
+
+@contextlib.contextmanager
+def _ctrl_c_sets(stop: threading.Event) -> Iterator[None]:
+    """Make Ctrl-C also set ``stop`` while the workers run.
+
+    A KeyboardInterrupt that lands in a finalizer (SQLAlchemy cleans up its objects in weakref
+    callbacks) is printed and swallowed by Python; the event survives it, and the loops check
+    it between trials. A handler installed by someone else (a notebook, an IDE) is left alone.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is not signal.default_int_handler:
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.set()
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_workers(
+    study: Any,
+    runners: Sequence[Any],
+    space: Any,
+    stop: threading.Event,
+    ids: Sequence[str],
+    seed: int,
+    sampler: Any,
+    extra_attrs: dict[str, Any],
+    on_trial: Callable[[dict[str, Any], int], None] | None,
+    options: dict[str, Any],
+) -> str:
+    from autotune.search.study import run_trials
+
+    if len(runners) == 1:
+        attrs = {**extra_attrs, "worker": ids[0]}
+        return run_trials(study, runners[0], space, extra_attrs=attrs, on_trial=on_trial, stop=stop, **options)
+    lock = threading.Lock()
+
+    def report(record: dict[str, Any], n_done: int) -> None:
+        with lock:  # progress printing and trials.csv are not thread-safe
+            on_trial(record, n_done)
+
+    outcomes: list[Any] = [None] * len(runners)
+
+    def work(i: int) -> None:
+        try:
+            own = _worker_study(study, seed, sampler, ids[i])
+            attrs = {**extra_attrs, "worker": ids[i]}
+            callback = report if on_trial is not None else None
+            outcomes[i] = run_trials(own, runners[i], space, extra_attrs=attrs, on_trial=callback, stop=stop, **options)
+        except BaseException as exc:  # raised in the calling thread below
+            outcomes[i] = exc
+            if not stop.is_set():
+                stop.set()
+                for runner in runners:
+                    runner.interrupt()
+
+    threads = [
+        threading.Thread(target=work, args=(i,), name=f"autotune-{ids[i]}", daemon=True) for i in range(len(runners))
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # wakes up for Ctrl-C
+    except KeyboardInterrupt:
+        stop.set()
+        for runner in runners:
+            runner.interrupt()
+        for thread in threads:
+            thread.join()
+        raise
+    errors = [o for o in outcomes if isinstance(o, BaseException) and not isinstance(o, KeyboardInterrupt)]
+    if errors:
+        raise errors[0]
+    if any(isinstance(o, KeyboardInterrupt) for o in outcomes):
+        raise KeyboardInterrupt
+    return "budget" if "budget" in outcomes else "timeout" if "timeout" in outcomes else "exhausted"
+
+
+def write_hardware_groups(
+    out: Path, study: Any, summary: dict[str, Any], objectives: Sequence[str], select: Any
+) -> dict[str, str]:
+    """For a study measured on several kinds of hardware, write ``by_hardware/<slug>/`` per group.
+
+    Each group's folder holds its ``trials.csv`` and ``best_config.json``. This machine's group
+    gets a copy of ``best_config.json`` (verified here); another group's winner is its own best
+    measurement against its own baseline, unverified here (it cannot be re-measured on this
+    hardware), stamped with that group's environment.
+
+    Returns:
+        Folder by hardware key; empty when the study has one group (nothing is written).
+    """
+    import optuna
+
+    import autotune.report.summary as report
+    from autotune.search.result import baseline_and_best, write_best
+    from autotune.search.storage import family, hardware_slug, storage_of
+    from autotune.search.study import trial_record
+
+    storage = storage_of(study)
+    members = family(storage, summary["study"]["name"])
+    if len(members) < 2:
+        return {}
+    written = {}
+    for member in members:
+        hardware = member.user_attrs.get("hardware", "unknown")
+        folder = out / "by_hardware" / hardware_slug(hardware)
+        folder.mkdir(parents=True, exist_ok=True)
+        written[hardware] = str(folder)
+        if member.study_name == study.study_name:
+            for name in ("best_config.json", "trials.csv"):
+                if (out / name).exists():
+                    shutil.copyfile(out / name, folder / name)
+            continue
+        group = optuna.load_study(study_name=member.study_name, storage=storage)
+        report.write_trials_csv(folder / "trials.csv", [trial_record(t) for t in group.get_trials(deepcopy=False)])
+        group_objectives = member.user_attrs.get("objectives") or list(objectives)
+        picked = baseline_and_best(group, group_objectives, select, required=False)
+        if picked is None:
+            continue  # no baseline measured there yet
+        drop = ("finalists", "diagnosis", "held_out", "artifacts")
+        group_summary = {k: v for k, v in summary.items() if k not in drop}
+        group_summary.update(
+            env=member.user_attrs.get("env", {}),
+            objectives=group_objectives,
+            study={**summary["study"], "optuna_study": member.study_name, "hardware": hardware},
+        )
+        write_best(folder, group_summary, *picked, confirmed=None, stop_reason="measured elsewhere", study=group,
+                   why_unconfirmed="measured by other workers, on hardware this one is not")  # fmt: skip
+    return written

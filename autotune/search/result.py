@@ -1,0 +1,343 @@
+"""The end of a search: the winner re-measured against the baseline, and the result files."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError
+
+__all__ = ["Result", "baseline_and_best", "claim_speedup", "confirm", "select", "write_best", "write_pareto"]
+
+
+@dataclasses.dataclass
+class Result:
+    """What :func:`optimize` found.
+
+    Attributes:
+        best_config: Every knob's chosen value (JSON-safe); feed it to :func:`apply` and
+            :func:`dataloader`.
+        best: The winner's metrics (``samples_per_s``, ``latency_ms_p95``, ``metric`` ...).
+        baseline: The baseline's metrics, measured the same way.
+        speedup: Best over baseline throughput in the confirmation rounds: the geometric mean of
+            the rounds' ratios, which is also ``best["samples_per_s"] / baseline["samples_per_s"]``
+            (1.0 when the baseline stands).
+        speedup_min: Low end of the speedup's 95% confidence interval.
+        speedup_max: High end of the speedup's 95% confidence interval.
+        artifacts: Paths of the exported files that passed their parity check, by format.
+        study: The Optuna study with every trial.
+        out_dir: Where ``best_config.json``, ``trials.csv`` and ``study.db`` were written.
+        stop_reason: ``"budget"``, ``"timeout"`` or ``"exhausted"`` (every configuration measured).
+        pareto: With several objectives, the feasible Pareto front (also in ``pareto.json``).
+        held_out: With a ``test_dataset``: the baseline's and the winner's metric on it.
+        diagnosis: Why it won: the loader alone and the model alone timed for the baseline and
+            the winner, whether each was data- or compute-bound, and a one-sentence ``summary``
+            (or an ``error`` when that measurement failed).
+        verdict: ``"speedup"`` (confirmed: the interval excludes 1.0 on a quiet machine),
+            ``"none"`` (no measurable speedup: the baseline stands), ``"noisy"`` (the machine was
+            too busy, or the rounds too spread, to claim one) or ``"unconfirmed"`` (interrupted,
+            or the confirmation failed: the trials' own ratio).
+        claimed: Whether ``speedup`` is a claim that stands (verdict ``speedup``, or the
+            baseline is best).
+        claim: One sentence saying what was measured and what is claimed.
+        notes: Where the trials' own figures differ from the confirmed ones, what they said.
+    """
+
+    best_config: dict[str, Any]
+    best: dict[str, Any]
+    baseline: dict[str, Any]
+    speedup: float
+    speedup_min: float
+    speedup_max: float
+    artifacts: dict[str, Any]
+    study: Any
+    out_dir: Path
+    stop_reason: str
+    pareto: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    held_out: dict[str, Any] | None = None
+    diagnosis: dict[str, Any] | None = None
+    verdict: str = "speedup"
+    claimed: bool = True
+    claim: str = ""
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def __repr__(self) -> str:
+        return (
+            f"Result(speedup={self.speedup:.2f}x [{self.speedup_min:.2f}-{self.speedup_max:.2f}], "
+            f"verdict={self.verdict!r}, best_config={self.best_config}, out_dir={str(self.out_dir)!r})"
+        )
+
+
+def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
+    from autotune.search.select import choose
+    from autotune.search.study import trial_record
+
+    records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
+    baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
+    if baseline is None:
+        if required:
+            raise InputError("The baseline was never measured successfully; see trials.csv for why.")
+        return None
+    return baseline, choose(records, objectives, select) or baseline
+
+
+def _figures(rounds: list[list[dict[str, Any]]], i: int) -> dict[str, Any]:
+    """Configuration ``i``'s figures over rounds: throughput as the geometric mean (so that the
+    ratio of two configurations' figures is the claimed speedup), the rest as medians."""
+    from autotune.search.claims import geomean
+
+    col = [r[i] for r in rounds]
+    out: dict[str, Any] = {"samples_per_s": geomean([c["samples_per_s"] for c in col])}
+    for key in ("latency_ms_p50", "latency_ms_p95", "loader_samples_per_s", "model_samples_per_s"):
+        if all(key in c for c in col):
+            out[key] = statistics.median(c[key] for c in col)
+    out["others_cpu"] = statistics.fmean(c.get("others_cpu", 0.0) for c in col)
+    return out
+
+
+def _rounds(
+    runner: Any, configs: list[dict[str, Any]], n_min: int, n_max: int, **kw: Any
+) -> list[list[dict[str, Any]]]:
+    # Each round is at most one trial's work per configuration.
+    return runner.call("rounds", configs, n_min, n_max, kw.get("target"), kw.get("max_s"), kw.get("diagnose", False),
+                       n_trials=len(configs) * n_max)["rounds"]  # fmt: skip
+
+
+def select(
+    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int, max_s: float | None = None
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+    """Pick one finalist on interleaved selection rounds against the baseline (``n_rounds``, or
+    as many as fit in ``max_s`` seconds, two at least).
+
+    Returns:
+        (the pick, or ``None`` when no finalist beat the baseline in these rounds, the finalists'
+        table). With one finalist nothing needs choosing: no rounds are run.
+    """
+    from autotune.search.claims import interval
+
+    if len(finalists) == 1:
+        return finalists[0], [{"trial": finalists[0]["number"], "selection": "the only finalist"}]
+    n_min = n_rounds if max_s is None else min(2, n_rounds)
+    rounds = _rounds(runner, [baseline["config"], *(f["config"] for f in finalists)], n_min, n_rounds, max_s=max_s)
+    table = []
+    for i, f in enumerate(finalists, start=1):
+        ratios = [r[i]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
+        mid, lo, hi = interval(ratios)
+        table.append({"trial": f["number"], "ratio": mid, "low": lo, "high": hi, "median": statistics.median(ratios),
+                      "min": min(ratios), "max": max(ratios), "n_rounds": len(ratios)})  # fmt: skip
+    pick = max(range(len(finalists)), key=lambda k: table[k]["ratio"])
+    table[pick]["picked"] = True
+    return (finalists[pick] if table[pick]["ratio"] > 1.0 else None), table
+
+
+def confirm(
+    runner: Any,
+    baseline: dict[str, Any],
+    pick: dict[str, Any],
+    settings: Any,
+    *,
+    n_min: int = 5,
+    n_max: int = 15,
+    target: float = 0.05,
+    max_s: float = 90.0,
+    diagnose: bool = True,
+) -> dict[str, Any]:
+    """Fresh interleaved rounds of the baseline and the pick alone: the claim.
+
+    Rounds continue until the ratio's 95% interval is within +-``target`` or ``n_max`` rounds
+    (or ``max_s`` seconds) are spent. With ``diagnose``, the loader alone and the model alone are
+    timed in the same rounds.
+
+    Returns:
+        ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
+        :func:`autotune.search.claims.judge`.
+    """
+    from autotune.search.claims import judge
+
+    rounds = _rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, target=target, max_s=max_s,
+                     diagnose=diagnose)  # fmt: skip
+    ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
+    base, best = _figures(rounds, 0), _figures(rounds, 1)
+    others = statistics.fmean([base["others_cpu"], best["others_cpu"]])
+    return {"claim": judge(ratios, others, settings.max_others_cpu), "baseline": base, "best": best}
+
+
+def claim_speedup(
+    runner: Any,
+    baseline: dict[str, Any],
+    finalists: list[dict[str, Any]],
+    n_rounds: int,
+    speed_only: bool,
+    settings: Any,
+    diagnose: bool = True,
+    budget_s: float | None = None,
+) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
+    """Select among the finalists, then confirm the pick on fresh rounds; with ``budget_s``
+    (a study with a timeout), each step stops after about half of it once its least rounds ran.
+
+    Returns:
+        (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
+        baseline stands, the finalists' table). When speed is the only objective, the baseline
+        stands if no finalist beats it in selection or the confirmation finds no measurable
+        speedup, or ran beside busy processes (``noisy``); with other objectives (size, say) a slower winner can still be the right one.
+        A failed measurement leaves the search's best trial, unconfirmed.
+    """
+    from autotune.errors import TrialError
+
+    try:
+        half = None if budget_s is None else budget_s / 2
+        pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
+        if pick is None:
+            if speed_only:
+                return baseline, None, table
+            pick = finalists[0]
+        n_min = n_rounds if half is None else min(3, n_rounds)
+        confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
+                            max_s=90.0 if half is None else half)  # fmt: skip
+    except TrialError as exc:  # the study stands; its best trial is reported unconfirmed
+        return finalists[0], None, [{"error": str(exc)}]
+    if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy"):
+        # Nothing measurable, or measured beside busy processes: a pick made under load (one
+        # thread, say) can be slower on a quiet machine, so the model as given stands.
+        confirmed["kept_baseline"] = pick["number"]
+        return baseline, confirmed, table
+    return pick, confirmed, table
+
+
+def write_pareto(out: Path, records: list[dict[str, Any]], objectives: Sequence[str]) -> list[dict[str, Any]]:
+    """Write ``pareto.json``: the feasible Pareto front, best first on the first objective."""
+    import autotune.report.summary as report
+    from autotune.search.select import pareto_front
+
+    front = [
+        {"trial": r["number"], "config": r["config"], **{k: r.get(k) for k in (*report.METRIC_KEYS, "batch_size")}}
+        for r in pareto_front(records, objectives)
+    ]
+    report.write_json(out / "pareto.json", {"objectives": list(objectives), "front": front})
+    return front
+
+
+def _claim_fields(
+    baseline: dict[str, Any],
+    best: dict[str, Any],
+    confirmed: dict[str, Any] | None,
+    interrupted: bool,
+    why_unconfirmed: str | None = None,
+) -> dict[str, Any]:
+    """The ``speedup`` entry of best_config.json: one measurement behind every figure shown."""
+    if confirmed is not None:
+        claim = dict(confirmed["claim"])
+        if best["key"] == baseline["key"]:  # confirmation found nothing to claim: the baseline stands
+            noisy = claim["verdict"] == "noisy"
+            sentence = claim["sentence"] + (f"; the baseline is kept (trial {confirmed.get('kept_baseline')} was the "
+                                            "pick, see speedup.rejected)" if noisy else "")  # fmt: skip
+            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "sentence": sentence,
+                    "method": "not claimed, baseline kept" if noisy else "no measurable speedup",
+                    "rejected_trial": confirmed.get("kept_baseline"), "rejected": confirmed["claim"]}  # fmt: skip
+        return {**claim, "method": "confirmation rounds"}
+    if best["key"] == baseline["key"]:
+        return {"verdict": "none", "speedup": 1.0, "low": 1.0, "high": 1.0, "n_rounds": 0, "method": "baseline is best",
+                "sentence": "no configuration beat the baseline"}  # fmt: skip
+    ratio = best["samples_per_s"] / baseline["samples_per_s"]
+    why = why_unconfirmed or ("the run was interrupted" if interrupted else "its confirmation rounds failed")
+    return {"verdict": "unconfirmed", "speedup": ratio, "low": None, "high": None, "n_rounds": 0,
+            "method": "trial ratio, not confirmed",
+            "sentence": f"{ratio:.2f}x from the two trials' own measurements, not confirmed: {why}"}  # fmt: skip
+
+
+def _shown(record: dict[str, Any], figures: dict[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
+    """A record's metrics with the confirmation rounds' figures in place of its trial's."""
+    out = {k: record.get(k) for k in keys}
+    if figures:
+        out.update({k: v for k, v in figures.items() if k in keys})
+    return out
+
+
+def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> str | None:
+    """A sentence when a trial's own throughput differs from the confirmed one by more than 10%."""
+    a, b = trial.get("samples_per_s"), shown.get("samples_per_s")
+    if not a or not b or abs(a / b - 1.0) <= 0.10:
+        return None
+    return (
+        f"the {label}'s trial measured {a:,.0f} samples/s, the confirmation rounds {b:,.0f} ({b / a - 1:+.0%}); "
+        "the confirmed figure is the one shown and claimed"
+    )
+
+
+def write_best(
+    out: Path,
+    summary: dict[str, Any],
+    baseline: dict[str, Any],
+    best: dict[str, Any],
+    *,
+    confirmed: dict[str, Any] | None,
+    stop_reason: str,
+    study: Any = None,
+    interrupted: bool = False,
+    why_unconfirmed: str | None = None,
+) -> Result:
+    """Write ``best_config.json`` and return the :class:`Result`.
+
+    ``confirmed`` is :func:`confirm`'s result (``None``: best is the baseline unmeasured again,
+    or the run was interrupted, and the ratio of the two trials' own measurements stands,
+    marked unconfirmed). The throughput and latency shown for best and baseline are then the
+    confirmation rounds' figures, whose ratio is the speedup; the trials' own are kept apart.
+    """
+    import autotune.report.summary as report
+
+    claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed)
+    keys = (*report.METRIC_KEYS, "batch_size", *(report.TRAIN_KEYS if summary.get("mode") == "train" else ()))
+    figures = confirmed or {}
+    same = best["key"] == baseline["key"]
+    shown_base = _shown(baseline, figures.get("baseline"), keys)
+    shown_best = shown_base if same else _shown(best, figures.get("best"), keys)
+    if confirmed is not None:
+        for shown in (shown_base, shown_best):  # one figure per rounds: no window spread to show
+            shown.update(samples_per_s_min=None, samples_per_s_max=None, cov=None)
+    notes = [n for n in (figures_note(baseline, shown_base, "baseline"), None if same else
+             figures_note(best, shown_best, "winner")) if n]  # fmt: skip
+    claimed = claim["verdict"] == "speedup" or (same and claim["method"] == "baseline is best")
+    result = Result(
+        best_config=dict(best["config"]),
+        best=shown_best,
+        baseline=shown_base,
+        speedup=claim["speedup"],
+        speedup_min=claim["low"] if claim.get("low") is not None else claim["speedup"],
+        speedup_max=claim["high"] if claim.get("high") is not None else claim["speedup"],
+        artifacts={k: str(out / v["path"]) for k, v in summary.get("artifacts", {}).items() if v.get("status") == "ok"},
+        study=study,
+        out_dir=out,
+        stop_reason=stop_reason,
+        verdict=claim["verdict"],
+        claimed=claimed,
+        claim=claim["sentence"],
+    )
+    report.write_json(
+        out / "best_config.json",
+        {
+            "schema_version": report.SCHEMA_VERSION,
+            "created": report.now_iso(),
+            **summary,
+            "config": result.best_config,
+            "baseline_config": baseline["config"],
+            "best": result.best,
+            "baseline": result.baseline,
+            "speedup": claim,
+            "trial_figures": {
+                "best": {k: best.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},
+                "baseline": {k: baseline.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},
+                "notes": notes,
+            },
+            "trial": best["number"],
+            "n_trials": len(study.trials) if study is not None else None,
+            "stop_reason": stop_reason,
+            "artifacts": summary.get("artifacts", {}),
+        },
+    )
+    result.held_out = summary.get("held_out")
+    result.diagnosis = summary.get("diagnosis")
+    result.notes = notes
+    return result

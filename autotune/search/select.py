@@ -1,0 +1,101 @@
+"""Choosing among measured trials: the feasible Pareto front and the winner on it.
+
+Only trials whose status is ``ok`` (measured, guard held) are candidates; each configuration
+counts once, with its own measurement (repeats carry a copy of it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["OBJECTIVES", "candidates", "check_objectives", "pareto_front", "choose", "finalists", "check_select"]
+
+# objective name -> (metric key, direction)
+OBJECTIVES: dict[str, tuple[str, str]] = {
+    "throughput": ("samples_per_s", "maximize"),
+    "latency": ("latency_ms_p95", "minimize"),
+    "size": ("size_bytes_compressed", "minimize"),
+    "memory": ("peak_mem_mib", "minimize"),
+    "metric": ("metric", "maximize"),
+}
+
+Select = str | Callable[[list[dict[str, Any]]], dict[str, Any]] | None
+
+
+def check_objectives(objectives: Sequence[str] | str) -> list[str]:
+    """The objectives as a list; :class:`ConfigError` for an unknown name, a repeat or none."""
+    if isinstance(objectives, str):
+        objectives = (objectives,)
+    objectives = list(objectives)
+    if not objectives:
+        raise ConfigError("`objectives` must name at least one of: " + ", ".join(OBJECTIVES) + ".")
+    for name in objectives:
+        if name not in OBJECTIVES:
+            raise ConfigError(f"No objective named {name!r}. Known: {', '.join(OBJECTIVES)}.")
+    if len(set(objectives)) != len(objectives):
+        raise ConfigError(f"`objectives` names one objective twice: {objectives}.")
+    return objectives
+
+
+def check_select(select: Select) -> None:
+    """Raise :class:`ConfigError` unless ``select`` is None, an objective name or a function."""
+    if select is None or callable(select) or select in OBJECTIVES:
+        return
+    raise ConfigError(
+        f"`select` must be an objective name ({', '.join(OBJECTIVES)}) or a function of the front's "
+        f"records, but got {select!r}."
+    )
+
+
+def _score(record: dict[str, Any], objective: str) -> float:
+    """Larger is better, whatever the objective's direction."""
+    key, direction = OBJECTIVES[objective]
+    return record[key] if direction == "maximize" else -record[key]
+
+
+def candidates(records: list[dict[str, Any]], objectives: Sequence[str]) -> list[dict[str, Any]]:
+    """One record per configuration that passed the guard and has every objective measured."""
+    keys = [OBJECTIVES[o][0] for o in objectives]
+    by_key: dict[str, dict[str, Any]] = {}
+    for rec in records:
+        if rec.get("status") == "ok" and all(rec.get(k) is not None for k in keys) and not rec.get("repeat_of"):
+            by_key.setdefault(rec["key"], rec)
+    return list(by_key.values())
+
+
+def pareto_front(records: list[dict[str, Any]], objectives: Sequence[str]) -> list[dict[str, Any]]:
+    """The candidates no other candidate beats on every objective at once."""
+    pool = candidates(records, objectives)
+
+    def dominates(a: dict[str, Any], b: dict[str, Any]) -> bool:
+        sa, sb = [_score(a, o) for o in objectives], [_score(b, o) for o in objectives]
+        return all(x >= y for x, y in zip(sa, sb, strict=True)) and sa != sb
+
+    front = [r for r in pool if not any(dominates(o, r) for o in pool)]
+    return sorted(front, key=lambda r: -_score(r, objectives[0]))
+
+
+def choose(records: list[dict[str, Any]], objectives: Sequence[str], select: Select = None) -> dict[str, Any] | None:
+    """The winner: the best on the single objective, or with several, the front member that
+    ``select`` picks (default: the highest throughput on the front)."""
+    front = pareto_front(records, objectives)
+    if not front:
+        return None
+    if callable(select):
+        return select(front)
+    return max(front, key=lambda r: _score(r, select or ("throughput" if len(objectives) > 1 else objectives[0])))
+
+
+def finalists(
+    records: list[dict[str, Any]], objectives: Sequence[str], baseline_key: str, n: int, select: Select = None
+) -> list[dict[str, Any]]:
+    """Configurations to re-measure against the baseline before the winner is named: the ``n``
+    fastest when throughput is the only objective, else the one ``choose`` picks."""
+    if list(objectives) != ["throughput"]:
+        pick = choose(records, objectives, select)
+        return [pick] if pick is not None and pick["key"] != baseline_key else []
+    pool = [r for r in candidates(records, objectives) if r["key"] != baseline_key]
+    return sorted(pool, key=lambda r: -r["samples_per_s"])[:n]

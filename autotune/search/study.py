@@ -1,0 +1,552 @@
+"""Optuna wiring: sampler, storage, the baseline enqueued first, the guard as a constraint,
+duplicates answered from earlier measurements, out-of-memory rules, budget and resume, for one
+worker or many sharing the study through its storage.
+
+Every trial's result is stored in the study the moment it is known, as user attributes:
+``config``, ``key``, ``status``, ``kind``, ``reason``, the metrics and who measured it
+(``hardware``, ``worker``). Nothing else keeps state, so an interrupted study resumes from its
+storage alone, and workers on other machines coordinate through it alone:
+
+* A worker *claims* a configuration by writing its ``key`` on its RUNNING trial, then reads the
+  study. It measures only if no other trial holds or has measured that key, and the measured
+  trials plus the claims in flight leave room in ``n_trials``. Every claim is written before it
+  is judged, so of two claims that overlap the later judge sees the earlier: a key is never
+  measured twice and the budget is never overrun. The lower trial number has priority; a claim
+  waits a moment for younger claims that may withdraw, never for older ones, so nobody waits
+  in a circle.
+* A worker that dies stops its trial's heartbeat; after the grace period the next worker that
+  looks marks the trial FAIL and Optuna's retry callback queues its configuration once more
+  (the new trial's ``retry_of`` names the dead one).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import warnings
+import zlib
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from autotune.config import Config
+from autotune.errors import ConfigError, TrialError
+from autotune.knobs import REGISTRY
+from autotune.search.select import OBJECTIVES, check_objectives
+from autotune.search.space import SearchSpace, first_params
+from autotune.search.storage import (
+    DEFAULT_GRACE_S,
+    DEFAULT_HEARTBEAT_S,
+    fail_stale,
+    family,
+    heartbeat,
+    open_group,
+    open_storage,
+)
+from autotune.search.storage import redact as _redact
+from autotune.trial.runner import Runner
+from autotune.trial.spec import TrialResult
+
+__all__ = ["make_sampler", "open_study", "run_trials", "trial_limit", "trial_record"]
+
+# Knobs whose values change how much memory a batch needs.
+_MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
+# After this many suggestions in a row that were all measured (or held) before, the space is spent.
+_MAX_REPEATS = 30
+# Statuses that say nothing about a configuration: it may be measured again.
+_NO_RESULT = ("skipped", "interrupted")
+# A worker waiting for others (the budget spoken for) looks at the study again this often.
+_POLL_S = 0.5
+# How long a claim waits for younger claims on the same key or budget slot to withdraw.
+_CLAIM_WAIT_S = 5.0
+# The adaptive per-trial timeout: a multiple of the baseline trial's wall time, with a floor,
+# plus an allowance for configurations that compile, quantize, prune or convert the model.
+TIMEOUT_FLOOR_S = 30.0
+TIMEOUT_FACTOR = 10.0
+COMPILE_ALLOWANCE_S = 120.0
+# Before the baseline has run nothing is known: its own limit.
+FIRST_TRIAL_TIMEOUT_S = 600.0
+_HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetune_steps", "ort_precision")
+
+
+def trial_limit(config: Mapping[str, Any], baseline: Mapping[str, Any] | None, fixed: float | None) -> float:
+    """Seconds one trial of ``config`` may take: ``fixed`` when the user set ``trial_timeout``,
+    else adaptive: ``max(30 s, 10 x the baseline trial's wall time)``, plus 120 s when
+    ``config`` compiles, quantizes, prunes or changes the runtime; 600 s for the baseline itself.
+
+    Example:
+        >>> trial_limit({"compile_mode": "none"}, {"config": {"compile_mode": "none"}, "wall_s": 4.0}, None)
+        40.0
+        >>> trial_limit({"compile_mode": "default"}, {"config": {"compile_mode": "none"}, "wall_s": 1.0}, None)
+        150.0
+    """
+    if fixed is not None:
+        return float(fixed)
+    if baseline is None:
+        return FIRST_TRIAL_TIMEOUT_S
+    wall = baseline.get("wall_s") or baseline.get("trial_s") or FIRST_TRIAL_TIMEOUT_S / TIMEOUT_FACTOR
+    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * wall)
+    base = baseline.get("config") or {}
+    if any(config.get(k) != base.get(k) for k in _HEAVY_KNOBS if k in config):
+        limit += COMPILE_ALLOWANCE_S
+    return limit
+
+
+def make_sampler(seed: int, parallel: bool = False) -> optuna.samplers.BaseSampler:
+    """The default sampler: multivariate TPE after 8 random trials.
+
+    With ``parallel`` (other workers share the study), the constant-liar strategy keeps it
+    from proposing configurations next to those other workers are measuring right now.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        return optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, n_startup_trials=8, constant_liar=parallel
+        )
+
+
+def open_study(
+    storage: Any,
+    study_name: str,
+    objectives: Sequence[str],
+    seed: int,
+    resume: bool,
+    sampler: optuna.samplers.BaseSampler | None = None,
+    *,
+    hardware: str = "unknown",
+    env: Mapping[str, Any] | None = None,
+    join: bool = False,
+    worker: str = "",
+    heartbeat_interval_s: int = DEFAULT_HEARTBEAT_S,
+    grace_period_s: int = DEFAULT_GRACE_S,
+) -> optuna.Study:
+    """Open this hardware's study in the family ``study_name``, creating what is missing.
+
+    Args:
+        storage: A database URL or a storage from :func:`autotune.search.storage.open_storage`.
+        study_name: The study as the user names it; each hardware group has its own Optuna study.
+        objectives: What the study optimizes; an existing group must optimize the same.
+        seed: Seeds the default sampler; joined workers mix in ``worker`` so they explore apart.
+        resume: Continue an existing study.
+        sampler: An Optuna sampler instead of the default.
+        hardware: :meth:`autotune.env.Env.hardware_key` of the machine that will measure.
+        env: The :meth:`~autotune.env.Env.manifest` stamped on a new group.
+        join: Share the study with other workers, created by whichever comes first.
+        worker: This worker's id (``host:pid[:device]``).
+        heartbeat_interval_s: Seconds between heartbeats of a running trial.
+        grace_period_s: Seconds of silence after which a trial's worker is taken for dead.
+
+    Raises:
+        ConfigError: the study exists and neither ``resume`` nor ``join`` is set, an existing
+            group optimizes other objectives, or the storage URL is unusable.
+    """
+    objectives = check_objectives(objectives)
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    url = storage if isinstance(storage, str) else storage.url
+    if isinstance(storage, str):
+        storage = open_storage(storage, heartbeat_interval_s, grace_period_s)
+    members = family(storage, study_name)
+    n_existing = sum(storage.get_n_trials(storage.get_study_id_from_name(s.study_name)) for s in members)
+    if n_existing and not (resume or join):
+        raise ConfigError(
+            f"Study {study_name!r} already exists in {_redact(url)} with {n_existing} trials. "
+            "Pass resume=True (CLI: --resume) to continue it, join=True (--join) to share it with the workers "
+            "running it now, or choose another study name or output directory."
+        )
+    directions = [OBJECTIVES[o][1] for o in objectives]
+    attrs = {"env": dict(env or {}), "objectives": list(objectives)}
+    name, _ = open_group(storage, study_name, hardware, [_direction(d) for d in directions], attrs)
+    if sampler is None:
+        sampler = make_sampler(seed ^ zlib.crc32(worker.encode()) if join else seed, parallel=join)
+    study = optuna.load_study(study_name=name, storage=storage, sampler=sampler)
+    found = [d.name.lower() for d in study.directions]
+    if found != directions:
+        raise ConfigError(
+            f"Study {name!r} in {_redact(url)} optimizes {found}, but this run asks for {list(objectives)} "
+            f"({directions}). Use the study's objectives or another study name."
+        )
+    return study
+
+
+def _direction(name: str) -> optuna.study.StudyDirection:
+    return optuna.study.StudyDirection.MAXIMIZE if name == "maximize" else optuna.study.StudyDirection.MINIMIZE
+
+
+def trial_record(trial: FrozenTrial) -> dict[str, Any]:
+    """A trial's stored result as one flat dict."""
+    attrs = dict(trial.user_attrs)
+    attrs["number"] = trial.number
+    attrs["state"] = trial.state.name
+    return attrs
+
+
+def _finished(study: optuna.Study) -> list[FrozenTrial]:
+    return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and "status" in t.user_attrs]
+
+
+class _View:
+    """What one read of the study says: results by key, claims in flight, the budget used."""
+
+    def __init__(self, trials: list[FrozenTrial], baseline_key: str) -> None:
+        self.results: dict[str, FrozenTrial] = {}  # key -> earliest trial with a result
+        self.claims: list[FrozenTrial] = []  # RUNNING trials holding a key
+        self.n_measured = 0
+        self.baseline_queued = False
+        for t in trials:  # in trial-number order
+            attrs = t.user_attrs
+            if t.state == TrialState.RUNNING and "key" in attrs:
+                self.claims.append(t)
+            elif t.state in (TrialState.WAITING, TrialState.RUNNING) and attrs.get("baseline"):
+                self.baseline_queued = True  # queued, or asked and about to claim
+            elif t.state.is_finished() and attrs.get("status", "skipped") not in _NO_RESULT and "key" in attrs:
+                self.results.setdefault(attrs["key"], t)
+                self.n_measured += bool(attrs.get("ran") and attrs.get("repeat_of") is None)
+        base = self.results.get(baseline_key)
+        self.baseline = base
+        self.needs_baseline = (
+            base is None
+            and not self.baseline_queued
+            and not any(c.user_attrs["key"] == baseline_key for c in self.claims)
+        )
+
+    def raise_if_baseline_failed(self) -> None:
+        base = self.baseline
+        if base is not None and base.user_attrs.get("ran") and base.user_attrs.get("status") != "ok":
+            attrs = base.user_attrs
+            raise TrialError(
+                attrs.get("kind") or attrs["status"],
+                f"The baseline (the model as given) failed in trial {base.number}, so nothing can be compared "
+                f"with it: {attrs['status']}: {attrs.get('reason')}. Fix the model (or raise trial_timeout if "
+                "it is just slow) and start a new study: another --study name or --out directory.",
+            )
+
+
+def _suggest(trial: optuna.Trial, space: SearchSpace) -> dict[str, Any]:
+    config: dict[str, Any] = {}
+    for name, knob in REGISTRY.items():
+        values = space.values[name]
+        if not knob.applies(config):
+            config[name] = space.baseline[name]
+        elif len(values) == 1:
+            config[name] = values[0]
+        else:
+            try:
+                config[name] = trial.suggest_categorical(name, values)
+            except ValueError as exc:
+                # Optuna keeps each parameter's choices fixed for the life of a study.
+                raise ConfigError(
+                    f"Knob {name!r} has other candidates ({', '.join(map(str, values))}) than when this study "
+                    "began, and a study's search space cannot change. Resume with the same space and fixes, or "
+                    "start a new study (another --study name or --out directory)."
+                ) from exc
+    return config
+
+
+def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
+    for t in trials:
+        if t.user_attrs.get("status") != "oom" or t.user_attrs.get("kind") != "oom":
+            continue
+        other = t.user_attrs.get("config", {})
+        if all(other.get(k) == config.get(k) for k in _MEMORY_KNOBS) and config["batch_size"] >= other.get(
+            "batch_size", math.inf
+        ):
+            same = ", ".join(f"{k}={config[k]}" for k in _MEMORY_KNOBS)
+            return (
+                f"not run: batch_size {config['batch_size']} >= {other['batch_size']}, which ran out of memory "
+                f"in trial {t.number} with the same {same}"
+            )
+    return None
+
+
+def _tell(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    outcome: TrialResult,
+    objectives: list[str],
+    max_drop: float,
+    written: Mapping[str, Any] | None = None,
+) -> FrozenTrial:
+    """Store ``outcome`` as user attributes (but those in ``written``, stored already) and tell."""
+    drop = outcome.metrics.get("metric_drop", 0.0)
+    if outcome.ok and drop > max_drop + 1e-12:
+        outcome.fail("infeasible", "guard", f"metric dropped by {drop:.4g}, more than max_metric_drop={max_drop:g}")
+    result = outcome.to_attrs()
+    written = written or {}
+    for key, value in result.items():
+        if key not in written or written[key] != value:  # each attribute is one database commit
+            trial.set_user_attr(key, value)
+    keys = [OBJECTIVES[o][0] for o in objectives]
+    if result["status"] in ("ok", "infeasible") and all(k in result for k in keys):
+        trial.set_constraint(
+            "metric_drop", result.get("metric_drop", 1.0) - max_drop if result["status"] == "ok" else 1.0
+        )
+        return study.tell(trial, [float(result[k]) for k in keys])
+    return study.tell(trial, state=TrialState.FAIL)
+
+
+def _claim(study: optuna.Study, me: int, key: str, n_trials: int, baseline_key: str) -> tuple[str, Any]:
+    """Judge trial ``me``'s claim on ``key``; see the module docstring.
+
+    Returns:
+        ``("measure", None)``, ``("repeat", earlier trial)``, ``("duplicate", trial holding the
+        key)`` or ``("budget", None)``.
+    """
+    deadline = time.monotonic() + _CLAIM_WAIT_S
+    while True:
+        view = _View(study.get_trials(deepcopy=False), baseline_key)
+        if key in view.results:
+            return "repeat", view.results[key]
+        others = [t for t in view.claims if t.number != me]
+        # Older claims, and younger ones that already decided to measure, stand; the rest may withdraw.
+        firm = [t for t in others if t.number < me or t.user_attrs.get("measuring")]
+        same = [t for t in others if t.user_attrs["key"] == key]
+        holder = next((t for t in same if t.number < me or t.user_attrs.get("measuring")), None)
+        if holder is not None:
+            return "duplicate", holder
+        if view.n_measured + len(firm) + 1 > n_trials:
+            return "budget", None
+        if not same and view.n_measured + len(others) + 1 <= n_trials:
+            return "measure", None
+        if time.monotonic() >= deadline:
+            return ("duplicate", same[0]) if same else ("budget", None)
+        time.sleep(0.05)
+
+
+def run_trials(
+    study: optuna.Study,
+    runner: Runner,
+    space: SearchSpace,
+    *,
+    n_trials: int,
+    timeout: float | None,
+    max_metric_drop: float,
+    objectives: Sequence[str],
+    extra_attrs: dict[str, Any],
+    on_trial: Callable[[dict[str, Any], int], None] | None = None,
+    stop: threading.Event | None = None,
+    trial_timeout: float | None = None,
+) -> str:
+    """Measure trials until ``n_trials`` have been measured in the study, counting every
+    worker's (and, on resume, the earlier ones), ``timeout`` seconds pass, or the space is spent.
+
+    Args:
+        stop: Set (by Ctrl-C or another thread) to end this loop with :class:`KeyboardInterrupt`
+            before the next trial; a trial whose worker was killed to stop is marked
+            ``interrupted``.
+        trial_timeout: Seconds one trial may take; ``None`` for the adaptive limit of
+            :func:`trial_limit`. A trial still running at the ``timeout`` deadline is stopped
+            then and recorded with kind ``deadline``.
+
+    Returns:
+        Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
+
+    Raises:
+        TrialError: the baseline failed (here or in another worker).
+    """
+    objectives = check_objectives(objectives)
+    baseline_key = Config(dict(space.baseline)).key()
+    study.set_user_attr("n_trials", n_trials)  # for `autotune status`: the budget last asked for
+    deadline = None if timeout is None else time.monotonic() + timeout
+    limits = _Limits(runner, trial_timeout, deadline, timeout)
+    repeats = 0
+    waiting: set[int] = set()
+    while True:
+        if stop is not None and stop.is_set():
+            raise KeyboardInterrupt
+        if deadline is not None and time.monotonic() >= deadline:
+            return "timeout"
+        if repeats >= _MAX_REPEATS:
+            return "exhausted"
+        fail_stale(study)
+        view = _View(study.get_trials(deepcopy=False), baseline_key)
+        view.raise_if_baseline_failed()
+        limits.learn(view.baseline)
+        if view.n_measured >= n_trials:
+            return "budget"
+        if view.n_measured + len(view.claims) >= n_trials:
+            # The rest of the budget is being measured; a dead worker's claim is freed after the grace period.
+            waiting = _say_waiting(view.claims, waiting, study)
+            time.sleep(_POLL_S)
+            continue
+        if view.needs_baseline:
+            baseline, *warm = first_params(space)
+            study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
+            if not view.n_measured:  # a fresh study: the usual first changes next, within the budget
+                for params in warm[: max(0, n_trials - 1)]:
+                    study.enqueue_trial(params, skip_if_exists=True)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
+            trial = study.ask()
+        with heartbeat(study, trial):
+            try:
+                outcome = _one_trial(
+                    study,
+                    trial,
+                    runner,
+                    space,
+                    objectives,
+                    max_metric_drop,
+                    extra_attrs,
+                    n_trials,
+                    on_trial,
+                    stop,
+                    limits,
+                )
+            except optuna.exceptions.UpdateFinishedTrialError:
+                # Declared dead while alive (the database out of reach longer than the grace
+                # period): its retry measures the configuration again.
+                warnings.warn(
+                    f"Trial {trial.number} was marked failed by another worker (no heartbeat for the grace "
+                    "period); its result is dropped and its retry will measure it again.",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+                continue
+            except BaseException:
+                # Ctrl-C or an error between ask and tell: no trial is left RUNNING in the storage.
+                if study.trials[trial.number].state == TrialState.RUNNING:
+                    trial.set_user_attr("status", "interrupted")
+                    study.tell(trial, state=TrialState.FAIL)
+                raise
+        repeats = repeats + 1 if outcome in ("repeat", "duplicate") else 0
+
+
+class _Limits:
+    """Each trial's time limit: adaptive (or the user's), and never past the study's deadline."""
+
+    def __init__(self, runner: Runner, fixed: float | None, deadline: float | None, timeout: float | None) -> None:
+        self.runner, self.fixed, self.deadline, self.timeout = runner, fixed, deadline, timeout
+        self.baseline: dict[str, Any] | None = None
+
+    def learn(self, baseline: FrozenTrial | None) -> None:
+        """Take the baseline's wall time once it is measured; the runner's calls (the rounds,
+        the export) then get the limit of a compiling configuration per unit of work."""
+        if self.baseline is not None or baseline is None or baseline.user_attrs.get("status") != "ok":
+            return
+        self.baseline = dict(baseline.user_attrs)
+        heavy = {k: f"{self.baseline['config'].get(k)}-other" for k in _HEAVY_KNOBS}
+        self.runner.timeout = trial_limit(heavy, self.baseline, self.fixed)
+
+    def for_config(self, config: Mapping[str, Any]) -> tuple[float, bool]:
+        """(seconds, whether the study's deadline is what limits them)."""
+        limit = trial_limit(config, self.baseline, self.fixed)
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left < limit:
+                return max(left, 1.0), True
+        return limit, False
+
+    def timeout_reason(self, limit: float, at_deadline: bool) -> dict[str, Any]:
+        if at_deadline:
+            return {
+                "kind": "deadline",
+                "reason": f"stopped at the study's deadline (timeout={self.timeout:g} s) after {limit:.0f} s; "
+                "its worker was killed",
+            }
+        how = "trial_timeout" if self.fixed is not None else "the adaptive limit (see trial_timeout)"
+        return {"reason": f"no result within {limit:.0f} s, {how}; the worker was killed"}
+
+
+def _say_waiting(claims: list[FrozenTrial], said: set[int], study: optuna.Study) -> set[int]:
+    """Say once, on stderr, which running trials this worker waits for, and until when."""
+    import sys
+
+    from autotune.search.storage import grace_period_of
+
+    new = [t for t in claims if t.number not in said]
+    if new:
+        grace = grace_period_of(study)
+        names = ", ".join(f"{t.number} (worker {t.user_attrs.get('worker', '?')})" for t in new)
+        after = f"; one whose worker died is taken for dead {grace:g} s after its last heartbeat" if grace else ""
+        print(
+            f"autotune: waiting for trial {names} to finish: the rest of the budget is theirs{after}", file=sys.stderr
+        )
+    return said | {t.number for t in new}
+
+
+def _tell_unmeasured(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    verdict: str,
+    other: FrozenTrial | None,
+    attrs: dict[str, Any],
+    written: dict[str, Any],
+    objectives: list[str],
+    max_metric_drop: float,
+    n_trials: int,
+) -> None:
+    """Tell a trial whose claim lost: answered from an earlier trial, or skipped."""
+    if verdict == "repeat":
+        result = {k: v for k, v in other.user_attrs.items() if k not in attrs and k != "baseline"}
+        result.update(attrs, repeat_of=other.number, ran=False, baseline=False)
+        _tell(study, trial, TrialResult.from_attrs(result), objectives, max_metric_drop, written)
+        return
+    reason = (
+        f"not run: trial {other.number} is measuring the same configuration"
+        if verdict == "duplicate"
+        else f"not run: the budget of {n_trials} measured trials is taken by trials measured or running"
+    )
+    skipped = TrialResult("skipped", verdict, reason, {**attrs, "ran": False})
+    _tell(study, trial, skipped, [], 0.0, written)
+
+
+def _one_trial(
+    study: optuna.Study,
+    trial: optuna.Trial,
+    runner: Runner,
+    space: SearchSpace,
+    objectives: list[str],
+    max_metric_drop: float,
+    extra_attrs: dict[str, Any],
+    n_trials: int,
+    on_trial: Callable[[dict[str, Any], int], None] | None,
+    stop: threading.Event | None,
+    limits: _Limits,
+) -> str:
+    """Claim, measure (or answer) and tell one asked trial; return what became of it."""
+    baseline_key = Config(dict(space.baseline)).key()
+    queued_baseline = bool(trial.user_attrs.get("baseline"))
+    config = _suggest(trial, space)  # for the queued baseline this records its enqueued params
+    if queued_baseline:
+        config = dict(space.baseline)
+    key = Config(config).key()
+    attrs = {"config": config, "baseline": key == baseline_key, **extra_attrs}
+    for name, value in attrs.items():
+        trial.set_user_attr(name, value)
+    trial.set_user_attr("key", key)  # the claim: from here on other workers see it
+    written = {**attrs, "key": key}
+    verdict, other = _claim(study, trial.number, key, n_trials, baseline_key)
+    # A retry queued by the heartbeat callback names the dead trial in its system attributes.
+    retried = study.get_trials(deepcopy=False)[trial.number].system_attrs.get("failed_trial")
+    if retried is not None:
+        attrs["retry_of"] = retried
+    attrs["key"] = key
+    if verdict != "measure":
+        _tell_unmeasured(study, trial, verdict, other, attrs, written, objectives, max_metric_drop, n_trials)
+        return verdict
+    trial.set_user_attr("measuring", True)
+    rule = _oom_rule(config, _finished(study))
+    if rule is not None:
+        result = TrialResult("oom", "oom-rule", rule, {"ran": False, **attrs})
+    else:
+        limit, at_deadline = limits.for_config(config)
+        result = runner.run(config, timeout=limit)
+        result.metrics.update(attrs, ran=True)
+        if stop is not None and stop.is_set() and result.status == "crash":
+            raise KeyboardInterrupt  # its worker was killed to stop: no result to keep
+        if result.status == "timeout":
+            why = limits.timeout_reason(limit, at_deadline)
+            result.fail("timeout", why.get("kind", result.kind), why["reason"])
+    frozen = _tell(study, trial, result, objectives, max_metric_drop, written)
+    if attrs["baseline"] and not result.ok:
+        raise TrialError(
+            result.kind or result.status,
+            f"The baseline (the model as given) failed, so nothing can be compared with it: "
+            f"{result.status}: {result.reason}. Fix the model, or raise trial_timeout if it is just slow.",
+        )
+    if on_trial is not None:
+        on_trial(trial_record(frozen), _View(study.get_trials(deepcopy=False), baseline_key).n_measured)
+    return "measured" if result.metrics["ran"] else "ruled"

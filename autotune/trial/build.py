@@ -1,0 +1,102 @@
+"""Turn (model, Config) into what runs: knobs applied in stage order.
+
+The result is a :class:`BuildState` holding the tuned module (wrapped for autocast and
+channels-last inputs, then compiled), the DataLoader keyword arguments and the process-wide
+settings to activate while the model runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from autotune.config import Config
+from autotune.data import batch_size_of, model_inputs
+from autotune.knobs import REGISTRY, Stage
+from autotune.knobs.state import BuildExtras, BuildState, wrap
+
+__all__ = ["apply_settings", "build", "make_loader", "settings_active"]
+
+
+def build(
+    model: Any, config: Config, device: str, *, extras: BuildExtras | None = None, copy_model: bool = True
+) -> BuildState:
+    """Apply every knob of ``config`` to a copy of ``model``, in stage order.
+
+    With ``extras.example``, the model's parameters and MACs after the STRUCTURE stage are
+    recorded in ``state.info`` (``n_params``, ``macs``).
+
+    Example:
+        >>> import torch
+        >>> state = build(torch.nn.Linear(4, 2), Config({"batch_size": 8}), "cpu")
+        >>> state.loader_kwargs["batch_size"]
+        8
+    """
+    model = copy.deepcopy(model) if copy_model else model
+    model = model.to(device).eval()
+    state = BuildState(model=model, device=device, extras=extras, config=config)
+    knobs = sorted(REGISTRY.values(), key=lambda k: k.stage)
+    stage = Stage.STRUCTURE
+    for knob in knobs:
+        if stage == Stage.STRUCTURE and knob.stage > Stage.STRUCTURE:
+            _count_(state)
+        if stage < Stage.COMPILE <= knob.stage:
+            state.model = wrap(state).eval()
+        stage = knob.stage
+        knob.apply(state, config[knob.name])
+    return state
+
+
+def _count_(state: BuildState) -> None:
+    state.info["n_params"] = sum(p.numel() for p in state.model.parameters())
+    if state.extras is not None and state.extras.keep_float:
+        state.float_model = copy.deepcopy(state.model)
+    if state.extras is not None and state.extras.example is not None:
+        from autotune.compress.prune import count_macs
+
+        example = state.extras.example_on(state.device)
+        args, kwargs = model_inputs(example)
+        try:
+            state.info["macs"] = count_macs(state.model, args, kwargs)[0] // batch_size_of(example)
+        except Exception:  # a counter that cannot trace the model must not fail the trial
+            state.info["macs"] = None
+
+
+def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False) -> Any:
+    """The DataLoader a built configuration reads from (in dataset order)."""
+    kwargs = dict(state.loader_kwargs)
+    return torch.utils.data.DataLoader(dataset, shuffle=False, drop_last=drop_last, **kwargs)
+
+
+def apply_settings(settings: dict[str, Any]) -> None:
+    """Set the process-wide settings a configuration chose, on top of PyTorch's defaults.
+
+    ``tf32=False`` leaves PyTorch's defaults alone (float32 matmuls in full precision, cuDNN
+    convolutions allowed TF32, as stock PyTorch has them): the baseline is never slower than
+    stock PyTorch. ``tf32=True`` turns TF32 on for matmuls and convolutions.
+    """
+    if settings.get("num_threads"):
+        torch.set_num_threads(settings["num_threads"])
+    if "cudnn_benchmark" in settings:
+        torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
+    if settings.get("tf32"):
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+
+
+@contextlib.contextmanager
+def settings_active(settings: dict[str, Any]) -> Iterator[None]:
+    """Activate process-wide settings for the duration of the block, then restore every
+    process-wide setting (see :mod:`autotune._pristine`) as it was before the block."""
+    from autotune._pristine import restore, snapshot
+
+    saved = snapshot()
+    try:
+        apply_settings(settings)
+        yield
+    finally:
+        restore(saved)

@@ -1,0 +1,143 @@
+"""What inference and training workers share: the untouched model, the fixed validation
+samples, the process state restored before every build, a trial that never raises, and
+interleaved measurement rounds.
+
+A context lives in one worker for the whole study. Subclasses say how one configuration is
+prepared (:meth:`Context.prepare`), tried (:meth:`Context.trial`) and timed for one round
+(:meth:`Context.time_round`).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from autotune._pristine import restore, snapshot
+from autotune.errors import InputError
+from autotune.search.claims import enough_rounds
+from autotune.trial.faults import one_line, record_fault
+from autotune.trial.spec import TrialResult, WorkerSpec
+
+__all__ = ["Context", "instantiate_model"]
+
+
+def instantiate_model(spec: WorkerSpec) -> torch.nn.Module:
+    """The spec's model: the module itself, or what its factory returns."""
+    model = spec.model
+    if not isinstance(model, torch.nn.Module):
+        try:
+            model = model()
+        except Exception as exc:
+            raise InputError(f"The model factory raised {one_line(exc)}") from exc
+        if not isinstance(model, torch.nn.Module):
+            raise InputError(f"The model factory must return a torch.nn.Module, but returned {type(model).__name__}.")
+    return model
+
+
+class Context:
+    """A worker's state for one study.
+
+    Attributes:
+        pristine: The process state (threads, backend flags, compiler config) as the worker found
+            it, restored before every build and every measurement.
+        spec: What the worker was given.
+        model: The user's model, never changed: every build works on a fresh copy.
+        samples: The fixed validation samples, in dataset order.
+        info: Facts sent to the parent when the worker is ready.
+    """
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        self.pristine = snapshot()
+        self.spec = spec
+        torch.manual_seed(spec.seed)
+        self.model = instantiate_model(spec)
+        self.samples = [spec.dataset[i] for i in spec.val_indices]
+        self.info: dict[str, Any] = {}
+
+    def fresh_model(self) -> torch.nn.Module:
+        """An untouched copy of the model for one build: a deep copy, or the factory's output
+        (in the same train/eval mode) when the model cannot be copied (it holds a lock, say)."""
+        try:
+            return copy.deepcopy(self.model)
+        except Exception as exc:
+            if isinstance(self.spec.model, torch.nn.Module):
+                raise InputError(
+                    f"The model cannot be copied for each trial ({one_line(exc)}). Pass a zero-argument "
+                    "function that builds it instead."
+                ) from exc
+            torch.manual_seed(self.spec.seed)
+            return self.spec.model().train(self.model.training)
+
+    def reset(self, config: Mapping[str, Any]) -> None:
+        """Stock process state before a build; a fresh compiler cache before a compiled one, so
+        the recompilation limit cannot silently fall back to eager after a few trials."""
+        restore(self.pristine)
+        if config.get("compile_mode", "none") != "none":
+            torch._dynamo.reset()
+
+    def run_trial(self, config: dict[str, Any]) -> TrialResult:
+        """Try one configuration; never raises: a fault is recorded in the result, with what
+        was measured before it."""
+        started = time.perf_counter()
+        flat: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
+        result = TrialResult()
+        try:
+            self.trial(config, flat)
+        except Exception as exc:
+            record_fault(result, exc, self.spec.device)
+            flat.update(status=result.status, kind=result.kind, reason=result.reason)
+        flat["trial_s"] = time.perf_counter() - started
+        return TrialResult.from_attrs(flat)
+
+    def trial(self, config: dict[str, Any], result: dict[str, Any]) -> None:
+        """Build, measure and guard ``config``, filling ``result`` as figures come in (a guard
+        that rejects the candidate sets ``status``, ``kind`` and ``reason``)."""
+        raise NotImplementedError
+
+    def prepare(self, configs: list[dict[str, Any]]) -> list[Any]:
+        """What :meth:`time_round` times for each configuration, ready (built, warmed up)."""
+        raise NotImplementedError
+
+    def time_round(self, prepared: Any, diagnose: bool) -> dict[str, Any]:
+        """One timed window of a prepared configuration: ``samples_per_s``, latencies, ``cov``,
+        ``others_cpu`` (and, with ``diagnose``, its loader and model alone)."""
+        raise NotImplementedError
+
+    def rounds(
+        self,
+        configs: list[dict[str, Any]],
+        n_min: int,
+        n_max: int,
+        target: float | None = None,
+        max_s: float | None = None,
+        diagnose: bool = False,
+    ) -> dict[str, Any]:
+        """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
+
+        After ``n_min`` rounds they stop once ``max_s`` seconds have passed or, with ``target``
+        and two configurations, once the 95% interval of ``configs[1]``'s ratio to ``configs[0]``
+        is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, each
+        round also times every configuration's loader alone and model alone
+        (:mod:`autotune.trial.diagnose`), so the diagnosis comes from the same rounds as the
+        end-to-end figures.
+
+        Returns:
+            ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
+            "others_cpu", ...}, ...per config], ...per round]}``.
+        """
+        prepared = self.prepare(configs)
+        started = time.perf_counter()
+        rounds: list[list[dict[str, Any]]] = []
+        for r in range(n_max):
+            row: list[dict[str, Any]] = [{} for _ in prepared]
+            for i in range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared))):
+                restore(self.pristine)
+                row[i] = self.time_round(prepared[i], diagnose)
+            rounds.append(row)
+            if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
+                break
+        return {"rounds": rounds}

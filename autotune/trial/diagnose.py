@@ -1,0 +1,266 @@
+"""Why a configuration is as fast as it is: the data pipeline alone against the model alone.
+
+The end-to-end measurement (:mod:`autotune.trial.measure`) says how fast the pipeline is, not which
+half holds it back. Here each half is timed on its own for one fixed window:
+
+- the loader: iterate the configured DataLoader and move each batch to the device, no model;
+- the model: one batch already on the device, called again and again, no loader.
+
+The slower half bounds the pipeline. Knows nothing about Optuna.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import torch
+
+from autotune.data import batch_size_of, to_device
+from autotune.knobs.state import BuildState
+from autotune.trial.build import make_loader, settings_active
+from autotune.trial.measure import MeasureSettings, call_model
+
+__all__ = [
+    "BALANCED_MARGIN",
+    "FAULT_MARGIN",
+    "LOADER_KNOBS",
+    "classify",
+    "diagnose_run",
+    "diagnose_state",
+    "explain",
+    "fault",
+    "loader_samples_per_s",
+    "model_samples_per_s",
+    "window_for",
+]
+
+# Knobs that change what the loader delivers per second. batch_size acts on both halves.
+LOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+# Within this relative margin of each other, neither half clearly bounds the pipeline.
+BALANCED_MARGIN = 0.15
+
+
+def window_for(settings: MeasureSettings) -> float:
+    """Seconds to time each half: half of a full measurement's timed span, 0.05 to 1 s."""
+    return max(0.05, min(1.0, settings.n_windows * settings.window_s / 2))
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    while True:  # a new epoch restarts non-persistent workers: part of the loader's cost
+        yield from loader
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def loader_samples_per_s(dataset: Any, state: BuildState, window_s: float, warmup_batches: int = 1) -> float:
+    """Samples/s of ``state``'s DataLoader over ``dataset``, batches moved to the device, no model.
+
+    The first ``warmup_batches`` (worker start-up) are not timed.
+    """
+    device = torch.device(state.device)
+    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size)
+    batches = _epochs(loader)
+    try:
+        with settings_active(state.settings):
+            for _ in range(warmup_batches):
+                to_device(next(batches), device, non_blocking=state.non_blocking)
+            _sync(device)
+            n_samples, start = 0, time.perf_counter()
+            while time.perf_counter() - start < window_s:
+                batch = next(batches)
+                to_device(batch, device, non_blocking=state.non_blocking)
+                n_samples += batch_size_of(batch)
+            _sync(device)
+            return n_samples / (time.perf_counter() - start)
+    finally:
+        batches.close()  # shuts down the loader's workers
+
+
+def model_samples_per_s(state: BuildState, batch: Any, window_s: float, warmup_batches: int = 1) -> float:
+    """Samples/s of ``state``'s model called again and again on one collated ``batch``.
+
+    The batch is moved to the device once, before timing; the first ``warmup_batches`` calls
+    (compilation, autotuning) are not timed.
+    """
+    device = torch.device(state.device)
+    batch = to_device(batch, device)
+    per_call = batch_size_of(batch)
+    with settings_active(state.settings), torch.inference_mode():
+        for _ in range(max(1, warmup_batches)):
+            call_model(state.model, batch)
+        _sync(device)
+        n_calls, start = 0, time.perf_counter()
+        while time.perf_counter() - start < window_s:
+            call_model(state.model, batch)
+            n_calls += 1
+        _sync(device)  # queued CUDA work is part of the window
+        return n_calls * per_call / (time.perf_counter() - start)
+
+
+def classify(loader_sps: float, model_sps: float, margin: float = BALANCED_MARGIN) -> str:
+    """``"data-bound"`` when the loader alone is the slower half, ``"compute-bound"`` when the
+    model is, ``"balanced"`` when they are within ``margin`` of each other.
+
+    Example:
+        >>> classify(410.0, 2900.0)
+        'data-bound'
+        >>> classify(1000.0, 1100.0)
+        'balanced'
+    """
+    if max(loader_sps, model_sps) <= (1 + margin) * min(loader_sps, model_sps):
+        return "balanced"
+    return "data-bound" if loader_sps < model_sps else "compute-bound"
+
+
+def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings) -> dict[str, Any]:
+    """Time the loader and the model of a built configuration apart.
+
+    Returns:
+        ``loader_samples_per_s``, ``model_samples_per_s``, ``bound`` (see :func:`classify`),
+        ``batch_size`` and ``window_s``.
+    """
+    from torch.utils.data import default_collate
+
+    window = window_for(settings)
+    loader = loader_samples_per_s(dataset, state, window, settings.warmup_batches)
+    batch = default_collate([dataset[i] for i in range(min(state.batch_size, len(dataset)))])
+    model = model_samples_per_s(state, batch, window, settings.warmup_batches)
+    return {
+        "loader_samples_per_s": loader,
+        "model_samples_per_s": model,
+        "bound": classify(loader, model),
+        "batch_size": state.batch_size,
+        "window_s": window,
+    }
+
+
+def _changed(base: Mapping[str, Any], best: Mapping[str, Any], side: str) -> list[str]:
+    from autotune.knobs import REGISTRY
+
+    names = LOADER_KNOBS if side == "loader" else [k for k in REGISTRY if k not in LOADER_KNOBS[1:]]
+    return [
+        f"{k}={best[k]}"
+        for k in names
+        if k in best and base.get(k) != best[k] and (k not in REGISTRY or REGISTRY[k].applies(dict(best)))
+    ]
+
+
+def _side_clause(side: str, before: float, after: float, knobs: list[str]) -> str:
+    if not knobs:
+        return f"no {side} knob changed (the {side} gave {after:,.0f} samples/s)"
+    verb = "raised" if after > 1.05 * before else "lowered" if after < before / 1.05 else "kept"
+    return f"{', '.join(knobs)} {verb} the {side} {'at' if verb == 'kept' else 'to'} {after:,.0f}"
+
+
+def explain(
+    baseline: Mapping[str, Any],
+    best: Mapping[str, Any],
+    baseline_config: Mapping[str, Any],
+    best_config: Mapping[str, Any],
+) -> str:
+    """One sentence: what bounded the baseline, and which knobs of the winner acted on that half.
+
+    Example:
+        >>> explain(
+        ...     {"loader_samples_per_s": 410, "model_samples_per_s": 2900, "bound": "data-bound"},
+        ...     {"loader_samples_per_s": 3100, "model_samples_per_s": 2950, "bound": "balanced"},
+        ...     {"num_workers": 0},
+        ...     {"num_workers": 4},
+        ... )
+        'baseline was data-bound: 410 samples/s from the loader vs 2,900 from the model; num_workers=4 raised the loader to 3,100; the winner is balanced (3,100 vs 2,950)'
+    """
+    bl, bm = baseline["loader_samples_per_s"], baseline["model_samples_per_s"]
+    text = f"baseline was {baseline['bound']}: {bl:,.0f} samples/s from the loader vs {bm:,.0f} from the model"
+    if dict(baseline_config) == dict(best_config):
+        return text + "; no configuration beat it, so it is also the winner"
+    sides = {"data-bound": ["loader"], "compute-bound": ["model"]}.get(baseline["bound"], ["loader", "model"])
+    for side in sides:
+        before, after = baseline[f"{side}_samples_per_s"], best[f"{side}_samples_per_s"]
+        text += "; " + _side_clause(side, before, after, _changed(baseline_config, best_config, side))
+    wl, wm = best["loader_samples_per_s"], best["model_samples_per_s"]
+    return text + f"; the winner is {best['bound']} ({wl:,.0f} vs {wm:,.0f})"
+
+
+# A half alone measured this much slower than the whole pipeline is a measurement fault.
+FAULT_MARGIN = 0.10
+
+
+def _with_bound(figures: Mapping[str, Any]) -> dict[str, Any]:
+    loader, model = figures["loader_samples_per_s"], figures["model_samples_per_s"]
+    out = {"loader_samples_per_s": loader, "model_samples_per_s": model, "bound": classify(loader, model)}
+    if figures.get("samples_per_s") is not None:
+        out["samples_per_s"] = figures["samples_per_s"]
+    return out
+
+
+def fault(figures: Mapping[str, Any], label: str) -> str | None:
+    """A sentence when a half alone (loader or model) ran slower than the whole pipeline did in
+    the same rounds: impossible for a sound measurement, so it is flagged, not explained.
+
+    Example:
+        >>> fault({"samples_per_s": 46.0, "loader_samples_per_s": 9000.0, "model_samples_per_s": 15.0}, "baseline")
+        "the baseline's model alone ran at 15 samples/s, below its end-to-end 46: a measurement fault, not a finding"
+    """
+    e2e = figures.get("samples_per_s")
+    if not e2e:
+        return None
+    for half in ("model", "loader"):
+        alone = figures.get(f"{half}_samples_per_s")
+        if alone is not None and alone < (1 - FAULT_MARGIN) * e2e:
+            return (
+                f"the {label}'s {half} alone ran at {alone:,.0f} samples/s, below its end-to-end {e2e:,.0f}: "
+                "a measurement fault, not a finding"
+            )
+    return None
+
+
+def diagnose_run(
+    runner: Any,
+    baseline: Mapping[str, Any],
+    best: Mapping[str, Any],
+    confirmed: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Why the winner won; never raises.
+
+    With ``confirmed`` (the confirmation rounds, which time the loader and the model alone in
+    the same rounds as the end to end), the figures come from there. Otherwise the baseline and
+    the winner are diagnosed in the runner's worker. A half that ran slower than its whole
+    pipeline is reported as a measurement ``fault`` instead of a summary.
+
+    Args:
+        runner: A :class:`~autotune.trial.runner.Runner` whose worker has a ``diagnose`` call.
+        baseline: The baseline's trial record (``config``, ``key``, ``samples_per_s``).
+        best: The winner's trial record.
+        confirmed: :func:`autotune.search.result.confirm`'s result, or ``None``.
+
+    Returns:
+        ``{"baseline": {...}, "best": {...}, "summary": sentence}``, or with ``"error"`` (and
+        whatever was measured before it) when a measurement failed, or ``"fault"`` when the
+        figures contradict the end-to-end ones.
+    """
+    out: dict[str, Any] = {}
+    same = best.get("key") == baseline.get("key")
+    try:
+        if confirmed is not None and "loader_samples_per_s" in confirmed["baseline"]:
+            out["baseline"] = _with_bound(confirmed["baseline"])
+            out["best"] = out["baseline"] if same else _with_bound(confirmed["best"])
+            out["source"] = "confirmation rounds"
+        else:
+            out["baseline"] = runner.call("diagnose", dict(baseline["config"]))
+            out["baseline"]["samples_per_s"] = baseline.get("samples_per_s")
+            out["best"] = out["baseline"] if same else runner.call("diagnose", dict(best["config"]))
+            out["best"]["samples_per_s"] = best.get("samples_per_s")
+            out["source"] = "separate measurement"
+        faults = [f for f in (fault(out["baseline"], "baseline"), None if same else fault(out["best"], "winner")) if f]
+        if faults:
+            out["fault"] = "; ".join(faults)
+        else:
+            out["summary"] = explain(out["baseline"], out["best"], baseline["config"], best["config"])
+    except Exception as exc:  # the search's result stands without its diagnosis
+        out["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+    return out

@@ -1,0 +1,103 @@
+"""The accuracy guard: the user's metric, or fidelity to the baseline's outputs.
+
+Every trial runs its tuned model on the same fixed validation samples. The outputs are
+compared in chunks of the baseline batch size whatever the trial's own batch size, so the
+metric of every trial averages over the same batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from autotune.data import call_model, concat_outputs, outputs_to_cpu, pad_batch, slice_batch, tensor_leaves, to_device
+from autotune.errors import InputError, TrialError
+from autotune.knobs.state import BuildState
+from autotune.trial.build import settings_active
+from autotune.trial.fidelity import attention_mask, evaluate, fidelity, fidelity_report, infer_kinds
+
+__all__ = ["Reference", "collect_outputs", "fidelity", "fidelity_report", "evaluate"]
+
+
+def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
+    """Outputs of the built model on ``samples``, on the CPU, in sample order.
+
+    The samples are batched at the trial's batch size, the last batch padded to full size
+    (one shape, so a compiled model does not recompile) and its padding sliced off.
+    """
+    from torch.utils.data import default_collate
+
+    device = torch.device(state.device)
+    size = state.batch_size
+    chunks = []
+    with settings_active(state.settings), torch.inference_mode():
+        for start in range(0, len(samples), size):
+            part = samples[start : start + size]
+            batch = pad_batch(default_collate(list(part)), size)
+            out = call_model(state.model, to_device(batch, device))
+            chunks.append(outputs_to_cpu(slice_batch(out, len(part))))
+    return concat_outputs(chunks)
+
+
+def check_finite(outputs: Any) -> None:
+    """Raise ``TrialError('nan')`` when an output holds NaN or infinity."""
+    for i, leaf in enumerate(tensor_leaves(outputs)):
+        if leaf.is_floating_point() and not torch.isfinite(leaf).all():
+            bad = int((~torch.isfinite(leaf)).sum())
+            raise TrialError("nan", f"output {i} holds {bad} NaN/inf values out of {leaf.numel()}")
+
+
+@dataclasses.dataclass
+class Reference:
+    """The baseline's outputs on the validation samples, and its metric.
+
+    Attributes:
+        samples: The validation samples (uncollated, in a fixed order).
+        chunk: Samples per metric batch (the baseline batch size).
+        outputs: Baseline outputs on ``samples``, concatenated, on the CPU.
+        metric: The baseline's metric (1.0 for fidelity).
+        kinds: The kind of each output tensor, as fidelity judges it.
+        mask: The samples' ``attention_mask`` or ``None``.
+    """
+
+    samples: list[Any]
+    chunk: int
+    outputs: Any
+    metric: float
+    kinds: list[str] | None = None
+    mask: Any = None
+
+
+def make_reference(
+    state: BuildState,
+    samples: list[Any],
+    metric: Callable[[Any, Any], float] | None,
+    output_kind: Any = "auto",
+    loss_fn: Any = None,
+) -> Reference:
+    """Run the baseline on the validation samples, score it and tell the kind of each output."""
+    outputs = collect_outputs(state, samples)
+    try:
+        check_finite(outputs)
+    except TrialError as exc:
+        raise InputError(
+            f"The model's own (baseline) outputs are not finite: {exc}. Fix the model or its inputs."
+        ) from None
+    try:
+        value = evaluate(outputs, samples, state.batch_size, state.device, metric, None)
+    except TrialError as exc:
+        raise InputError(f"Your metric failed on the baseline's outputs: {exc}") from None
+    if value != value:  # NaN
+        raise InputError("Your metric returned NaN on the baseline's outputs; it must return a number.")
+    kinds = infer_kinds(outputs, samples, output_kind, loss_fn)
+    return Reference(
+        samples=samples,
+        chunk=state.batch_size,
+        outputs=outputs,
+        metric=value,
+        kinds=kinds,
+        mask=attention_mask(samples),
+    )

@@ -1,0 +1,328 @@
+"""A trial in inference mode: build a configuration, time it end to end, guard its outputs.
+
+:class:`TrialContext` holds, for the whole study, the model, the validation samples and the
+baseline's reference outputs; it also answers the calls made after the search: interleaved
+rounds, the winner's export, the held-out score and the diagnosis.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from autotune._pristine import restore
+from autotune.config import Config
+from autotune.data import call_model, to_device
+from autotune.errors import InputError
+from autotune.knobs.state import BuildExtras, BuildState, TunedModule, wrap
+from autotune.trial.build import build
+from autotune.trial.context import Context
+from autotune.trial.faults import one_line
+from autotune.trial.fidelity import attention_mask
+from autotune.trial.guard import Reference, check_finite, collect_outputs, evaluate, make_reference
+from autotune.trial.measure import MeasureSettings, measure, memory_mark, noise_reason, size_bytes
+from autotune.trial.spec import WorkerSpec
+
+__all__ = ["TrialContext", "finetune_dataset"]
+
+_ROUND_KEYS = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "others_cpu", "peak_mem_mib")
+
+
+class TrialContext(Context):
+    """A worker's state in inference mode: the model, the data, the baseline's reference outputs."""
+
+    def __init__(self, spec: WorkerSpec) -> None:
+        super().__init__(spec)
+        self.model.eval()
+        self.extras = self._extras()
+        baseline = self.build(spec.baseline)
+        self._probe(baseline)
+        self.reference: Reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
+        self.info = {
+            "n_params": sum(p.numel() for p in self.model.parameters()),
+            "baseline_metric": self.reference.metric,
+            "n_val": len(self.samples),
+        }
+
+    def _extras(self) -> BuildExtras:
+        """Example and calibration batches, drawn once, outside the validation subset if possible."""
+        import numpy as np
+        from torch.utils.data import default_collate
+
+        spec = self.spec
+        size = spec.baseline["batch_size"]
+        held = set(spec.val_indices)
+        pool = [i for i in range(len(spec.dataset)) if i not in held] or list(range(len(spec.dataset)))
+        picked = np.random.default_rng(spec.seed + 1).permutation(pool)[: size * spec.n_calibration].tolist()
+        calibration = [
+            default_collate([spec.dataset[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)
+        ]
+        return BuildExtras(
+            # At least two samples: an export traced at batch 1 would specialise the batch size.
+            example=default_collate(self.samples[: max(2, min(8, len(self.samples)))]),
+            calibration=calibration,
+            loss_fn=spec.loss_fn,
+            train_dataset=finetune_dataset(spec),
+            batch_size=size,
+            prune_ignore=tuple(spec.prune_ignore),
+            seed=spec.seed,
+        )
+
+    def _probe(self, state: BuildState) -> None:
+        from torch.utils.data import default_collate
+
+        from autotune.data import has_tensor
+
+        batch = default_collate(self.samples[:2])
+        try:
+            with torch.inference_mode():
+                out = call_model(state.model, to_device(batch, torch.device(state.device)))
+        except Exception as exc:
+            raise InputError(f"The model's forward pass failed on the first batch: {one_line(exc)}") from exc
+        if not has_tensor(out):
+            raise InputError(
+                f"The model's forward pass returned {_describe_output(out)}, with no tensor in it: there is nothing "
+                "to compare or time. Return the model's outputs (a tensor, or a tuple, dict or dataclass of tensors)."
+            )
+
+    def build(self, config: dict[str, Any]) -> BuildState:
+        """``config`` built on a fresh copy of the model, from stock process state."""
+        self.reset(config)
+        return build(self.fresh_model(), Config(config), self.spec.device, extras=self.extras, copy_model=False)
+
+    def trial(self, config: dict[str, Any], result: dict[str, Any]) -> None:
+        """Build, measure and guard one configuration."""
+        torch.manual_seed(self.spec.seed)
+        mark = memory_mark(self.spec.device)  # before the build: the trial's memory is its own
+        state = self.build(config)
+        # Timing first: compilation lands in its warm-up (compile_s), and the numbers of a
+        # candidate the guard rejects are still recorded.
+        result.update(state.info)
+        result.update(self._measure_clean(state, mark))
+        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model)
+        guard_start = time.perf_counter()
+        outputs = collect_outputs(state, self.samples)
+        check_finite(outputs)
+        value = evaluate(
+            outputs,
+            self.samples,
+            self.reference.chunk,
+            self.spec.device,
+            self.spec.metric,
+            self.reference.outputs,
+            self.reference.kinds,
+            self.reference.mask,
+        )
+        result["guard_s"] = time.perf_counter() - guard_start
+        result["metric"] = value
+        result["metric_drop"] = self.reference.metric - value
+
+    def _measure_clean(self, state: BuildState, mark: float) -> dict[str, Any]:
+        """Measure ``state``; measure again (a bounded number of times) while the windows disagree
+        or other processes used the CPU, keep the cleanest, and mark it ``noisy`` if none was clean."""
+        settings = self.spec.measure
+        best: dict[str, Any] | None = None
+        for attempt in range(1 + settings.n_remeasure):
+            restore(self.pristine)
+            result = measure(state, self.spec.dataset, settings, mem_mark=mark if attempt == 0 else None)
+            result["noise"] = noise_reason(result, settings)
+            if best is None or _noise_rank(result) < _noise_rank(best):
+                best = {**result, "compile_s": best["compile_s"] if best else result["compile_s"]}
+                best["peak_mem_mib"] = max(best["peak_mem_mib"], result["peak_mem_mib"])
+            if result["noise"] is None:
+                break
+        assert best is not None
+        best["n_measurements"] = attempt + 1
+        best["noisy"] = best["noise"] is not None
+        return best
+
+    def prepare(self, configs: list[dict[str, Any]]) -> list[BuildState]:
+        # Builds are lazy (compilation happens in the first measurement), so building them all
+        # first, each after a dynamo reset, is safe.
+        return [self.build(c) for c in configs]
+
+    def time_round(self, prepared: BuildState, diagnose: bool) -> dict[str, Any]:
+        m = measure(prepared, self.spec.dataset, self.spec.measure)
+        row = {k: m[k] for k in _ROUND_KEYS}
+        if diagnose:
+            restore(self.pristine)
+            row.update(_halves(prepared, self.spec.dataset, self.spec.measure))
+        return row
+
+    def export(self, config: dict[str, Any], out_dir: str, formats: list[str]) -> dict[str, Any]:
+        """Write the winner's artifacts into ``out_dir`` with their parity against the tuned model."""
+        import dataclasses as dc
+        from pathlib import Path
+
+        from autotune.export import export_artifacts, ship_measured
+
+        if config.get("compile_mode", "none") != "none":
+            torch._dynamo.reset()
+        extras = dc.replace(self.extras, keep_float=True)
+        state = build(self.fresh_model(), Config(config), self.spec.device, extras=extras, copy_model=False)
+        # A TorchScript or ONNX Runtime winner is exported from the torch model it was made from.
+        tuned = state.torch_model if state.torch_model is not None else state.model
+        common = {
+            "fallback": state.float_model,
+            "metric": self.spec.metric,
+            "baseline_metric": self.reference.metric,
+            "max_metric_drop": self.spec.max_metric_drop,
+            "baseline_outputs": self.reference.outputs,
+            "kinds": self.reference.kinds,
+            "mask": self.reference.mask,
+            "metric_chunk": self.reference.chunk,
+        }
+        size, out = state.batch_size, Path(out_dir)
+        by_format = {}
+        artifacts: dict[str, Any] = {}
+        measured = state.artifact if state.artifact and state.artifact["format"] in formats else None
+        if measured is not None:
+            # The winner ran an exported file: that file ships, not a re-export of its torch model.
+            artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))
+            by_format[measured["format"]] = collect_outputs(state, self.samples)
+        rest = [f for f in formats if f != "onnx" and f not in artifacts]
+        artifacts.update(export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common))
+        if "onnx" in formats and "onnx" not in artifacts:
+            model, note = _onnx_form(tuned, state.device)
+            onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
+            if onnx["onnx"]["status"] == "failed" and state.quantization != "none" and state.float_model is not None:
+                # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
+                # by ONNX Runtime with the same method, is the nearest form of the winner.
+                source = (
+                    wrap(state, state.float_model, autocast=False),
+                    state.quantization,
+                    extras.calibration,
+                )
+                first = onnx["onnx"].get("error")
+                onnx = export_artifacts(
+                    model, extras.example, self.samples, size, out, ["onnx"], onnx_source=source, **common
+                )
+                note = (
+                    f"exported from the pruned float model and quantized by onnxruntime ({state.quantization}): {first}"
+                )
+            if note:
+                onnx["onnx"]["form_note"] = note
+                keep = state.model
+                state.model = model
+                by_format["onnx"] = collect_outputs(state, self.samples)
+                state.model = keep
+            artifacts.update(onnx)
+        for fmt, record in artifacts.items():
+            _label(record, fmt, state, measured)
+        # What `autotune verify` re-checks the artifacts against, on any machine: the validation
+        # samples and the outputs of the form each artifact was exported from.
+        state.model = tuned
+        outputs = collect_outputs(state, self.samples)
+        parity = {
+            "samples": _plain(self.samples),
+            "outputs": outputs,
+            "outputs_by_format": by_format,
+            "baseline_outputs": self.reference.outputs,
+            "kinds": self.reference.kinds,
+            "max_metric_drop": self.spec.max_metric_drop,
+        }
+        torch.save(parity, out / "parity.pt")
+        return {"artifacts": artifacts}
+
+    def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
+        """The metric of the baseline and the winner on the held-out test samples."""
+        samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
+        outputs = [collect_outputs(self.build(c), samples) for c in (baseline, best)]
+        chunk, device, metric = self.reference.chunk, self.spec.device, self.spec.metric
+        judge = (self.reference.kinds, attention_mask(samples))
+        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0], *judge)
+        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0], *judge)
+        return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
+
+    def diagnose(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Samples/s of ``config``'s loader alone and of its model alone (:mod:`autotune.trial.diagnose`)."""
+        from autotune.trial.diagnose import diagnose_state
+
+        torch.manual_seed(self.spec.seed)
+        return diagnose_state(self.build(config), self.spec.dataset, self.spec.measure)
+
+
+def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:
+    """Clean before noisy, then the steadier windows first."""
+    return (result["noise"] is not None, result["cov"] + result["others_cpu"])
+
+
+def _halves(state: BuildState, dataset: Any, settings: MeasureSettings) -> dict[str, float]:
+    """The loader alone and the model alone of ``state``, timed for one short window each."""
+    from autotune.trial.diagnose import diagnose_state
+
+    d = diagnose_state(state, dataset, settings)
+    return {k: d[k] for k in ("loader_samples_per_s", "model_samples_per_s")}
+
+
+def _describe_output(out: Any) -> str:
+    if out is None:
+        return "None"
+    return f"a {type(out).__name__}"
+
+
+def finetune_dataset(spec: WorkerSpec) -> Any:
+    """What recovery fine-tuning trains on: ``train_dataset``, else the dataset's samples outside
+    the validation subset, so nothing trains on what the guard scores."""
+    if spec.train_dataset is not None:
+        return spec.train_dataset
+    from torch.utils.data import Subset
+
+    held = set(spec.val_indices)
+    return Subset(spec.dataset, [i for i in range(len(spec.dataset)) if i not in held])
+
+
+def _check_args(common: dict[str, Any]) -> dict[str, Any]:
+    """The parity-check arguments among :func:`~autotune.export.export_artifacts`' keywords."""
+    return {k: v for k, v in common.items() if k != "fallback"}
+
+
+def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:
+    """Say whether an artifact is the measured winner; one that is not is another model, and its
+    speed is its own (``autotune verify`` times it), never the winner's speedup."""
+    if record.get("winner"):
+        return
+    why = record.get("form_note")
+    if why is None and measured is not None:
+        why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
+    if why is None and state.runtime != "torch":
+        why = f"the winner runs {state.runtime}; this is exported from its torch model"
+    if why is None and state.compile_mode != "none":
+        why = (
+            f"the winner runs torch.compile (mode {state.compile_mode}), which no file format carries; "
+            "this is its uncompiled module"
+        )
+    record["winner"] = why is None
+    if why is not None:
+        record["form_note"] = why
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` with numpy arrays and scalars as tensors and numbers, so that ``parity.pt`` loads
+    with ``weights_only=True`` and no other globals allowed."""
+    import numpy as np
+
+    if isinstance(obj, np.ndarray):
+        return torch.from_numpy(obj)
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_plain(v) for v in obj)
+    return obj
+
+
+def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
+    """The form of the tuned model to export to ONNX: itself, except that autocast on the CPU is
+    dropped (the exporter would write a bfloat16 graph ONNX Runtime's CPU provider cannot run).
+    Parity is then measured against that float32 form, and the metric against the baseline."""
+    from autotune.export.parity import exportable
+
+    inner = exportable(tuned)
+    if not (device == "cpu" and isinstance(inner, TunedModule) and inner.amp_dtype is not None):
+        return tuned, None
+    note = f"exported in float32: {inner.amp_dtype} autocast dropped, ONNX Runtime's CPU provider has no such kernels"
+    return wrap(inner, autocast=False), note

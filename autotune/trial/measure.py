@@ -1,0 +1,330 @@
+"""The timing protocol. Knows nothing about Optuna.
+
+End to end: iterate the real DataLoader, move each batch to the device, run the model,
+synchronise the device before reading the clock. The first batches (and any compilation) are
+timed apart as ``compile_s``. Then several windows of at least ``window_s`` seconds each; the
+reported throughput is the median window, with min, max and coefficient of variation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from autotune.data import call_model, to_device
+from autotune.knobs.state import BuildState, unwrap
+from autotune.trial.build import make_loader, settings_active
+
+__all__ = [
+    "Interference",
+    "MeasureSettings",
+    "gpu_others",
+    "call_model",
+    "measure",
+    "memory_mark",
+    "noise_reason",
+    "size_bytes",
+    "window_stats",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class MeasureSettings:
+    """How long and how often to time.
+
+    Attributes:
+        n_windows: Timed windows per measurement; the median is reported.
+        window_s: Minimum length of one window in seconds.
+        warmup_batches: Batches run before timing starts (compilation happens here).
+
+        max_cov: Largest coefficient of variation of the windows of a clean measurement.
+        max_others_cpu: Largest share of the machine's CPU time (0-1) that other processes may
+            use during the windows of a clean measurement.
+        n_remeasure: Extra measurements of a trial whose first one was noisy (by the two
+            limits above), before it is kept and marked ``noisy``.
+    """
+
+    n_windows: int = 5
+    window_s: float = 0.4
+    warmup_batches: int = 3
+    max_cov: float = 0.05
+    max_others_cpu: float = 0.10
+    n_remeasure: int = 2
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    # A new epoch re-creates the loader's iterator, and with it non-persistent workers: that
+    # cost is part of the pipeline, so it is inside the timed windows.
+    while True:
+        yield from loader
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _status_mib(field: str) -> float | None:
+    """A ``VmRSS``/``VmHWM`` line of ``/proc/self/status`` in MiB, or ``None`` off Linux."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+def _rss_mib() -> float:
+    rss = _status_mib("VmRSS")
+    if rss is not None:
+        return rss
+    import psutil
+
+    return psutil.Process().memory_info().rss / 2**20
+
+
+def memory_mark(device: str | torch.device) -> float:
+    """Start a trial's memory account and return its reference in MiB.
+
+    CUDA: what earlier trials left in the allocator's cache is freed and the peak counter reset,
+    so the peak is this trial's alone (the reference is 0). CPU: the process's peak resident
+    set is reset to the current one, which is the reference: the trial's peak is reported as
+    its increase over it, not as the long-lived worker's high-water mark.
+    """
+    import gc
+
+    device = torch.device(device)
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        return 0.0
+    try:  # Linux: writing 5 resets this process's peak resident set size (VmHWM) to the current one.
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _rss_mib()
+
+
+def _peak_mib(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    peak = _status_mib("VmHWM")
+    if peak is not None:
+        return peak
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class Interference:
+    """How much of the machine's CPU other processes used while a window ran.
+
+    Busy time of the whole machine (``/proc/stat``: user, nice, system, irq, softirq and steal,
+    the time a hypervisor gave to other guests) less the CPU time of this process and its
+    children (DataLoader workers), as a share of the machine's capacity over the window.
+    """
+
+    def __init__(self) -> None:
+        import psutil
+
+        self._psutil = psutil
+        self._me = psutil.Process()
+        self._n_cpus = psutil.cpu_count() or 1
+        self._start: tuple[float, float, float] | None = None
+
+    def _busy(self) -> float:
+        t = self._psutil.cpu_times()
+        return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+    def _own(self) -> float:
+        total = 0.0
+        try:
+            t = self._me.cpu_times()
+            total = t.user + t.system + t.children_user + t.children_system
+            for child in self._me.children(recursive=True):
+                try:
+                    c = child.cpu_times()
+                    total += c.user + c.system
+                except self._psutil.Error:
+                    pass
+        except self._psutil.Error:
+            pass
+        return total
+
+    def start(self) -> None:
+        self._start = (time.perf_counter(), self._busy(), self._own())
+
+    def stop(self) -> float:
+        """Share of the machine's CPU capacity (0-1) that others used since :meth:`start`."""
+        if self._start is None:
+            return 0.0
+        wall = time.perf_counter() - self._start[0]
+        others = (self._busy() - self._start[1]) - (self._own() - self._start[2])
+        self._start = None
+        # /proc/stat counts in ticks (10 ms): short windows round; clamp to the possible range.
+        return min(1.0, max(0.0, others / max(wall * self._n_cpus, 1e-9)))
+
+
+def gpu_others(device: torch.device) -> int | None:
+    """How many other processes hold a context on ``device``'s GPU (they may be computing on
+    it), through NVML when the ``nvidia-ml-py`` package is installed; ``None`` when unknown."""
+    if device.type != "cuda":
+        return None
+    try:
+        import os
+
+        import pynvml
+
+        pynvml.nvmlInit()
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        # NVML numbers the GPUs of the machine; CUDA_VISIBLE_DEVICES may renumber them for torch.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible:
+            index = int(visible.split(",")[index])
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
+        return sum(p.pid != os.getpid() for p in procs)
+    except Exception:  # no NVML, no permission, a MIG slice: unknown, not zero
+        return None
+
+
+def noise_reason(result: dict[str, Any], settings: MeasureSettings) -> str | None:
+    """Why a measurement is not clean (its windows disagree, or others used the CPU), or ``None``."""
+    reasons = []
+    if result.get("cov", 0.0) > settings.max_cov:
+        reasons.append(f"its windows disagree (CoV {result['cov']:.1%} > {settings.max_cov:.0%})")
+    if result.get("others_cpu", 0.0) > settings.max_others_cpu:
+        reasons.append(f"other processes used {result['others_cpu']:.0%} of the CPU (> {settings.max_others_cpu:.0%})")
+    if result.get("gpu_others"):
+        reasons.append(f"{result['gpu_others']} other process(es) used the GPU")
+    return "; ".join(reasons) or None
+
+
+def size_bytes(model: Any) -> tuple[int, int]:
+    """Bytes of the tuned model's serialized weights (int8 packed, pruned shapes real), plain
+    and zlib-compressed. The compressed size is what an archive ships, so zeroed weights from
+    unstructured pruning count there; it is what the ``size`` objective minimizes."""
+    from autotune.compress.quantize import serialized_bytes
+
+    data = serialized_bytes(unwrap(model), raw=True)
+    return len(data), len(zlib.compress(data, 1))
+
+
+def window_stats(windows: list[float], latencies: list[float]) -> dict[str, float]:
+    """Throughput of the timed windows (median, min, max, coefficient of variation) and latency
+    p50/p95 in milliseconds."""
+    lat = sorted(latencies)
+    mean = statistics.fmean(windows)
+    return {
+        "samples_per_s": statistics.median(windows),
+        "samples_per_s_min": min(windows),
+        "samples_per_s_max": max(windows),
+        "cov": statistics.pstdev(windows) / mean if mean else 0.0,
+        "latency_ms_p50": lat[len(lat) // 2],
+        "latency_ms_p95": lat[min(len(lat) - 1, round(0.95 * (len(lat) - 1)))],
+    }
+
+
+def measure(
+    state: BuildState,
+    dataset: Any,
+    settings: MeasureSettings = MeasureSettings(),
+    *,
+    mem_mark: float | None = None,
+) -> dict[str, Any]:
+    """Time ``state`` end to end over ``dataset``.
+
+    Args:
+        state: The built configuration.
+        dataset: The samples its DataLoader reads.
+        settings: How long and how often to time.
+        mem_mark: The reference of :func:`memory_mark` taken at the trial's start; ``None``
+            takes one here, so the build's memory is not counted.
+
+    Returns:
+        ``samples_per_s`` (median window) with ``samples_per_s_min``/``_max`` and ``cov``;
+        ``latency_ms_p50``/``_p95`` per batch (device time from the copy to the outputs);
+        ``others_cpu`` (mean share of the machine's CPU other processes used during the
+        windows) and ``others_cpu_max``; ``peak_mem_mib`` (the trial's own: see
+        :func:`memory_mark`); ``compile_s`` (warm-up); ``timed_s``; ``n_windows``; ``batch_size``.
+
+    Example:
+        >>> import torch
+        >>> from autotune.trial.build import build
+        >>> from autotune.config import Config
+        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> data = [torch.randn(8) for _ in range(16)]
+        >>> r = measure(state, data, MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
+        >>> r["samples_per_s"] > 0 and r["n_windows"] == 2
+        True
+    """
+    device = torch.device(state.device)
+    # Every timed batch has the same shape: no recompilation inside a window.
+    drop_last = len(dataset) >= state.batch_size
+    loader = make_loader(dataset, state, drop_last=drop_last)
+    batches = _epochs(loader)
+    use_events = device.type == "cuda"
+    latencies: list[float] = []
+    windows: list[float] = []
+    others: list[float] = []
+    probe = Interference()
+    mark = memory_mark(device) if mem_mark is None else mem_mark
+    sharing = gpu_others(device)
+    try:
+        with settings_active(state.settings), torch.inference_mode():
+            start = time.perf_counter()
+            for _ in range(settings.warmup_batches):
+                call_model(state.model, to_device(next(batches), device, non_blocking=state.non_blocking))
+            _sync(device)
+            compile_s = time.perf_counter() - start
+            timed_start = time.perf_counter()
+            for _ in range(settings.n_windows):
+                events: list[tuple[Any, Any]] = []
+                n_samples = 0
+                probe.start()
+                w_start = time.perf_counter()
+                while True:
+                    batch = next(batches)
+                    if use_events:
+                        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        begin.record()
+                        call_model(state.model, to_device(batch, device, non_blocking=state.non_blocking))
+                        end.record()
+                        events.append((begin, end))
+                    else:
+                        b_start = time.perf_counter()
+                        call_model(state.model, to_device(batch, device))
+                        latencies.append((time.perf_counter() - b_start) * 1e3)
+                    n_samples += state.batch_size if drop_last else len(dataset)
+                    if time.perf_counter() - w_start >= settings.window_s:
+                        break
+                _sync(device)
+                windows.append(n_samples / (time.perf_counter() - w_start))
+                others.append(probe.stop())
+                latencies += [b.elapsed_time(e) for b, e in events]
+            timed_s = time.perf_counter() - timed_start
+    finally:
+        batches.close()  # shuts down the loader's workers
+        del loader
+    return {
+        **window_stats(windows, latencies),
+        "others_cpu": statistics.fmean(others),
+        "others_cpu_max": max(others),
+        "gpu_others": sharing,
+        "peak_mem_mib": max(0.0, _peak_mib(device) - mark),
+        "compile_s": compile_s,
+        "timed_s": timed_s,
+        "n_windows": settings.n_windows,
+        "batch_size": state.batch_size,
+    }

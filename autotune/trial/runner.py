@@ -1,0 +1,262 @@
+"""Process isolation: one worker process runs trials, the parent enforces timeouts and
+replaces the worker after any fault.
+
+The worker is a fresh interpreter (``python -m autotune.trial.worker``), never a fork, so it is safe
+after CUDA was used and the user's main script is not re-run. The model, dataset and metric
+travel once per worker start, pickled by value with cloudpickle, so classes and functions
+defined in a script or notebook work.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import InputError, TrialError
+from autotune.trial.spec import TrialResult
+
+__all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "pickle_spec"]
+
+_FAULTS_NEEDING_RESTART = {"oom", "timeout", "crash", "error"}
+
+
+def pickle_spec(spec: Any) -> bytes:
+    """Pickle a worker spec, or say what to do when the model or dataset cannot travel.
+
+    torch.save's pickler stores each tensor storage once; a plain pickle would copy the whole
+    storage for every view of it (a dataset of rows sliced from one tensor would grow by a
+    factor of its length). cloudpickle is its pickler, so script-defined classes travel by value.
+    """
+    import io
+
+    import cloudpickle
+    import torch
+
+    buf = io.BytesIO()
+    try:
+        torch.save(spec, buf, pickle_module=cloudpickle)
+        return buf.getvalue()
+    except Exception as exc:
+        raise InputError(
+            f"The model, dataset or metric cannot be sent to a trial worker ({type(exc).__name__}: {exc}). "
+            "Pass a zero-argument function that builds the model, define them in a cfg.py, or use "
+            "isolation='inprocess'."
+        ) from None
+
+
+class Runner:
+    """Runs configurations; the base of the subprocess and in-process runners."""
+
+    info: dict[str, Any]
+
+    timeout: float = 600.0
+
+    def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
+        """Measure one configuration within ``timeout`` seconds (default :attr:`timeout`);
+        return what became of it (a worker that died or hung is a result too)."""
+        raise NotImplementedError
+
+    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
+        """Run a method of the worker's context (:class:`~autotune.trial.context.Context`) (``verify``, ``held_out``, ``export``) in the worker.
+
+        ``n_trials`` is how many trials' worth of work it does: it may take that many times :attr:`timeout`.
+
+        Raises:
+            TrialError: the method raised or the worker failed.
+        """
+        raise NotImplementedError
+
+    def interrupt(self) -> None:
+        """Stop the trial in flight from another thread, if the runner can (a worker process can)."""
+
+    def close(self) -> None:
+        """Stop the worker, if any."""
+
+
+class InProcessRunner(Runner):
+    """Runs trials in this process: no timeout and no protection from crashes."""
+
+    def __init__(self, spec: Any) -> None:
+        from autotune.trial.worker import make_context
+
+        self._ctx = make_context(spec)
+        self.info = self._ctx.info
+
+    def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
+        return self._ctx.run_trial(config)
+
+    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
+        try:
+            return getattr(self._ctx, name)(*args)
+        except Exception as exc:
+            raise TrialError("error", f"{name} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class SubprocessRunner(Runner):
+    """Runs trials in a worker process, restarted after every fault.
+
+    Args:
+        payload: The pickled :class:`~autotune.trial.worker.WorkerSpec`.
+        trial_timeout: Seconds the worker's start, and by default a trial, may take before the
+            worker is killed; :attr:`timeout` (the default of each trial and call) may be changed.
+        log_path: Where the worker's stdout and stderr go.
+        env: Extra environment variables of the worker process, e.g. ``CUDA_VISIBLE_DEVICES``
+            to pin it to one GPU.
+    """
+
+    def __init__(self, payload: bytes, trial_timeout: float, log_path: Path, env: dict[str, str] | None = None) -> None:
+        self._payload = payload
+        self._timeout = trial_timeout
+        self.timeout = trial_timeout
+        self._log_path = log_path
+        self._env = dict(env or {})
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._busy = False  # a request is in flight: the worker will not read "stop" soon
+        self.n_starts = 0
+        self.info = self._start()
+
+    def _start(self) -> dict[str, Any]:
+        from multiprocessing.connection import Connection
+
+        to_child_r, to_child_w = os.pipe()
+        from_child_r, from_child_w = os.pipe()
+        env = dict(os.environ)
+        # The worker imports the user's modules the way this process does.
+        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env.update(self._env)
+        self._log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self._log_path, "ab")
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "autotune.trial.worker", str(to_child_r), str(from_child_w)],
+                pass_fds=(to_child_r, from_child_w),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                # Its own session: Ctrl-C reaches only the parent, which then stops it cleanly.
+                start_new_session=True,
+            )
+        finally:
+            log.close()
+            os.close(to_child_r)
+            os.close(from_child_w)
+        self._send = Connection(to_child_w, readable=False)
+        self._recv = Connection(from_child_r, writable=False)
+        self.n_starts += 1
+        self._send.send(("init", self._payload))
+        reply = self._wait(self._timeout, "starting the worker")
+        if reply[0] == "ready":
+            return reply[1]
+        self.close()
+        if reply[1] == "input":
+            raise InputError(reply[2])
+        raise TrialError(reply[1], f"The trial worker failed to start: {reply[2]}")
+
+    def _log_tail(self, n: int = 6) -> str:
+        try:
+            lines = self._log_path.read_text(errors="replace").strip().splitlines()
+        except OSError:
+            return ""
+        tail = " | ".join(line.strip() for line in lines[-n:] if line.strip())
+        return f"; worker log: {tail}" if tail else ""
+
+    def _wait(self, timeout: float, doing: str) -> tuple[Any, ...]:
+        # Stays True if Ctrl-C lands while waiting, so close() kills instead of waiting for the trial.
+        self._busy = True
+        reply = self._wait_unguarded(timeout, doing)
+        self._busy = False
+        return reply
+
+    def _wait_unguarded(self, timeout: float, doing: str) -> tuple[Any, ...]:
+        if self._proc is None:
+            return ("fail", "crash", f"the worker was gone while {doing}")
+        try:
+            ready = self._recv.poll(timeout)
+            if ready:
+                return self._recv.recv()
+        except (EOFError, OSError):
+            ready = True
+        if not ready:
+            self._kill()
+            return ("fail", "timeout", f"no result within {timeout:g} s while {doing}; the worker was killed")
+        code = self._proc.wait()
+        self._proc = None
+        if code < 0:
+            how = f"was killed by {signal.Signals(-code).name}"
+            if code == -signal.SIGKILL:
+                how += " (by the system's out-of-memory killer, if nobody else sent it)"
+        else:
+            how = f"exited with code {code}"
+        return ("fail", "crash", f"the worker {how} while {doing}{self._log_tail()}")
+
+    def _kill(self) -> None:
+        if self._proc is None:
+            return
+        try:
+            os.killpg(self._proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._proc.wait()
+        self._proc = None
+
+    def _ensure(self) -> None:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = None
+            self.info = self._start()
+
+    def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
+        started = time.perf_counter()
+        timeout = self.timeout if timeout is None else timeout
+        self._ensure()
+        try:
+            self._send.send(("trial", config))
+        except (BrokenPipeError, OSError):
+            self._kill()
+            self._ensure()
+            self._send.send(("trial", config))
+        reply = self._wait(timeout, "running the trial")
+        if reply[0] == "fail":
+            self._kill()
+            return TrialResult(reply[1], reply[1], reply[2], {"trial_s": time.perf_counter() - started})
+        result: TrialResult = reply[1]
+        if result.status in _FAULTS_NEEDING_RESTART:
+            # CUDA errors are sticky and a failed compile can leave caches half-built.
+            self._kill()
+        result.metrics["wall_s"] = time.perf_counter() - started
+        return result
+
+    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
+        self._ensure()
+        self._send.send(("call", name, *args))
+        reply = self._wait(self.timeout * n_trials, f"running {name}")
+        if reply[0] == "fail" or "error" in reply[1]:
+            self._kill()
+            raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")
+        return reply[1]
+
+    def interrupt(self) -> None:
+        """Kill the worker from another thread; the thread waiting on it gets a ``crash`` reply.
+
+        Unlike :meth:`close` it leaves the process handle to the waiting thread, which reaps it.
+        """
+        proc = self._proc
+        if proc is not None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def close(self) -> None:
+        if self._proc is not None and not self._busy:
+            try:
+                self._send.send(("stop",))
+                self._proc.wait(timeout=10)
+            except Exception:
+                pass
+            self._kill()

@@ -1,0 +1,86 @@
+"""What runs inside a trial worker: set up once, then build, measure and guard configurations.
+
+The parent (:mod:`autotune.trial.runner`) starts ``python -m autotune.trial.worker READ_FD WRITE_FD``
+and talks to it over two pipes with pickled messages::
+
+    parent -> ("init", spec)            worker -> ("ready", info) | ("fail", kind, message)
+    parent -> ("trial", config_dict)    worker -> ("result", TrialResult)
+    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: rounds, held_out, export, diagnose)
+    parent -> ("stop",)
+
+The same context (:mod:`autotune.trial.inference`, :mod:`autotune.trial.training`) also runs in-process when ``isolation="inprocess"``.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from typing import Any
+
+import torch
+
+from autotune.errors import InputError
+from autotune.trial.faults import one_line
+
+__all__ = ["make_context", "serve"]
+
+
+def make_context(spec: Any) -> Any:
+    """The worker state for the spec's mode: :class:`autotune.trial.inference.TrialContext` or, in training mode,
+    :class:`autotune.trial.training.TrainContext`."""
+    if spec.mode == "train":
+        from autotune.trial.training import TrainContext
+
+        return TrainContext(spec)
+    from autotune.trial.inference import TrialContext
+
+    return TrialContext(spec)
+
+
+def serve(conn: Any) -> None:
+    """The worker's loop over one connection."""
+    import io
+    import pickle
+
+    message = conn.recv()
+    try:
+        spec = torch.load(io.BytesIO(message[1]), weights_only=False, pickle_module=pickle)
+        ctx = make_context(spec)
+    except InputError as exc:
+        conn.send(("fail", "input", str(exc)))
+        return
+    except Exception as exc:
+        conn.send(("fail", "error", f"{one_line(exc)}\n{traceback.format_exc()}"))
+        return
+    conn.send(("ready", ctx.info))
+    while True:
+        message = conn.recv()
+        if message[0] == "trial":
+            conn.send(("result", ctx.run_trial(message[1])))
+        elif message[0] == "call" and message[1] in ("rounds", "held_out", "export", "diagnose"):
+            try:
+                conn.send(("result", getattr(ctx, message[1])(*message[2:])))
+            except Exception as exc:
+                conn.send(("result", {"error": one_line(exc)}))
+        else:
+            return
+
+
+def main(argv: list[str]) -> None:
+    from multiprocessing.connection import Connection
+
+    read_fd, write_fd = int(argv[1]), int(argv[2])
+    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
+
+    class _Duplex:
+        recv = inbox.recv
+        send = outbox.send
+
+    try:
+        serve(_Duplex())
+    except EOFError:  # the parent went away
+        pass
+
+
+if __name__ == "__main__":
+    main(sys.argv)
