@@ -43,7 +43,7 @@ _LAZY = {
     "apply": "autotune.run.apply",
     "dataloader": "autotune.run.apply",
     "optimize": "autotune.run.optimize",
-    "plan": "autotune.run.optimize",
+    "plan": "autotune.run.plan",
     "training": "autotune.run.apply",
     "load_config": "autotune.run.cfg",
     "load": "autotune.deploy.load",
@@ -56,7 +56,8 @@ if TYPE_CHECKING:
     from autotune.deploy.verify import verify
     from autotune.run.apply import apply, dataloader, training
     from autotune.run.cfg import load_config
-    from autotune.run.optimize import optimize, plan
+    from autotune.run.optimize import optimize
+    from autotune.run.plan import plan
     from autotune.search.result import Result
 
 

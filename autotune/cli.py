@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import inspect
 import sys
 from typing import Any
 
@@ -93,19 +92,12 @@ def _parse_fix(items: list[str]) -> dict[str, Any]:
     return fixed
 
 
-def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
+def _options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
+    """cfg.py's definitions and the run's :class:`~autotune.run.options.Options`: cfg.py's, then the flags'."""
     from autotune.run.cfg import load_config
-    from autotune.run.optimize import optimize
+    from autotune.run.options import Options
 
     cfg = load_config(args.cfg)
-    options = dict(cfg.get("options", {}))
-    known = set(inspect.signature(optimize).parameters) - {"model", "dataset"}
-    for key in options:
-        if key not in known:
-            raise ConfigError(f"Unknown option {key!r} in {args.cfg}'s options. Known: {', '.join(sorted(known))}.")
-    for key in ("metric", "max_metric_drop", "space", "loss_fn", "train_dataset", "test_dataset", "mode", "optimizer"):
-        if key in cfg:
-            options[key] = cfg[key]
     flags = {
         "n_trials": args.trials,
         "timeout": args.timeout,
@@ -121,15 +113,11 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
         "heartbeat_interval_s": args.heartbeat,
         "grace_period_s": args.grace,
         "export": None if args.export is None else tuple(f.strip() for f in args.export.split(",") if f.strip()),
+        "resume": True if args.resume else None,
+        "join": True if args.join else None,
+        "fix": _parse_fix(args.fix) if args.fix else None,
     }
-    options.update({k: v for k, v in flags.items() if v is not None})
-    if args.resume:
-        options["resume"] = True
-    if args.join:
-        options["join"] = True
-    if args.fix:
-        options["fix"] = {**options.get("fix", {}), **_parse_fix(args.fix)}
-    return cfg, options
+    return cfg, Options.from_cfg(cfg, flags, where=args.cfg)
 
 
 def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
@@ -304,23 +292,12 @@ def _print_pareto(console: Any, result: Any) -> None:
 def _run(args: argparse.Namespace, console: Any) -> int:
     from rich.console import Console
 
-    from autotune.run.optimize import optimize, plan
+    from autotune.run.plan import plan
+    from autotune.run.stages import execute
 
     cfg, options = _options(args)
     if args.dry_run:
-        env, data, space = plan(
-            cfg["model"],
-            cfg["dataset"],
-            space=options.get("space", "default"),
-            fix=options.get("fix"),
-            device=options.get("device", "auto"),
-            baseline_batch_size=options.get("baseline_batch_size", 32),
-            objectives=options.get("objectives"),
-            loss_fn=options.get("loss_fn"),
-            mode=options.get("mode", "inference"),
-            effective_batch_size=options.get("effective_batch_size"),
-            allow_batch_change=options.get("allow_batch_change", False),
-        )
+        env, data, space = plan(cfg["model"], cfg["dataset"], **options.plan_args())
         _print_space(console, env, data, space)
         return 0
     import contextlib
@@ -328,14 +305,13 @@ def _run(args: argparse.Namespace, console: Any) -> int:
 
     from autotune.run.progress import make_progress
 
-    out = options.get("out_dir", "autotune-out")
+    out = options.out_dir
     # With --json, stdout carries the JSON alone: progress and messages go to stderr.
     shown = Console(stderr=True) if args.json else console
-    n_trials = options.get("n_trials", inspect.signature(optimize).parameters["n_trials"].default)
-    progress = make_progress(shown, timeout=options.get("timeout"), n_trials=n_trials, quiet=args.quiet)
+    progress = make_progress(shown, timeout=options.timeout, n_trials=options.n_trials, quiet=args.quiet)
     try:
         with progress if progress is not None else contextlib.nullcontext():
-            result = optimize(cfg["model"], cfg["dataset"], progress=progress, **options)
+            result = execute(cfg["model"], cfg["dataset"], options.replace(progress=progress))
     except KeyboardInterrupt:
         shown.print(f"Interrupted: every finished trial is saved in {out}/. Continue with --resume.")
         return 130

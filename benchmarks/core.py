@@ -131,7 +131,7 @@ def start_worker(
     """
     import autotune
     from autotune.data import validation_indices
-    from autotune.run.optimize import _DEFAULT_MEASURE
+    from autotune.run.options import DEFAULT_MEASURE as _DEFAULT_MEASURE
     from autotune.trial.measure import MeasureSettings
     from autotune.trial.runner import SubprocessRunner, pickle_spec
     from autotune.trial.spec import WorkerSpec

@@ -6,7 +6,7 @@ __all__, __getattr__, __dir__ = exports(
     __name__,
     {
         "optimize": "optimize",
-        "plan": "optimize",
+        "plan": "plan",
         "apply": "apply",
         "dataloader": "apply",
         "training": "apply",

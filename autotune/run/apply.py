@@ -57,7 +57,7 @@ def apply(
 
     from autotune.env import resolve_device
     from autotune.knobs.state import BuildExtras
-    from autotune.run.optimize import _check_model
+    from autotune.run.plan import _check_model
     from autotune.trial.build import apply_settings, build
 
     _check_model(model)
@@ -169,7 +169,7 @@ def training(
     import torch
 
     from autotune.env import resolve_device
-    from autotune.run.optimize import _check_model
+    from autotune.run.plan import _check_model
     from autotune.trial.build import apply_settings
     from autotune.trial.train_setup import optimizer_factory, prepare
 

@@ -1,0 +1,200 @@
+"""The options of one run: every keyword of :func:`autotune.optimize`, validated once, frozen.
+
+:func:`autotune.optimize` builds an :class:`Options` from its keywords; ``autotune run`` builds
+the same object from cfg.py and its flags (:meth:`Options.from_cfg`). Every stage of the run
+reads it, and no stage re-checks what it holds.
+
+Example:
+    >>> Options(n_trials=5).n_trials
+    5
+    >>> Options(max_metric_drop=1.5)
+    Traceback (most recent call last):
+    ...
+    autotune.errors.ConfigError: `max_metric_drop` must be in [0, 1], but got 1.5.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError
+
+__all__ = ["CFG_OPTIONS", "Options", "DEFAULT_MEASURE"]
+
+DEFAULT_MEASURE = {"n_windows": 5, "window_s": 0.4, "warmup_batches": 3}
+# What cfg.py may define at its top level besides model, dataset and options.
+CFG_OPTIONS = ("metric", "max_metric_drop", "space", "loss_fn", "train_dataset", "test_dataset", "mode", "optimizer")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"`{name}` must be a positive integer, but got {value!r}.")
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Options:
+    """Every option of a run; see :func:`autotune.optimize` for what each means."""
+
+    mode: str = "inference"
+    space: str | Path | Mapping[str, Any] = "default"
+    metric: Callable[[Any, Any], float] | None = None
+    max_metric_drop: float = 0.01
+    objectives: Sequence[str] | str | None = None
+    n_trials: int = 30
+    timeout: float | None = None
+    device: str = "auto"
+    out_dir: str | Path = "autotune-out"
+    storage: str | None = None
+    study_name: str | None = None
+    resume: bool = False
+    join: bool = False
+    devices: Sequence[int | str] | str | None = None
+    heartbeat_interval_s: int = 30
+    grace_period_s: int = 180
+    fix: Mapping[str, Any] | None = None
+    seed: int = 0
+    baseline_batch_size: int = 32
+    trial_timeout: float | None = None
+    isolation: str = "subprocess"
+    n_val: int = 512
+    measure: Mapping[str, Any] | None = None
+    n_verify_pairs: int = 5
+    n_finalists: int = 3
+    select: Any = None
+    loss_fn: Callable[[Any, Any], Any] | None = None
+    train_dataset: Any = None
+    prune_ignore: Sequence[str] = ()
+    test_dataset: Any = None
+    export: Sequence[str] | str | None = None
+    sampler: Any = None
+    optimizer: Any = None
+    effective_batch_size: int | None = None
+    allow_batch_change: bool = False
+    loss_tolerance: float = 0.05
+    n_train_steps: int = 20
+    progress: Callable[[dict[str, Any], int, int], None] | None = None
+    output_kind: Any = "auto"
+
+    def __post_init__(self) -> None:
+        self._check_numbers()
+        self._check_choices()
+        from autotune.search.select import check_select
+        from autotune.search.storage import check_heartbeat
+        from autotune.trial.fidelity import check_output_kind
+
+        check_select(self.select)
+        check_output_kind(self.output_kind)
+        check_heartbeat(self.heartbeat_interval_s, self.grace_period_s)
+        if self.train:
+            from autotune.trial.train_setup import check_training
+
+            check_training(
+                self.loss_fn,
+                self.optimizer,
+                self.test_dataset,
+                self.export,
+                self.loss_tolerance,
+                self.n_train_steps,
+                self.train_dataset,
+                self.effective_batch_size,
+                self.allow_batch_change,
+                self.baseline_batch_size,
+            )
+        object.__setattr__(self, "export", self._formats())
+        self.timing()  # a bad `measure` fails here, before anything runs
+
+    def _check_numbers(self) -> None:
+        _positive_int("n_trials", self.n_trials)
+        _positive_int("n_val", self.n_val)
+        _positive_int("baseline_batch_size", self.baseline_batch_size)
+        if self.timeout is not None and not _seconds(self.timeout):
+            raise ConfigError(f"`timeout` must be a positive number of seconds or None, but got {self.timeout!r}.")
+        if self.trial_timeout is not None and not _seconds(self.trial_timeout):
+            raise ConfigError(
+                f"`trial_timeout` must be a positive number of seconds, or None for the adaptive limit, but got "
+                f"{self.trial_timeout!r}."
+            )
+        drop = self.max_metric_drop
+        if not isinstance(drop, (int, float)) or isinstance(drop, bool) or not 0 <= drop <= 1:
+            raise ConfigError(f"`max_metric_drop` must be in [0, 1], but got {drop!r}.")
+
+    def _check_choices(self) -> None:
+        if self.isolation not in ("subprocess", "inprocess"):
+            raise ConfigError(f"`isolation` must be 'subprocess' or 'inprocess', but got {self.isolation!r}.")
+        if self.mode not in ("inference", "train"):
+            raise ConfigError(f"`mode` must be 'inference' or 'train', but got {self.mode!r}.")
+        if self.metric is not None and not callable(self.metric):
+            raise ConfigError(
+                f"`metric` must be a function metric(outputs, batch) -> float, but got {type(self.metric).__name__}."
+            )
+
+    def _formats(self) -> tuple[str, ...]:
+        export = self.export if self.export is not None else (() if self.train else ("onnx", "torchscript"))
+        formats = (export,) if isinstance(export, str) else tuple(export or ())
+        formats = tuple(f for f in formats if f != "none")
+        for fmt in formats:
+            if fmt not in ("onnx", "torchscript"):
+                raise ConfigError(f"No export format named {fmt!r}. Known: onnx, torchscript (or none).")
+        return formats
+
+    @property
+    def train(self) -> bool:
+        """Whether the run tunes the training step."""
+        return self.mode == "train"
+
+    def timing(self) -> Any:
+        """The :class:`~autotune.trial.measure.MeasureSettings` of every timed window."""
+        from autotune.trial.measure import MeasureSettings
+
+        try:
+            return MeasureSettings(**{**DEFAULT_MEASURE, **dict(self.measure or {})})
+        except TypeError as exc:
+            raise ConfigError(
+                f"`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu and n_remeasure: {exc}."
+            ) from None
+
+    def plan_args(self) -> dict[str, Any]:
+        """The keywords of :func:`autotune.plan` these options set."""
+        names = ("space", "fix", "device", "baseline_batch_size", "objectives", "loss_fn", "mode")
+        return {
+            **{n: getattr(self, n) for n in names},
+            "effective_batch_size": self.effective_batch_size,
+            "allow_batch_change": self.allow_batch_change,
+        }
+
+    def replace(self, **changes: Any) -> Options:
+        """A copy with ``changes``, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def names(cls) -> list[str]:
+        """Every option's name."""
+        return [f.name for f in dataclasses.fields(cls)]
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any], flags: Mapping[str, Any], where: str = "cfg.py") -> Options:
+        """The options of ``autotune run``: cfg.py's ``options`` dict, then its top-level
+        definitions (``metric``, ``space``, ...), then the command line's ``flags`` (those not
+        ``None``), each overriding the one before.
+
+        Raises:
+            ConfigError: an unknown key in ``options``, naming the known ones.
+        """
+        options = dict(cfg.get("options", {}))
+        known = set(cls.names())
+        for key in options:
+            if key not in known:
+                raise ConfigError(f"Unknown option {key!r} in {where}'s options. Known: {', '.join(sorted(known))}.")
+        options.update({k: cfg[k] for k in CFG_OPTIONS if k in cfg})
+        for key, value in flags.items():
+            if value is None:
+                continue
+            options[key] = {**(options.get("fix") or {}), **value} if key == "fix" else value
+        return cls(**options)

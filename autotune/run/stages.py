@@ -1,0 +1,359 @@
+"""One run of :func:`autotune.optimize`, as four stages over a :class:`Run`.
+
+- :func:`prepare`: check the inputs, resolve the search space, open the study, start the workers.
+- :func:`search`: the trials, until ``n_trials`` or ``timeout``.
+- :func:`finalize`: pick among the finalists, confirm the claim on fresh rounds, diagnose,
+  score the held-out set, export the winner.
+- :func:`write`: ``best_config.json``, ``trials.csv``, the Pareto front and the reports. An
+  interrupted run (Ctrl-C) goes through the same stage with what it has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import ConfigError, InputError, TrialError
+from autotune.run.options import Options
+
+__all__ = ["Run", "execute", "finalize", "prepare", "search", "write"]
+
+
+@dataclasses.dataclass
+class Run:
+    """What the stages pass on: the options, what :func:`prepare` set up and what the later
+    stages found. ``summary`` is the body of ``best_config.json`` as it grows."""
+
+    options: Options
+    out: Path
+    env: Any
+    space: Any
+    study: Any
+    runners: list[Any]
+    ids: list[str]
+    timing: Any
+    summary: dict[str, Any]
+    stop_reason: str | None = None
+    baseline: dict[str, Any] | None = None
+    best: dict[str, Any] | None = None
+    confirmed: Any = None
+    front: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    @property
+    def objectives(self) -> list[str]:
+        return list(self.space.objectives)
+
+    @property
+    def select(self) -> Any:
+        return self.options.select or self.space.select
+
+    def records(self) -> list[dict[str, Any]]:
+        from autotune.search.study import trial_record
+
+        return [trial_record(t) for t in self.study.get_trials(deepcopy=False)]
+
+    def write_trials(self) -> None:
+        from autotune.report.summary import write_trials_csv
+
+        write_trials_csv(self.out / "trials.csv", self.records())
+
+
+def check_out_dir(out_dir: Any) -> Path:
+    """The output directory, created; :class:`ConfigError` when it is a file or cannot be written."""
+    import os
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"The output directory {str(out)!r} is a file; give --out (out_dir) a directory path.")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(
+            f"Cannot create the output directory {str(out)!r} ({exc.strerror or exc}); give --out (out_dir) a "
+            "directory you can write to."
+        ) from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise ConfigError(
+            f"The output directory {str(out)!r} is not writable; give --out (out_dir) a directory you can write to."
+        )
+    return out
+
+
+def _check_like(info: Any, data: Any, name: str) -> None:
+    if info.shapes != data.shapes:
+        raise InputError(
+            f"`{name}` samples must look like the dataset's: got shapes {info.shapes}, expected {data.shapes}."
+        )
+
+
+def _check_space(opts: Options, space: Any, data: Any) -> Options:
+    """Checks that need the resolved space and the data; the options with what they settle."""
+    from autotune.data import describe
+    from autotune.search.select import check_select
+    from autotune.trial.train_setup import check_effective
+
+    if opts.train and "size" in space.objectives:
+        raise ConfigError(
+            "Training mode does not change the model's size: objectives may be throughput, latency, memory or metric."
+        )
+    if opts.train and "metric" in space.objectives and opts.metric is None:
+        raise ConfigError(
+            "The `metric` objective needs a `metric` function; without one, training mode judges the loss."
+        )
+    check_select(opts.select or space.select)
+    for name in ("test_dataset", "train_dataset"):
+        if getattr(opts, name) is not None:
+            _check_like(describe(getattr(opts, name)), data, name)
+    if not opts.train:
+        return opts
+    effective = check_effective(opts.effective_batch_size, opts.allow_batch_change, opts.baseline_batch_size, data)
+    return opts.replace(effective_batch_size=effective)
+
+
+def _worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, data: Any, timing: Any) -> Any:
+    from autotune.data import validation_indices
+    from autotune.trial.spec import WorkerSpec
+
+    n_val = opts.n_val
+    if opts.loss_fn is not None and opts.train_dataset is None and not opts.train:
+        # Fine-tuning trains on the samples the guard does not score: at most half are held out.
+        n_val = min(n_val, data.n_samples // 2)
+    return WorkerSpec(
+        model=model,
+        dataset=dataset,
+        metric=opts.metric,
+        device=env.device,
+        baseline=space.baseline,
+        val_indices=validation_indices(data.n_samples, n_val),
+        measure=timing,
+        seed=opts.seed,
+        loss_fn=opts.loss_fn,
+        train_dataset=opts.train_dataset,
+        prune_ignore=tuple(opts.prune_ignore),
+        test_dataset=opts.test_dataset,
+        max_metric_drop=opts.max_metric_drop,
+        mode=opts.mode,
+        optimizer=opts.optimizer,
+        effective_batch_size=opts.effective_batch_size,
+        n_train_steps=opts.n_train_steps,
+        loss_tolerance=opts.loss_tolerance,
+        output_kind=opts.output_kind,
+    )
+
+
+def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec: Any) -> dict[str, Any]:
+    """The parts of ``best_config.json`` known before the search."""
+    from autotune.search.storage import redact
+    from autotune.trial.train_setup import optimizer_name
+
+    if opts.metric is not None:
+        guard: dict[str, Any] = {"metric": "user", "max_metric_drop": opts.max_metric_drop}
+    elif opts.train:
+        guard = {"metric": "loss_curve", "loss_tolerance": opts.loss_tolerance}
+    else:
+        guard = {"metric": "fidelity", "max_metric_drop": opts.max_metric_drop}
+    if opts.loss_fn is not None and not opts.train:  # the split between what fine-tunes and what the guard scores
+        source = "train_dataset" if opts.train_dataset is not None else "dataset samples outside the validation subset"
+        guard.update(n_val=len(spec.val_indices), finetune_data=source)
+    study_info = {
+        "name": opts.study_name or "autotune",
+        "storage": redact(storage),
+        "optuna_study": study.study_name,
+        "hardware": env.hardware_key(),
+    }
+    summary = {
+        "env": env.manifest(),
+        "mode": opts.mode,
+        "guard": guard,
+        "objectives": list(space.objectives),
+        "study": study_info,
+        "space": space.values,
+    }
+    if opts.train:
+        summary["train"] = {
+            "effective_batch_size": opts.effective_batch_size,
+            "allow_batch_change": opts.allow_batch_change,
+            "optimizer": optimizer_name(opts.optimizer),
+            "n_train_steps": opts.n_train_steps,
+        }
+    return summary
+
+
+def prepare(model: Any, dataset: Any, opts: Options) -> Run:
+    """Check everything, resolve the space, open the study and start the workers."""
+    from autotune.run.plan import materialize, plan
+    from autotune.search.parallel import check_devices, start_runners, worker_ids
+    from autotune.search.study import FIRST_TRIAL_TIMEOUT_S, open_study
+
+    out = check_out_dir(opts.out_dir)
+    device, devices = check_devices(opts.device, opts.devices, opts.isolation)
+    opts = opts.replace(
+        device=device,
+        devices=devices,
+        train_dataset=None if opts.train_dataset is None else materialize(opts.train_dataset),
+        test_dataset=None if opts.test_dataset is None else materialize(opts.test_dataset),
+    )
+    dataset = materialize(dataset)
+    env, data, space = plan(model, dataset, **opts.plan_args())
+    opts = _check_space(opts, space, data)
+    storage = opts.storage or f"sqlite:///{out.resolve() / 'study.db'}"
+    ids = worker_ids(devices)
+    study = open_study(
+        storage,
+        opts.study_name or "autotune",
+        space.objectives,
+        opts.seed,
+        opts.resume,
+        opts.sampler,
+        hardware=env.hardware_key(),
+        env=env.manifest(),
+        join=opts.join,
+        worker=ids[0],
+        heartbeat_interval_s=opts.heartbeat_interval_s,
+        grace_period_s=opts.grace_period_s,
+    )
+    timing = opts.timing()
+    spec = _worker_spec(model, dataset, opts, env, space, data, timing)
+    summary = _summary(opts, env, space, study, storage, spec)
+    limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
+    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")
+    return Run(opts, out, env, space, study, runners, ids, timing, summary)
+
+
+def search(run: Run) -> None:
+    """Run the trials; every finished one is in the study and in trials.csv as it ends."""
+    from autotune.search.parallel import run_workers
+    from autotune.search.storage import owner_attrs
+
+    opts = run.options
+
+    def after_trial(record: dict[str, Any], n_done: int) -> None:
+        run.write_trials()
+        if opts.progress is not None:
+            opts.progress(record, n_done, opts.n_trials)
+
+    run.stop_reason = run_workers(
+        run.study,
+        run.runners,
+        run.space,
+        ids=run.ids,
+        seed=opts.seed,
+        sampler=opts.sampler,
+        n_trials=opts.n_trials,
+        timeout=opts.timeout,
+        max_metric_drop=opts.loss_tolerance if opts.train and opts.metric is None else opts.max_metric_drop,
+        objectives=run.objectives,
+        extra_attrs={"hardware": run.env.hardware_key(), **owner_attrs()},
+        on_trial=after_trial,
+        trial_timeout=opts.trial_timeout,
+    )
+
+
+def finalize(run: Run) -> None:
+    """Pick the winner on selection rounds, claim its speedup on fresh rounds, explain it,
+    score the held-out set and export the winner."""
+    import autotune.search.select as select
+    from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
+    from autotune.trial.diagnose import diagnose_run
+
+    opts, runner = run.options, run.runners[0]  # the first device's worker confirms and exports
+    run.baseline, run.best = baseline_and_best(run.study, run.objectives, run.select)
+    records = run.records()
+    run.front = write_pareto(run.out, records, run.objectives) if len(run.objectives) > 1 else []
+    finalists = select.finalists(records, run.objectives, run.baseline["key"], opts.n_finalists, run.select)
+    if finalists:
+        speed_only = run.objectives == ["throughput"]
+        # With a timeout the search ended on time; the rounds after it take a bounded share.
+        budget_s = None if opts.timeout is None else max(20.0, min(90.0, opts.timeout / 4))
+        run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
+            runner,
+            run.baseline,
+            finalists,
+            opts.n_verify_pairs,
+            speed_only,
+            run.timing,
+            diagnose=not opts.train,
+            budget_s=budget_s,
+        )
+    # Why it won: the loader and the model timed apart, in the confirmation rounds.
+    run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
+    if opts.test_dataset is not None:
+        try:
+            held = runner.call("held_out", run.baseline["config"], run.best["config"], n_trials=2)
+        except TrialError as exc:  # the search's result stands without it
+            held = {"error": str(exc)}
+        run.summary["held_out"] = held
+    run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+
+
+def export_winner(runner: Any, best: dict[str, Any], out: Path, formats: tuple[str, ...], env: Any) -> dict[str, Any]:
+    """Export the winner in the worker; a failure is recorded per format, never raised."""
+    if not formats:
+        return {}
+    try:
+        artifacts = runner.call("export", best["config"], str(out.resolve()), list(formats), n_trials=2)["artifacts"]
+    except TrialError as exc:
+        return {fmt: {"status": "failed", "error": str(exc)} for fmt in formats}
+    config = best["config"]
+    ort = config["runtime"] == "onnxruntime"
+    default_provider = "CUDAExecutionProvider" if env.is_cuda else "CPUExecutionProvider"
+    for fmt, artifact in artifacts.items():
+        artifact["batch_size"] = config["batch_size"]
+        if fmt == "onnx":
+            artifact["ort"] = {
+                "provider": config["ort_provider"] if ort else default_provider,
+                "graph_optimization": config["ort_graph_optimization"] if ort else "all",
+                "intra_op_threads": config["num_threads"] or 0,
+            }
+    return artifacts
+
+
+def write(run: Run, *, interrupted: bool = False) -> Any:
+    """Write the run's files and return its :class:`~autotune.search.result.Result`.
+
+    An interrupted run writes what it has: the best trial so far against the baseline,
+    unconfirmed; with no finished baseline there is nothing to write and it returns ``None``.
+    """
+    from autotune.report.html import write_reports_safely
+    from autotune.search.parallel import write_hardware_groups
+    from autotune.search.result import baseline_and_best, write_best
+
+    if interrupted:
+        picked = baseline_and_best(run.study, run.objectives, run.select, required=False)
+        if picked is None:
+            return None
+        # Keep what was found so far; the ratio then comes from the two trials, unverified.
+        return write_best(
+            run.out, run.summary, *picked, confirmed=None, stop_reason="interrupted", study=run.study, interrupted=True
+        )
+    result = write_best(
+        run.out,
+        run.summary,
+        run.baseline,
+        run.best,
+        confirmed=run.confirmed,
+        stop_reason=run.stop_reason,
+        study=run.study,
+    )
+    result.pareto = run.front
+    write_hardware_groups(run.out, run.study, run.summary, run.objectives, run.select)  # by_hardware/ of a mixed study
+    write_reports_safely(run.out, run.study)  # report.html and report.md; a failure there only warns
+    return result
+
+
+def execute(model: Any, dataset: Any, opts: Options) -> Any:
+    """The stages in order; Ctrl-C writes what was found and re-raises; the workers always stop."""
+    from autotune.search.parallel import close_runners
+
+    run = prepare(model, dataset, opts)
+    try:
+        search(run)
+        finalize(run)
+    except KeyboardInterrupt:
+        write(run, interrupted=True)
+        raise
+    finally:
+        close_runners(run.runners)
+        run.write_trials()
+    return write(run)
