@@ -207,6 +207,13 @@ def test_every_knob_has_a_reference_entry_with_its_values():
     assert not extra, f"docs/knobs/ documents knobs that do not exist: {', '.join(extra)}"
 
 
+def test_the_knob_index_has_a_row_for_every_knob():
+    from autotune.knobs import REGISTRY
+
+    rows = re.findall(r"^\| `(\w+)` \|", (DOCS / "knobs" / "README.md").read_text(), re.M)
+    assert sorted(rows) == sorted(REGISTRY), f"docs/knobs/README.md rows {rows} != knobs {list(REGISTRY)}"
+
+
 # --- the index and the links -------------------------------------------------------------------
 
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")

@@ -1,39 +1,24 @@
-"""Knobs: one file per family, each registering itself in :data:`REGISTRY`.
+"""Knobs: one module per family, each registering its knobs in :data:`REGISTRY`.
 
-:data:`REGISTRY` is ordered as the pipeline reads: batch, loader, precision, layout,
-compilation, runtime settings. A knob that depends on another (``prefetch_factor`` on
-``num_workers``) comes after it, since configurations are suggested in this order.
+Every module of this package is imported here, so a new knob is one new file (a :class:`Knob`
+subclass decorated with :func:`register`); no list names it. :data:`REGISTRY` is ordered by each
+knob's declared ``order``, as the pipeline reads: batch, loader, compression, runtime,
+precision, layout, compilation, runtime settings. A knob that depends on another
+(``prefetch_factor`` on ``num_workers``) comes after it, since configurations are suggested in
+this order.
 """
 
-from . import backend, batch, compiler, compress, layout, loader, precision, runtime, train  # noqa: F401  (registers the knobs)
-from .base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
+import importlib
+import pkgutil
 
-_ORDER = (
-    "batch_size",
-    "num_workers",
-    "prefetch_factor",
-    "persistent_workers",
-    "pin_memory",
-    "prune_ratio",
-    "prune_method",
-    "finetune_steps",
-    "runtime",
-    "quantization",
-    "amp_dtype",
-    "channels_last",
-    "compile_mode",
-    "ort_provider",
-    "ort_precision",
-    "ort_graph_optimization",
-    "ort_io_binding",
-    "num_threads",
-    "cudnn_benchmark",
-    "tf32",
-    "optimizer_impl",
-)
-_registered = dict(REGISTRY)
+from autotune.knobs.base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
+
+_NOT_KNOBS = {"base", "state"}
+for _module in pkgutil.iter_modules(__path__):
+    if _module.name not in _NOT_KNOBS:
+        importlib.import_module(f"{__name__}.{_module.name}")
+_registered = sorted(REGISTRY.values(), key=lambda k: (k.order, k.name))
 REGISTRY.clear()
-REGISTRY.update({name: _registered.pop(name) for name in _ORDER})
-REGISTRY.update(_registered)  # knobs added later keep their import order, after these
+REGISTRY.update({k.name: k for k in _registered})
 
 __all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "get_knob", "register"]

@@ -37,6 +37,7 @@ def _ort_providers() -> list[str]:
 @register
 class Runtime(Knob):
     name = "runtime"
+    order = 40
     modes = ("inference",)
     stage = Stage.COMPILE
     choices = ("torch", "torchscript", "onnxruntime")
@@ -122,6 +123,7 @@ class _OrtKnob(Knob):
 @register
 class OrtProvider(_OrtKnob):
     name = "ort_provider"
+    order = 70
     choices = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
     default = "CPUExecutionProvider"
     help = "ONNX Runtime execution provider, from those installed and usable on this device."
@@ -140,6 +142,7 @@ class OrtProvider(_OrtKnob):
 @register
 class OrtPrecision(_OrtKnob):
     name = "ort_precision"
+    order = 71
     choices = ("fp32", "fp16", "int8_dynamic", "int8_static")
     default = "fp32"
     help = "The ONNX graph's precision: float32, float16 (CUDA), or INT8 by onnxruntime.quantization (dynamic for MatMul-heavy models, static QDQ calibrated on dataset batches for convolutional ones)."
@@ -153,6 +156,7 @@ class OrtPrecision(_OrtKnob):
 @register
 class OrtGraphOptimization(_OrtKnob):
     name = "ort_graph_optimization"
+    order = 72
     choices = ("basic", "extended", "all")
     default = "all"
     help = "ONNX Runtime's graph optimization level (constant folding, node fusions, layout changes)."
@@ -161,6 +165,7 @@ class OrtGraphOptimization(_OrtKnob):
 @register
 class OrtIoBinding(_OrtKnob):
     name = "ort_io_binding"
+    order = 73
     choices = (False, True)
     default = False
     help = "Bind CUDA tensors to ONNX Runtime directly, without copies through host memory. CUDA only."

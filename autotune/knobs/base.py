@@ -59,14 +59,22 @@ class Offer:
 class Knob:
     """Base class of every knob.
 
-    Subclasses set ``name``, ``stage``, ``choices`` (every value the knob knows, in a sensible
-    order), ``default``, ``help`` and, for a knob of one mode only, ``modes``, and implement :meth:`apply`. They override
-    :meth:`offer` to leave out values the Env cannot run, and :meth:`applies` when the knob only
-    matters given other knobs' values.
+    Subclasses set ``name``, ``stage``, ``order``, ``choices`` (every value the knob knows, in a
+    sensible order), ``default``, ``help`` and, for a knob of one mode only, ``modes``, and
+    implement :meth:`apply`. They override :meth:`offer` to leave out values the Env cannot run,
+    :meth:`applies` when the knob only matters given other knobs' values, and :meth:`activate`
+    when the knob is a process-wide setting (``Stage.RUNTIME``) that must be on while the model runs.
+
+    A knob lives in its own module of :mod:`autotune.knobs` (or beside its family) and is found
+    there: nothing else in autotune names it.
     """
 
     name: ClassVar[str]
     stage: ClassVar[Stage]
+    # Where the knob sits among all knobs: the order configurations are suggested in (a knob
+    # that depends on another, prefetch_factor on num_workers, comes after it) and, within its
+    # stage, the order the build applies it in.
+    order: ClassVar[int] = 1000
     choices: ClassVar[tuple[Any, ...]]
     default: ClassVar[Any]
     help: ClassVar[str] = ""
@@ -108,6 +116,11 @@ class Knob:
     def apply(self, state: BuildState, value: Any) -> None:
         """Change ``state`` so that the built pipeline has this knob at ``value``."""
         raise NotImplementedError
+
+    def activate(self, value: Any) -> None:
+        """Turn on the process-wide setting this knob stands for (a ``Stage.RUNTIME`` knob whose
+        :meth:`apply` records ``state.settings[name] = value``). It runs inside a block that
+        restores every process-wide setting afterwards (:func:`autotune.trial.build.settings_active`)."""
 
 
 REGISTRY: dict[str, Knob] = {}

@@ -12,6 +12,7 @@ _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 @register
 class CompileMode(Knob):
     name = "compile_mode"
+    order = 60
     stage = Stage.COMPILE
     choices = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
     default = "none"

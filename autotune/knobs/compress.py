@@ -25,6 +25,7 @@ def _extras(state: Any, knob: str) -> Any:
 @register
 class PruneRatio(Knob):
     name = "prune_ratio"
+    order = 30
     modes = ("inference",)
     stage = Stage.STRUCTURE
     choices = (0.0, 0.1, 0.2, 0.3, 0.5, 0.7)
@@ -43,6 +44,7 @@ class PruneRatio(Knob):
 @register
 class PruneMethod(Knob):
     name = "prune_method"
+    order = 31
     modes = ("inference",)
     stage = Stage.STRUCTURE
     choices = ("structured", "unstructured", "semi_structured_2_4")
@@ -90,6 +92,7 @@ class PruneMethod(Knob):
 @register
 class FinetuneSteps(Knob):
     name = "finetune_steps"
+    order = 32
     modes = ("inference",)
     stage = Stage.STRUCTURE
     choices = (0, 50, 200, 500)
@@ -122,6 +125,7 @@ class FinetuneSteps(Knob):
 @register
 class Quantization(Knob):
     name = "quantization"
+    order = 41
     modes = ("inference",)
     stage = Stage.WEIGHTS
     choices = ("none", "int8_dynamic", "int8_weight_only", "int8_static")

@@ -10,6 +10,7 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 @register
 class ChannelsLast(Knob):
     name = "channels_last"
+    order = 51
     stage = Stage.WEIGHTS
     choices = (False, True)
     default = False

@@ -11,6 +11,7 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 @register
 class NumWorkers(Knob):
     name = "num_workers"
+    order = 20
     stage = Stage.LOADER
     choices = (0, 1, 2, 3, 4, 6, 8, 12, 16)
     default = 0
@@ -34,6 +35,7 @@ class _NeedsWorkers(Knob):
 @register
 class PrefetchFactor(_NeedsWorkers):
     name = "prefetch_factor"
+    order = 21
     stage = Stage.LOADER
     choices = (2, 4, 8)
     default = 2
@@ -47,6 +49,7 @@ class PrefetchFactor(_NeedsWorkers):
 @register
 class PersistentWorkers(_NeedsWorkers):
     name = "persistent_workers"
+    order = 22
     stage = Stage.LOADER
     choices = (False, True)
     default = False
@@ -60,6 +63,7 @@ class PersistentWorkers(_NeedsWorkers):
 @register
 class PinMemory(Knob):
     name = "pin_memory"
+    order = 23
     stage = Stage.LOADER
     choices = (False, True)
     default = False

@@ -10,6 +10,7 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 @register
 class AmpDtype(Knob):
     name = "amp_dtype"
+    order = 50
     stage = Stage.WEIGHTS
     choices = ("float32", "bfloat16", "float16")
     default = "float32"

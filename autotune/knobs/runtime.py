@@ -10,6 +10,7 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 @register
 class NumThreads(Knob):
     name = "num_threads"
+    order = 80
     stage = Stage.RUNTIME
     choices = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
     default = None
@@ -41,6 +42,12 @@ class NumThreads(Knob):
         if value is not None:
             state.settings["num_threads"] = value
 
+    def activate(self, value: int | None) -> None:
+        import torch
+
+        if value:
+            torch.set_num_threads(value)
+
 
 class _CudaOnly(Knob):
     choices = (False, True)
@@ -55,16 +62,23 @@ class _CudaOnly(Knob):
 @register
 class CudnnBenchmark(_CudaOnly):
     name = "cudnn_benchmark"
+    order = 81
     stage = Stage.RUNTIME
     help = "Let cuDNN time its convolution algorithms for each shape and keep the fastest. CUDA only."
 
     def apply(self, state: Any, value: bool) -> None:
         state.settings["cudnn_benchmark"] = value
 
+    def activate(self, value: bool) -> None:
+        import torch
+
+        torch.backends.cudnn.benchmark = value
+
 
 @register
 class Tf32(_CudaOnly):
     name = "tf32"
+    order = 82
     stage = Stage.RUNTIME
     help = (
         "TF32 tensor-core math for float32 matmuls and convolutions (set_float32_matmul_precision('high')). CUDA sm80+."
@@ -80,3 +94,12 @@ class Tf32(_CudaOnly):
 
     def apply(self, state: Any, value: bool) -> None:
         state.settings["tf32"] = value
+
+    def activate(self, value: bool) -> None:
+        # False leaves PyTorch's defaults alone (float32 matmuls in full precision, cuDNN
+        # convolutions allowed TF32, as stock PyTorch has them): the baseline is stock PyTorch.
+        import torch
+
+        if value:
+            torch.set_float32_matmul_precision("high")
+            torch.backends.cudnn.allow_tf32 = True

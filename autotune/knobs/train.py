@@ -16,6 +16,7 @@ from autotune.knobs.base import Knob, Stage, register
 @register
 class OptimizerImpl(Knob):
     name = "optimizer_impl"
+    order = 90
     stage = Stage.RUNTIME
     modes = ("train",)
     choices = ("default", "foreach", "fused")

@@ -39,7 +39,7 @@ def build(
     model = copy.deepcopy(model) if copy_model else model
     model = model.to(device).eval()
     state = BuildState(model=model, device=device, extras=extras, config=config)
-    knobs = sorted(REGISTRY.values(), key=lambda k: k.stage)
+    knobs = sorted(REGISTRY.values(), key=lambda k: (k.stage, k.order))
     stage = Stage.STRUCTURE
     for knob in knobs:
         if stage == Stage.STRUCTURE and knob.stage > Stage.STRUCTURE:
@@ -73,19 +73,10 @@ def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False) -> 
 
 
 def apply_settings(settings: dict[str, Any]) -> None:
-    """Set the process-wide settings a configuration chose, on top of PyTorch's defaults.
-
-    ``tf32=False`` leaves PyTorch's defaults alone (float32 matmuls in full precision, cuDNN
-    convolutions allowed TF32, as stock PyTorch has them): the baseline is never slower than
-    stock PyTorch. ``tf32=True`` turns TF32 on for matmuls and convolutions.
-    """
-    if settings.get("num_threads"):
-        torch.set_num_threads(settings["num_threads"])
-    if "cudnn_benchmark" in settings:
-        torch.backends.cudnn.benchmark = settings["cudnn_benchmark"]
-    if settings.get("tf32"):
-        torch.set_float32_matmul_precision("high")
-        torch.backends.cudnn.allow_tf32 = True
+    """Turn on the process-wide settings a configuration chose (``{knob name: value}``, as the
+    RUNTIME knobs record them), each by the knob that owns it (:meth:`Knob.activate`)."""
+    for name, value in settings.items():
+        REGISTRY[name].activate(value)
 
 
 @contextlib.contextmanager
