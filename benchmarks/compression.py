@@ -59,8 +59,8 @@ def context(cfg: dict[str, Any], measure: dict[str, Any]) -> tuple[Any, dict[str
     """The tuner's trial harness for one workload, and its baseline config (``shrink`` preset)."""
     import autotune
     from autotune.data import validation_indices
-    from autotune.trial.measure import MeasureSettings
     from autotune.trial.inference import TrialContext
+    from autotune.trial.measure import MeasureSettings
     from autotune.trial.spec import WorkerSpec
 
     model, dataset, loss_fn = cfg["model"], cfg["dataset"], cfg.get("loss_fn")

@@ -93,6 +93,7 @@ def replay(results: dict[str, dict], search_space: Any, sampler: Any, max_drop: 
     from autotune.config import Config
     from autotune.search.space import first_params
     from autotune.search.study import _MAX_REPEATS, _suggest, _tell
+    from autotune.trial.spec import TrialResult
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize", sampler=sampler)
@@ -106,7 +107,9 @@ def replay(results: dict[str, dict], search_space: Any, sampler: Any, max_drop: 
         key = Config(_suggest(trial, search_space)).key()
         repeats = repeats + 1 if key in seen else 0
         seen.add(key)
-        told = _tell(study, trial, dict(results[key]), ["throughput"], max_drop)  # marks a large drop infeasible
+        told = _tell(
+            study, trial, TrialResult.from_attrs(results[key]), ["throughput"], max_drop
+        )  # a large drop: infeasible
         if told.user_attrs["status"] == "ok":
             best = max(best, told.user_attrs["samples_per_s"])
         reached.update({f: len(seen) for f in FRACTIONS if f not in reached and best >= f * optimum})

@@ -35,3 +35,69 @@ def test_presets_are_found_from_any_directory(tmp_path):
     code = "from autotune.search.space import list_presets; print(sorted(list_presets()))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=tmp_path).stdout
     assert "'default'" in out and "'quick'" in out
+
+
+# --- the layout (docs/architecture.md) ------------------------------------------------------------
+
+
+def _import_graph() -> tuple[dict[str, set[str]], list[tuple[int, str]]]:
+    """Every module of the package and the modules it imports (at the top and inside functions,
+    as the AST has them), and the body length of every function."""
+    import ast
+    from pathlib import Path
+
+    root = Path(autotune.__file__).parent
+    modules = {}
+    for path in root.rglob("*.py"):
+        name = ".".join(("autotune", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__")
+        modules[name] = path
+    graph, lengths = {}, []
+    for name, path in modules.items():
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("autotune"):
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    deps.add(full if full in modules else node.module)
+            elif isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names if a.name in modules)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                body = node.body[1:] if ast.get_docstring(node) and len(node.body) > 1 else node.body
+                lengths.append((node.end_lineno - body[0].lineno + 1, f"{name}.{node.name}"))
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph, lengths
+
+
+def test_a_dozen_modules_at_the_top_and_no_import_circle():
+    graph, _ = _import_graph()
+    top = [
+        m
+        for m in graph
+        if m.count(".") == 1
+        and m.split(".")[1]
+        not in {"compress", "deploy", "doctor", "export", "knobs", "report", "run", "search", "trial"}
+    ]
+    assert len(top) <= 12, sorted(top)
+    # Depth-first search for a cycle, imports inside functions included.
+    state: dict[str, int] = {}
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                return [*path, module, dep]
+            if dep not in state and (cycle := visit(dep, [*path, module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [])
+            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
+
+
+def test_no_function_longer_than_80_lines():
+    _, lengths = _import_graph()
+    long = sorted(((n, f) for n, f in lengths if n > 80), reverse=True)
+    assert not long, long

@@ -20,7 +20,6 @@ __all__, __getattr__, __dir__ = exports(
         "MeasureSettings": "measure",
         "collect_outputs": "guard",
         "make_reference": "guard",
-        "fidelity": "fidelity",
         "evaluate": "fidelity",
         "classify": "faults",
         "diagnose_state": "diagnose",

@@ -71,7 +71,7 @@ def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_pa
 
 
 def test_int8_winner_onnx_is_the_pruned_float_model_quantized_by_onnxruntime(tmp_path):
-    from tests.test_quantize import MLP
+    from tests.compress.test_quantize import MLP
 
     data = [(torch.randn(256), torch.tensor(i % 10)) for i in range(256)]
     result = autotune.optimize(

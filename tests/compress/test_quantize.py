@@ -14,7 +14,7 @@ from autotune.errors import ConfigError, TrialError
 
 
 class MLP(nn.Module):
-    """Linear 256-512-512-10 (also used by tests/test_compression.py)."""
+    """Linear 256-512-512-10 (also used by tests/compress/test_compression.py)."""
 
     def __init__(self) -> None:
         super().__init__()

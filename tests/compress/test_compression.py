@@ -43,7 +43,7 @@ def test_destructive_prune_is_infeasible_and_never_selected(tmp_path, digits):
 
 
 def test_quantized_trial_is_smaller_and_guarded(tmp_path):
-    from tests.test_quantize import MLP  # Linear 256-512-512-10
+    from tests.compress.test_quantize import MLP  # Linear 256-512-512-10
 
     data = [(torch.randn(256), torch.tensor(i % 10)) for i in range(512)]
     result = autotune.optimize(

@@ -31,7 +31,7 @@ def _chromium() -> str:
 
 
 def _artifacts() -> Path:
-    where = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).parent / "artifacts")
+    where = Path(os.environ.get("AUTOTUNE_TEST_ARTIFACTS") or Path(__file__).parents[1] / "artifacts")
     where.mkdir(parents=True, exist_ok=True)
     return where
 

@@ -1,0 +1,55 @@
+"""Options: every keyword of optimize(), validated once; the CLI builds the same object."""
+
+import inspect
+
+import pytest
+
+import autotune
+from autotune.run.options import Options
+
+
+def test_optimize_takes_exactly_the_options():
+    params = list(inspect.signature(autotune.optimize).parameters)
+    assert params[:2] == ["model", "dataset"]
+    assert params[2:] == Options.names()
+    defaults = {
+        n: p.default for n, p in inspect.signature(autotune.optimize).parameters.items() if n in Options.names()
+    }
+    assert defaults == {n: getattr(Options(), n) for n in Options.names() if n != "export"} | {"export": None}
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"n_trials": 0}, "`n_trials` must be a positive integer"),
+        ({"max_metric_drop": 1.5}, "`max_metric_drop` must be in \\[0, 1\\]"),
+        ({"export": ["pickle"]}, "No export format named 'pickle'"),
+        ({"measure": {"n_window": 3}}, "`measure` takes n_windows"),
+        ({"mode": "serve"}, "`mode` must be 'inference' or 'train'"),
+    ],
+)
+def test_bad_options_fail_once_with_what_to_fix(changes, message):
+    with pytest.raises(autotune.ConfigError, match=message):
+        Options(**changes)
+
+
+def test_options_are_frozen_and_replace_validates_again():
+    opts = Options(n_trials=3)
+    with pytest.raises(AttributeError):
+        opts.n_trials = 4
+    assert opts.replace(n_trials=4).n_trials == 4
+    with pytest.raises(autotune.ConfigError):
+        opts.replace(n_trials=-1)
+
+
+def test_cfg_then_flags_override_in_order():
+    cfg = {
+        "model": None,
+        "dataset": None,
+        "options": {"n_trials": 5, "fix": {"amp_dtype": "float32"}},
+        "space": "quick",
+    }
+    opts = Options.from_cfg(cfg, {"n_trials": 9, "space": None, "fix": {"num_threads": 1}})
+    assert opts.n_trials == 9 and opts.space == "quick" and opts.fix == {"amp_dtype": "float32", "num_threads": 1}
+    with pytest.raises(autotune.ConfigError, match="Unknown option 'n_trial' in cfg.py's options. Known: "):
+        Options.from_cfg({"options": {"n_trial": 5}}, {})
