@@ -185,6 +185,12 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
         "objectives": list(space.objectives),
         "study": study_info,
         "space": space.values,
+        # How samples were batched: what the exported predictor's predict() needs to do the same.
+        "data": {
+            "collate": "user" if opts.collate_fn is not None else "pad" if spec.collate_fn is not None else "default",
+            "pad_values": dict(opts.pad_values or {}),
+            "sequence": spec.sequence,
+        },
     }
     if opts.train:
         summary["train"] = {

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore
+from autotune.batching import lengths_of
 from autotune.config import Config
 from autotune.data import call_model, to_device
 from autotune.errors import InputError
@@ -21,7 +22,7 @@ from autotune.trial.build import build
 from autotune.trial.context import Context
 from autotune.trial.faults import one_line
 from autotune.trial.fidelity import attention_mask
-from autotune.trial.guard import Reference, check_finite, collect_outputs, evaluate, make_reference
+from autotune.trial.guard import Reference, check_finite, collect_outputs, evaluate, make_reference, per_sample
 from autotune.trial.measure import MeasureSettings, measure, memory_mark, noise_reason, size_bytes
 from autotune.trial.spec import WorkerSpec
 
@@ -183,6 +184,7 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "mask": self.reference.mask,
             "metric_chunk": self.reference.chunk,
+            "batching": state.batching() if per_sample(state) else None,
         }
         size, out = state.batch_size, Path(out_dir)
         by_format = {}
@@ -233,6 +235,12 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "max_metric_drop": self.spec.max_metric_drop,
         }
+        if per_sample(state):
+            # Token sequences: the batches as the winner makes them, so verify runs the artifact on
+            # the lengths it was checked on and compares sample by sample.
+            batching = state.batching(lengths_of(self.samples))
+            parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
+            parity["mask"] = self.reference.mask
         torch.save(parity, out / "parity.pt")
         return {"artifacts": artifacts}
 
