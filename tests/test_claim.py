@@ -11,9 +11,9 @@ from autotune._pristine import restore, snapshot
 from autotune.config import Config
 from autotune.search.claims import MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
 from autotune.search.result import _claim_fields, claim_speedup
+from autotune.trial.inference import TrialContext
 from autotune.trial.measure import MeasureSettings
 from autotune.trial.runner import InProcessRunner
-from autotune.trial.inference import TrialContext
 from autotune.trial.spec import WorkerSpec
 from tests.models import MLP, StateProbe, classification_data
 
