@@ -32,6 +32,7 @@ __all__ = [
     "load_config",
     "optimize",
     "plan",
+    "predict",
     "training",
     "verify",
     "__version__",
@@ -44,6 +45,7 @@ _LAZY = {
     "dataloader": "autotune.run.apply",
     "optimize": "autotune.run.optimize",
     "plan": "autotune.run.plan",
+    "predict": "autotune.run.apply",
     "training": "autotune.run.apply",
     "load_config": "autotune.run.cfg",
     "load": "autotune.deploy.load",
@@ -54,7 +56,7 @@ if TYPE_CHECKING:
     from autotune.config import Config
     from autotune.deploy.load import load
     from autotune.deploy.verify import verify
-    from autotune.run.apply import apply, dataloader, training
+    from autotune.run.apply import apply, dataloader, predict, training
     from autotune.run.cfg import load_config
     from autotune.run.optimize import optimize
     from autotune.run.plan import plan

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import numbers
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import InputError
@@ -30,6 +30,10 @@ __all__ = [
     "call_model",
     "concat_outputs",
     "outputs_to_cpu",
+    "SequenceInfo",
+    "sample_inputs",
+    "sequence_info",
+    "token_length",
 ]
 
 TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})
@@ -47,6 +51,11 @@ class DataInfo:
         sample_bytes: Bytes of one sample's tensors.
         image_input: The model input is an image (3-D per sample, 4-D per batch), so
             ``channels_last`` applies.
+        sequence: For token sequences (dicts of 1-D integer tensors), their lengths and padding
+            (:class:`autotune.batching.SequenceInfo`); ``None`` otherwise. A length that varies
+            between samples is ``-1`` in ``shapes``.
+        collate: ``"default"`` (``default_collate``), ``"pad"`` (padded to each batch's longest,
+            :func:`autotune.batching.pad_collate`) or ``"user"`` (the given ``collate_fn``).
     """
 
     n_samples: int
@@ -54,6 +63,8 @@ class DataInfo:
     shapes: dict[str, tuple[int, ...]]
     sample_bytes: int
     image_input: bool
+    sequence: Any = None
+    collate: str = "default"
 
 
 def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
@@ -113,12 +124,16 @@ def _check_structure(sample: Any) -> str:
     raise InputError(f"Unsupported sample type {type(sample).__name__}.")
 
 
-def describe(dataset: Any) -> DataInfo:
+def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None) -> DataInfo:
     """Check that ``dataset`` can be batched and describe it.
+
+    Samples must share one shape, except token sequences of different lengths, which a
+    ``collate_fn`` batches, or an automatic padding collate when the samples carry an
+    ``attention_mask`` or ``pad_values`` says what pads each sequence.
 
     Raises:
         InputError: the dataset is not map-style, is empty, has samples of an unsupported type
-            or of inconsistent shapes.
+            or of inconsistent shapes that nothing can batch.
 
     Example:
         >>> import torch
@@ -146,23 +161,9 @@ def describe(dataset: Any) -> DataInfo:
     first = get(0)
     kind = _check_structure(first)
     leaves = _leaves(first)
-    shapes = {path: _shape(value) for path, value in leaves}
     step = max(1, n // _N_SHAPE_CHECKS)
-    for i in sorted(set(range(step, n, step)) | {n - 1}):
-        other = _leaves(get(i))
-        other_shapes = {path: _shape(value) for path, value in other}
-        if other_shapes.keys() != shapes.keys():
-            raise InputError(
-                f"Samples differ in structure: sample 0 has {sorted(shapes)}, sample {i} has "
-                f"{sorted(other_shapes)}. Every sample must have the same fields."
-            )
-        for path, shape in shapes.items():
-            if other_shapes[path] != shape:
-                raise InputError(
-                    f"Samples have inconsistent shapes: sample 0 has {path} of shape {list(shape)}, "
-                    f"sample {i} has {list(other_shapes[path])}. Every sample must have the same "
-                    "shape to be batched: pad or resize them in the dataset."
-                )
+    looked = [first] + [get(i) for i in sorted(set(range(step, n, step)) | {n - 1}) if i]
+    shapes, sequence = _common_shapes(looked, collate_fn, pad_values)
     image_input = False
     if kind == "tensor":
         image_input = len(_shape(first)) == 3
@@ -175,7 +176,45 @@ def describe(dataset: Any) -> DataInfo:
         shapes=shapes,
         sample_bytes=sum(_nbytes(v) for _, v in leaves),
         image_input=image_input,
+        sequence=sequence,
+        collate="user" if collate_fn is not None else "pad" if sequence is not None and sequence.varying else "default",
     )
+
+
+def _common_shapes(
+    samples: list[Any], collate_fn: Any, pad_values: Mapping[str, int] | None
+) -> tuple[dict[str, tuple[int, ...]], Any]:
+    """The shape of every leaf, ``-1`` where a token sequence's length varies, and the samples'
+    :class:`~autotune.batching.SequenceInfo`; :class:`InputError` when nothing can batch them."""
+
+    shapes = {path: _shape(value) for path, value in _leaves(samples[0])}
+    varying: set[str] = set()
+    for i, sample in enumerate(samples[1:], 1):
+        other = {path: _shape(value) for path, value in _leaves(sample)}
+        if other.keys() != shapes.keys():
+            raise InputError(
+                f"Samples differ in structure: sample 0 has {sorted(shapes)}, sample {i} has "
+                f"{sorted(other)}. Every sample must have the same fields."
+            )
+        varying |= {path for path, shape in shapes.items() if other[path] != shape}
+    sequence = sequence_info(samples)
+    if not varying:
+        return shapes, sequence
+    token_paths = set() if sequence is None else {f"[{k!r}]" for k in (*sequence.keys, MASK_KEY)}
+    tokens_only = all(any(p.endswith(t) for t in token_paths) for p in varying)
+    if collate_fn is None and not (tokens_only and (sequence.has_mask or pad_values)):
+        path = sorted(varying)[0]
+        lengths = sorted({_shape(v) for s in samples for p, v in _leaves(s) if p == path})
+        hint = (
+            "give pad_values={...} (the pad id of each sequence) or collate_fn=..., or add an attention_mask"
+            if tokens_only
+            else "pad or resize them in the dataset, or pass collate_fn=... to batch them"
+        )
+        raise InputError(
+            f"Samples have inconsistent shapes: {path} has shapes {[list(x) for x in lengths[:4]]}. Every "
+            f"sample must have the same shape to be batched: {hint}."
+        )
+    return {p: (-1, *shape[1:]) if p in varying else shape for p, shape in shapes.items()}, sequence
 
 
 def _is_float(value: Any) -> bool:
@@ -334,3 +373,82 @@ def concat_outputs(chunks: list[Any]) -> Any:
 def outputs_to_cpu(out: Any) -> Any:
     """Outputs detached and on the CPU, floating tensors as float32."""
     return map_tensors(lambda t: t.detach().cpu().float() if t.is_floating_point() else t.detach().cpu(), out)
+
+
+MASK_KEY = "attention_mask"
+
+
+def sample_inputs(sample: Any) -> Mapping[str, Any] | None:
+    """The dict of model inputs of a sample (or batch), or ``None`` when it has none."""
+    if isinstance(sample, Mapping):
+        return sample
+    if isinstance(sample, (tuple, list)) and sample and isinstance(sample[0], Mapping):
+        return sample[0]
+    return None
+
+
+def is_token_sequence(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_floating_point()
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceInfo:
+    """What a dataset of sequence samples looks like.
+
+    Attributes:
+        keys: The input keys holding one token per position (1-D integer tensors).
+        has_mask: Whether samples carry an ``attention_mask``.
+        varying: Whether samples differ in length (they need a padding collate).
+        padded: Whether samples arrive padded (a mask with zeros at the end or start).
+        min_len, max_len, mean_len: Real lengths (tokens the mask keeps), over the samples looked at.
+    """
+
+    keys: tuple[str, ...]
+    has_mask: bool
+    varying: bool
+    padded: bool
+    min_len: int
+    max_len: int
+    mean_len: float
+
+
+def token_length(inputs: Mapping[str, Any], keys: Sequence[str] = ()) -> int:
+    """Real tokens of one sample: its mask's ones, else the length of its first sequence."""
+    mask = inputs.get(MASK_KEY)
+    if mask is not None and is_token_sequence(mask):
+        return int(mask.sum())
+    key = (
+        keys[0] if keys else next((k for k, v in inputs.items() if k not in TARGET_KEYS and is_token_sequence(v)), None)
+    )
+    return 0 if key is None else int(inputs[key].shape[0])
+
+
+def sequence_info(samples: Sequence[Any]) -> SequenceInfo | None:
+    """Describe ``samples`` as sequences, or ``None`` when they are not dicts of 1-D integer
+    tensors (images, feature vectors, tuples of tensors)."""
+    first = sample_inputs(samples[0]) if len(samples) else None
+    if first is None:
+        return None
+    keys = tuple(k for k, v in first.items() if k not in TARGET_KEYS and is_token_sequence(v))
+    if not keys:
+        return None
+    lengths, sizes, padded = [], set(), False
+    for sample in samples:
+        inputs = sample_inputs(sample)
+        if inputs is None or any(k not in inputs or not is_token_sequence(inputs[k]) for k in keys):
+            return None
+        sizes.add(tuple(int(inputs[k].shape[0]) for k in keys))
+        n = token_length(inputs, keys)
+        lengths.append(n)
+        padded = padded or n < int(inputs[keys[0]].shape[0])
+    return SequenceInfo(
+        keys=keys,
+        has_mask=MASK_KEY in first,
+        varying=len(sizes) > 1,
+        padded=padded,
+        min_len=min(lengths),
+        max_len=max(lengths),
+        mean_len=sum(lengths) / len(lengths),
+    )

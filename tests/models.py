@@ -298,3 +298,42 @@ def sentence_data(n: int = 128, seed: int = 0) -> list:
         mask[12 + i % 4 :] = 0
         samples.append({"input_ids": torch.randint(0, 100, (16,), generator=gen), "attention_mask": mask})
     return samples
+
+
+class TextEncoder(nn.Module):
+    """A sentence encoder as Hugging Face models take their inputs: ``input_ids`` and
+    ``attention_mask`` (B, S), 1 on real tokens -> a mean-pooled, normalised embedding (B, 32)."""
+
+    def __init__(self, vocab: int = 200, width: int = 32) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(vocab, width)
+        self.position = nn.Embedding(128, width)
+        layer = nn.TransformerEncoderLayer(width, 4, 2 * width, dropout=0.0, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        hidden = self.embed(input_ids) + self.position(positions)
+        hidden = self.encoder(hidden, src_key_padding_mask=attention_mask == 0)
+        keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * keep).sum(1) / keep.sum(1).clamp_min(1.0)
+        return nn.functional.normalize(pooled, dim=-1)
+
+
+def text_data(n: int = 128, seed: int = 0, pad_to: int | None = None, mask: bool = True) -> list:
+    """Token-id samples of natural lengths (4 to 48 tokens): ``{"input_ids", "attention_mask"}``
+    at their own length, or right-padded to ``pad_to`` (a pre-padded dataset); without ``mask``,
+    ``input_ids`` alone."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        length = int(torch.randint(4, 49, (1,), generator=gen))
+        ids = torch.randint(1, 200, (length,), generator=gen)
+        width = pad_to or length
+        padded = torch.zeros(width, dtype=torch.long)
+        padded[:length] = ids
+        real = torch.zeros(width, dtype=torch.long)
+        real[:length] = 1
+        samples.append({"input_ids": padded, "attention_mask": real} if mask else {"input_ids": padded})
+    return samples

@@ -13,7 +13,7 @@ import pickle
 import statistics
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,7 @@ class Predictor:
         self.device = torch.device(device)
         self.input_names: list[str] = list(record["input_names"])
         self.chosen = f"{fmt}: asked for" if record else fmt
+        self.run: dict[str, Any] = {}  # best_config.json's config and data, for predict()
 
     def __repr__(self) -> str:
         return f"Predictor(format={self.format!r}, path={str(self.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r})"
@@ -109,6 +110,44 @@ class Predictor:
         out = map_tensors(lambda t: t.to(home), concat_outputs(chunks))
         return map_tensors(lambda t: t.numpy(), out) if as_numpy else out
 
+    def predict(self, samples: Sequence[Any], collate_fn: Any = None) -> list[Any]:
+        """Every sample's output, in the order given, batched as the run's winner batches: its
+        batch size, padding and length grouping (``best_config.json``). Each output is the
+        sample's own, without a batch axis; token-level outputs keep the real tokens only.
+
+        Args:
+            samples: Samples as the dataset gives them (dicts of tensors for text).
+            collate_fn: The run's own collate, when it had one (it is not saved with the run);
+                a run that padded token sequences itself pads them the same way here.
+        """
+        from autotune.batching import Batching, lengths_of, pad_collate, split_samples
+        from autotune.export.parity import flat_inputs
+
+        data = self.run.get("data") or {}
+        if collate_fn is None and data.get("collate") == "user":
+            raise InputError(
+                "This run batched its samples with its own collate_fn: pass it, predict(samples, collate_fn=...)."
+            )
+        if collate_fn is None and data.get("collate") == "pad":
+            pad_values = dict(data.get("pad_values") or {})
+            collate_fn = lambda part: pad_collate(part, pad_values)  # noqa: E731
+        config = self.run.get("config") or {}
+        grouping = int(config.get("length_grouping") or 0)
+        batching = Batching(
+            batch_size=self.batch_size,
+            collate_fn=collate_fn,
+            padding=config.get("padding", "as_given"),
+            grouping=grouping,
+            lengths=lengths_of(samples) if grouping else None,
+        )
+        outputs: list[Any] = [None] * len(samples)
+        for ids, batch in batching.batches(list(samples)):
+            names, tensors, _ = flat_inputs(batch)
+            out = self(dict(zip(names, tensors, strict=True)))
+            for i, piece in zip(ids, split_samples(out, batch), strict=False):
+                outputs[i] = map_tensors(lambda t: t[0], piece)
+        return outputs
+
 
 def _read_artifacts(out_dir: Path) -> tuple[dict[str, Any], int | None]:
     """The ``artifacts`` entry of ``best_config.json`` and the run's batch size."""
@@ -159,6 +198,9 @@ def _read_parity(out_dir: Path) -> dict[str, Any]:
         "baseline": data.get("baseline_outputs"),
         "kinds": data.get("kinds"),
         "max_metric_drop": data.get("max_metric_drop", 0.01),
+        # Token sequences: the winner's batches ({"ids", "batch"}) and the real-token mask.
+        "batches": data.get("batches"),
+        "mask": data.get("mask"),
     }
 
 
@@ -272,7 +314,13 @@ def _load_one(
         torch.device(device)
     except RuntimeError:
         raise ConfigError(f"`device` must be 'cpu' or 'cuda[:N]', but got {device!r}.") from None
-    return Predictor(_open(fmt, path, record, device), fmt, path, record, batch_size, device)
+    predictor = Predictor(_open(fmt, path, record, device), fmt, path, record, batch_size, device)
+    try:
+        best = json.loads((out_dir / "best_config.json").read_text())
+        predictor.run = {"config": best.get("config") or {}, "data": best.get("data") or {}}
+    except (OSError, ValueError):
+        pass
+    return predictor
 
 
 def _rate(predict: Predictor, batch: dict[str, torch.Tensor]) -> float:

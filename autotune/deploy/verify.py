@@ -66,10 +66,23 @@ def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any
 
     from autotune.trial.fidelity import attention_mask
 
-    outputs = predict(_named_inputs(default_collate(samples)))
-    outputs = map_tensors(lambda t: t.cpu().float() if t.is_floating_point() else t.cpu(), outputs)
-    max_abs, rel_l2, mismatch = _errors(outputs, expected)
+    def cpu(out: Any) -> Any:
+        return map_tensors(lambda t: t.cpu().float() if t.is_floating_point() else t.cpu(), out)
+
     kinds, mask = data.get("kinds"), attention_mask(samples)
+    if data.get("batches"):
+        # Token sequences: the winner's own batches, each sample's output cut to its real tokens.
+        from autotune.batching import join_samples, split_samples
+
+        pieces: list[Any] = [None] * len(samples)
+        for entry in data["batches"]:
+            out = cpu(predict(_named_inputs(entry["batch"])))
+            for i, piece in zip(entry["ids"], split_samples(out, entry["batch"]), strict=False):
+                pieces[i] = piece
+        outputs, mask = join_samples(pieces)[0], data.get("mask")
+    else:
+        outputs = cpu(predict(_named_inputs(default_collate(samples))))
+    max_abs, rel_l2, mismatch = _errors(outputs, expected)
     reason = mismatch
     if reason is None and not rel_l2 <= _RTOL_L2:
         reason = f"an output differs from the tuned model's by a relative L2 error of {rel_l2:.3g} > {_RTOL_L2:g}"
@@ -88,8 +101,9 @@ def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any
     }
 
 
-def _throughput(predict: Any, samples: list[Any], n_batches: int) -> float:
-    """Samples/s of ``predict`` alone on ``n_batches`` full batches: the median of a few repeats."""
+def _throughput(predict: Any, samples: list[Any], n_batches: int, batches: list | None = None) -> float:
+    """Samples/s of ``predict`` alone on ``n_batches`` full batches: the median of a few repeats
+    (token sequences: on the winner's own batches, ``batches``)."""
     from torch.utils.data import default_collate
 
     size = predict.batch_size
@@ -97,8 +111,11 @@ def _throughput(predict: Any, samples: list[Any], n_batches: int) -> float:
     n_distinct = max(1, min(n_batches, math.ceil(len(samples) / size)))
     pool = []
     for k in range(n_distinct):
-        part = [samples[(k * size + j) % len(samples)] for j in range(size)]
-        batch = _named_inputs(default_collate(part))
+        if batches:
+            batch = _named_inputs(batches[k % len(batches)]["batch"])
+        else:
+            part = [samples[(k * size + j) % len(samples)] for j in range(size)]
+            batch = _named_inputs(default_collate(part))
         pool.append({name: t.to(predict.device) for name, t in batch.items()})
 
     def sync() -> None:
@@ -138,7 +155,7 @@ def _check_one(
         samples = parity["samples"]
         check = _parity(predict, samples, parity["by_format"].get(fmt, parity["outputs"]), parity)
         result.update({k: check[k] for k in ("max_abs", "rel_l2", "fidelity", "baseline_fidelity")})
-        result["samples_per_s"] = _throughput(predict, samples, n_batches)
+        result["samples_per_s"] = _throughput(predict, samples, n_batches, parity.get("batches"))
         reason = check["reason"]
     except Exception as exc:  # any failure of the artifact is its verdict, not verify's crash
         reason = f"the artifact raised {describe_error(exc)}"

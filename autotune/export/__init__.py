@@ -184,6 +184,7 @@ def export_artifacts(
     kinds: list[str] | None = None,
     mask: Any = None,
     metric_chunk: int | None = None,
+    batching: Any = None,
 ) -> dict[str, dict[str, Any]]:
     """Write ``model.onnx`` / ``model.pt`` into ``out_dir`` and check each against ``model``.
 
@@ -206,8 +207,9 @@ def export_artifacts(
         onnx_source: ``(float model, method, calibration batches)``: export the float model and
             quantize the graph with ONNX Runtime's ``method`` instead of exporting ``model``
             (a torch-quantized model the exporters cannot take).
-        baseline_outputs, kinds, mask, metric_chunk: The untuned model's outputs on ``samples``
-            and how the guard judges them (see :func:`~autotune.export.parity.check_parity`).
+        baseline_outputs, kinds, mask, metric_chunk, batching: The untuned model's outputs on
+            ``samples`` and how the guard judges them, and for token sequences how the winner
+            batches them (see :func:`~autotune.export.parity.check_parity`).
 
     Returns:
         Per format: ``{"path"`` (file name in ``out_dir``), ``"bytes", "sha256", "batch_size",``
@@ -235,6 +237,7 @@ def export_artifacts(
         "kinds": kinds,
         "mask": mask,
         "metric_chunk": metric_chunk,
+        "batching": batching,
     }
     return {
         fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source) for fmt in dict.fromkeys(formats)

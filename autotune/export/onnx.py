@@ -62,13 +62,30 @@ def _output_names(out: Any) -> list[str]:
     return [f"output_{i}" for i in range(len(output_leaves(out)))]
 
 
+def _seq_width(names: list[str], inputs: list[torch.Tensor]) -> int | None:
+    """The sequence width of a batch of token sequences (its 2-D ``attention_mask``), or ``None``."""
+    for name, t in zip(names, inputs, strict=True):
+        if name == "attention_mask" and t.dim() == 2:
+            return int(t.shape[1])
+    return None
+
+
 def _export(flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple, *, dynamo: bool) -> None:
+    # Token sequences: every (batch, seq, ...) input gets a dynamic sequence axis as well, so the
+    # graph takes any length (trimmed padding makes every batch's length its own).
+    width = _seq_width(names[0], inputs)
+
+    def seq(t: torch.Tensor) -> bool:
+        return width is not None and t.dim() >= 2 and t.shape[1] == width
+
     if dynamo:
-        batch = torch.export.Dim("batch")
+        batch, length = torch.export.Dim("batch"), torch.export.Dim("seq")
         # One entry: the tuple of tensors behind `*flat`; a 0-d input has no batch axis.
-        axes: dict[str, Any] = {"dynamic_shapes": (tuple({0: batch} if t.dim() > 0 else None for t in inputs),)}
+        shapes = tuple(({0: batch, 1: length} if seq(t) else {0: batch}) if t.dim() > 0 else None for t in inputs)
+        axes: dict[str, Any] = {"dynamic_shapes": (shapes,)}
     else:
-        axes = {"dynamic_axes": {name: {0: "batch"} for name in (*names[0], *names[1])}}
+        dyn = {n: {0: "batch", 1: "seq"} if seq(t) else {0: "batch"} for n, t in zip(names[0], inputs, strict=True)}
+        axes = {"dynamic_axes": {**dyn, **{name: {0: "batch"} for name in names[1]}}}
     with quiet_warnings():
         program = torch.onnx.export(
             flat,
@@ -106,7 +123,8 @@ def _export_either(
 
 
 def export_onnx(model: nn.Module, example: Any, path: Path, *, opset: int = 18) -> dict[str, Any]:
-    """Export ``model`` to an ONNX file with a dynamic batch axis, simplified with onnxslim.
+    """Export ``model`` to an ONNX file with a dynamic batch axis (and, for token sequences with
+    an ``attention_mask``, a dynamic sequence axis), simplified with onnxslim.
 
     The dynamo-based exporter (``torch.export``) runs first; the TorchScript-based one is the
     fallback. The onnxslim-simplified graph is kept only if it gives the unsimplified graph's

@@ -147,9 +147,13 @@ def device_of(module: nn.Module) -> torch.device:
     return tensor.device if tensor is not None else torch.device("cpu")
 
 
-def _run_batches(fn: Callable[..., Any], samples: list[Any], batch_size: int, device: torch.device) -> Any:
+def _run_batches(
+    fn: Callable[..., Any], samples: list[Any], batch_size: int, device: torch.device, batching: Any = None
+) -> Any:
     from torch.utils.data import default_collate
 
+    if batching is not None:
+        return _run_per_sample(fn, samples, batch_size, device, batching)
     chunks = []
     with torch.inference_mode():
         for start in range(0, len(samples), batch_size):
@@ -158,6 +162,25 @@ def _run_batches(fn: Callable[..., Any], samples: list[Any], batch_size: int, de
             batch = to_device(pad_batch(default_collate(part), batch_size), device)
             chunks.append(outputs_to_cpu(slice_batch(call_model(fn, batch), len(part))))
     return concat_outputs(chunks)
+
+
+def _run_per_sample(
+    fn: Callable[..., Any], samples: list[Any], batch_size: int, device: torch.device, batching: Any
+) -> Any:
+    """Token sequences: batched as the winner batches them (its padding and length grouping, so
+    the artifact sees several lengths), each sample's output cut to its real tokens, joined in
+    sample order (see :func:`autotune.trial.guard.collect_per_sample`)."""
+    from autotune.batching import join_samples, lengths_of, split_samples
+
+    pieces: list[Any] = [None] * len(samples)
+    with torch.inference_mode():
+        for ids, batch in batching.batches(samples, lengths_of(samples)):
+            # Padded to a full batch: an artifact traced at one batch size sees only it.
+            full = to_device(pad_batch(batch, batch_size), device)
+            out = outputs_to_cpu(slice_batch(call_model(fn, full), len(ids)))
+            for i, piece in zip(ids, split_samples(out, batch), strict=False):
+                pieces[i] = piece
+    return join_samples(pieces)[0]
 
 
 def _errors(outputs: Any, reference: Any) -> tuple[float, float, str | None]:
@@ -204,6 +227,7 @@ def check_parity(
     kinds: list[str] | None = None,
     mask: Any = None,
     metric_chunk: int | None = None,
+    batching: Any = None,
 ) -> dict[str, Any]:
     """Run an artifact and its reference model on ``samples`` and compare their outputs.
 
@@ -228,6 +252,8 @@ def check_parity(
         mask: The samples' ``attention_mask``, as the guard uses it.
         metric_chunk: Samples per metric batch: the guard's (the baseline batch size), so the
             metric sees the batches the baseline's metric saw; default ``batch_size``.
+        batching: For token sequences, the winner's :class:`~autotune.batching.Batching`: the
+            samples are batched as it batches them and compared sample by sample.
 
     Returns:
         ``{"max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity", "ok",
@@ -247,7 +273,7 @@ def check_parity(
     if was_training:
         reference.eval()
     try:
-        expected = _run_batches(reference, samples, batch_size, device)
+        expected = _run_batches(reference, samples, batch_size, device, batching)
     finally:
         if was_training:  # only then: a PT2E graph refuses train()
             reference.train()
@@ -255,7 +281,7 @@ def check_parity(
         ("max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity")
     )
     try:
-        outputs = _run_batches(run, samples, batch_size, device)
+        outputs = _run_batches(run, samples, batch_size, device, batching)
     except Exception as exc:  # any failure of the artifact is its verdict, not the caller's crash
         return {**result, "ok": False, "reason": f"the artifact raised {describe_error(exc)}"}
     max_abs, rel_l2, mismatch = _errors(outputs, expected)
@@ -275,9 +301,10 @@ def check_parity(
             )
     if metric is not None:
         chunk = metric_chunk or batch_size
-        value = evaluate(outputs, samples, chunk, str(device), metric, None)
+        collate = None if batching is None else batching.collate_fn
+        value = evaluate(outputs, samples, chunk, str(device), metric, None, collate=collate)
         if baseline_metric is None:
-            baseline_metric = evaluate(expected, samples, chunk, str(device), metric, None)
+            baseline_metric = evaluate(expected, samples, chunk, str(device), metric, None, collate=collate)
         drop = baseline_metric - value
         result.update(metric=_finite(value), metric_drop=_finite(drop))
         if reason is None and not drop <= max_metric_drop:  # `not <=` so that NaN fails too

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from autotune.errors import ConfigError
@@ -46,6 +47,8 @@ class SpaceContext:
     mode: str = "inference"
     # Training mode with a fixed effective batch: micro-batches must divide it.
     effective_batch_size: int | None = None
+    # The loader settings of a DataLoader the user gave: the baseline's num_workers and the like.
+    loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)

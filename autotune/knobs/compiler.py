@@ -1,4 +1,4 @@
-"""``compile_mode``: ``torch.compile`` and its mode."""
+"""``compile_mode``: ``torch.compile`` and its mode; ``compile_dynamic``: shapes as symbols."""
 
 from __future__ import annotations
 
@@ -14,11 +14,19 @@ class CompileMode(Knob):
     name = "compile_mode"
     order = 60
     stage = Stage.COMPILE
-    choices = ("none", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+    choices = (
+        "none",
+        "default",
+        "default-freezing",
+        "reduce-overhead",
+        "max-autotune",
+        "max-autotune-no-cudagraphs",
+    )
     default = "none"
     help = (
         "torch.compile with this mode: fuses operations into generated kernels. Costs compile time "
-        "(reported as compile_s); the CUDA-graph modes also cut launch overhead on GPU."
+        "(reported as compile_s); the CUDA-graph modes also cut launch overhead on GPU. "
+        "default-freezing also folds the weights into the compiled graph as constants (inference only)."
     )
 
     def applies(self, config: dict[str, Any]) -> bool:
@@ -29,24 +37,53 @@ class CompileMode(Knob):
         if env.compiler is None:
             need = "Triton" if env.is_cuda else "a C++ compiler (g++)"
             return Offer(["none"], {m: f"torch.compile needs {need}, which is not installed" for m in self.choices[1:]})
-        if env.is_cuda:
-            return Offer(list(self.choices))
-        excluded = {m: "uses CUDA graphs, which exist on CUDA devices only" for m in _CUDA_GRAPH_MODES}
-        return Offer([m for m in self.choices if m not in _CUDA_GRAPH_MODES], excluded)
+        excluded = {}
+        if not env.is_cuda:
+            excluded = {m: "uses CUDA graphs, which exist on CUDA devices only" for m in _CUDA_GRAPH_MODES}
+        if ctx.mode == "train":
+            excluded["default-freezing"] = "freezes the weights into constants: inference only"
+        return Offer([m for m in self.choices if m not in excluded], excluded)
 
     def apply(self, state: Any, value: str) -> None:
         import torch
 
+        from autotune.knobs.state import FrozenCompiled
+
+        # Static shapes compile to the fastest kernels; token sequences trimmed to each batch's
+        # length may ask for symbolic ones (compile_dynamic) instead of one compile per length.
+        dynamic = bool(state.config is not None and state.config.get("compile_dynamic", False))
+        mode = value.removesuffix("-freezing")
         if value == "none":
             pass
-        elif state.quantization == "int8_static":
-            from autotune.knobs.state import FrozenCompiled
-
-            # Statically quantized (PT2E) graphs reach the int8 kernels only with weights frozen
-            # into constants, which dynamo decides from inductor's global config while it traces.
-            state.model = FrozenCompiled(torch.compile(state.model, mode=value, dynamic=False))
+        elif value.endswith("-freezing") or state.quantization == "int8_static":
+            # Weights frozen into constants: folded into the kernels, and the only way statically
+            # quantized (PT2E) graphs reach int8 kernels; dynamo decides it from inductor's
+            # global config while it traces, so the wrapper turns it on around each call.
+            state.model = FrozenCompiled(torch.compile(state.model, mode=mode, dynamic=dynamic))
         else:
-            # dynamic=False: the timed loop feeds one batch shape, and static shapes compile to
-            # the fastest kernels.
-            state.model = torch.compile(state.model, mode=value, dynamic=False)
+            state.model = torch.compile(state.model, mode=mode, dynamic=dynamic)
         state.compile_mode = value
+
+
+@register
+class CompileDynamic(Knob):
+    name = "compile_dynamic"
+    order = 61
+    stage = Stage.COMPILE
+    choices = (False, True)
+    default = False
+    help = (
+        "torch.compile with symbolic shapes (dynamic=True): one compiled graph for every sequence "
+        "length instead of one per length. For token sequences whose padding is trimmed."
+    )
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("compile_mode", "none") != "none" and config.get("runtime", "torch") == "torch"
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.data.sequence is None:
+            return Offer([False], {"true": "the samples are not token sequences: every batch has one shape"})
+        return Offer([False, True])
+
+    def apply(self, state: Any, value: bool) -> None:
+        pass  # compile_mode reads it from the configuration when it compiles

@@ -8,8 +8,15 @@ from typing import Any
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
+class _LoaderKnob(Knob):
+    def baseline(self, ctx: SpaceContext) -> Any:
+        # A DataLoader given as the dataset is the baseline: its own settings, where they are values.
+        value = ctx.loader.get(self.name, self.default)
+        return value if value in self.choices and type(value) is type(self.default) else self.default
+
+
 @register
-class NumWorkers(Knob):
+class NumWorkers(_LoaderKnob):
     name = "num_workers"
     order = 20
     stage = Stage.LOADER
@@ -27,7 +34,7 @@ class NumWorkers(Knob):
         state.loader_kwargs["num_workers"] = value
 
 
-class _NeedsWorkers(Knob):
+class _NeedsWorkers(_LoaderKnob):
     def applies(self, config: dict[str, Any]) -> bool:
         return config.get("num_workers", 0) > 0
 
@@ -61,7 +68,7 @@ class PersistentWorkers(_NeedsWorkers):
 
 
 @register
-class PinMemory(Knob):
+class PinMemory(_LoaderKnob):
     name = "pin_memory"
     order = 23
     stage = Stage.LOADER

@@ -92,6 +92,10 @@ class BuildExtras:
         prune_ignore: Module names pruning keeps whole (the output layer always is).
         seed: Seeds fine-tuning's shuffling.
         keep_float: Keep a copy of the pruned float model (for export fallbacks).
+        collate_fn: The base collate of every batch (the user's, the padding collate, or
+            ``None`` for ``default_collate``).
+        lengths: The real length of every sample of the measured dataset (token sequences), for
+            ``length_grouping``.
     """
 
     example: Any = None
@@ -102,6 +106,8 @@ class BuildExtras:
     prune_ignore: tuple[str, ...] = ()
     seed: int = 0
     keep_float: bool = False
+    collate_fn: Any = None
+    lengths: list[int] | None = None
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""
@@ -134,6 +140,8 @@ class BuildState:
         artifact: The file a non-torch runtime runs, as measured: ``{"format", "path",
             "input_names", ...}`` (ONNX: ``output_names``, ``ort`` session settings, ``precision``).
         optimizer_impl: Training mode: ``default``, ``foreach`` or ``fused`` optimizer step.
+        padding: How batches of token sequences are padded (:data:`autotune.batching.PADDINGS`).
+        grouping: Batches of similar lengths from windows of this many batches (0: dataset order).
     """
 
     model: Any
@@ -155,6 +163,22 @@ class BuildState:
     torch_model: Any = None
     artifact: dict[str, Any] | None = None
     optimizer_impl: str = "default"
+    padding: str = "as_given"
+    grouping: int = 0
+
+    def batching(self, lengths: list[int] | None = None) -> Any:
+        """The :class:`~autotune.batching.Batching` of this configuration (lengths default to
+        the measured dataset's)."""
+        from autotune.batching import Batching
+
+        extras = self.extras
+        return Batching(
+            batch_size=self.batch_size,
+            collate_fn=None if extras is None else extras.collate_fn,
+            padding=self.padding,
+            grouping=self.grouping,
+            lengths=lengths if lengths is not None else None if extras is None else extras.lengths,
+        )
 
 
 def wrap(source: Any, model: Any = None, *, autocast: bool = True) -> TunedModule:

@@ -89,6 +89,7 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "noise",
         "others_cpu",
         "n_measurements",
+        "recompiles",
         "trial_s",
         "wall_s",
     ]

@@ -10,6 +10,7 @@ __all__, __getattr__, __dir__ = exports(
         "apply": "apply",
         "dataloader": "apply",
         "training": "apply",
+        "predict": "apply",
         "load_config": "cfg",
         "make_progress": "progress",
     },

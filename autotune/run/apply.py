@@ -9,7 +9,7 @@ from typing import Any
 from autotune.config import Config
 from autotune.errors import ConfigError, TrialError
 
-__all__ = ["apply", "dataloader", "training"]
+__all__ = ["apply", "dataloader", "predict", "training"]
 
 
 def _read_config(config: Any) -> Config:
@@ -38,6 +38,7 @@ def apply(
     loss_fn: Any = None,
     train_dataset: Any = None,
     prune_ignore: tuple[str, ...] = (),
+    collate_fn: Any = None,
 ) -> Any:
     """Return ``model`` tuned as ``config`` says (a copy; the original is untouched).
 
@@ -45,7 +46,8 @@ def apply(
     settings in the config (``num_threads``, ``cudnn_benchmark``, ``tf32``) are applied to this
     process. Configs that prune or quantize need ``dataset`` (example inputs to trace, batches to
     calibrate; fine-tuning trains with ``loss_fn`` on ``train_dataset``, default ``dataset``), as
-    during the search. Give the same data as to :func:`~autotune.optimize` to get the same model.
+    during the search. Give the same data as to :func:`~autotune.optimize` to get the same model
+    (and the same ``collate_fn``, for samples that need one).
 
     Example:
         >>> import torch
@@ -66,15 +68,13 @@ def apply(
     cfg = _read_config(config)
     extras = None
     if dataset is not None:
-        from torch.utils.data import default_collate
-
+        collate = base_collate(dataset, collate_fn)
         size = cfg["batch_size"]
         n = len(dataset)
         extras = BuildExtras(
-            example=default_collate([dataset[i] for i in range(min(8, n))]),
+            example=collate([dataset[i] for i in range(min(8, n))]),
             calibration=[
-                default_collate([dataset[i] for i in range(k, min(k + size, n))])
-                for k in range(0, min(8 * size, n), size)
+                collate([dataset[i] for i in range(k, min(k + size, n))]) for k in range(0, min(8 * size, n), size)
             ],
             loss_fn=loss_fn,
             train_dataset=train_dataset if train_dataset is not None else dataset,
@@ -86,13 +86,99 @@ def apply(
     return state.model
 
 
-def dataloader(dataset: Any, config: Any, **overrides: Any) -> Any:
+def base_collate(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None) -> Any:
+    """The collate a run used for ``dataset``: ``collate_fn``, the padding collate for token
+    sequences of different lengths, or ``default_collate``."""
+    import functools
+
+    from torch.utils.data import default_collate
+
+    from autotune.batching import pad_collate
+    from autotune.data import describe
+
+    if collate_fn is not None:
+        return collate_fn
+    if describe(dataset, None, pad_values).collate == "pad":
+        return functools.partial(pad_collate, pad_values=dict(pad_values or {}))
+    return default_collate
+
+
+def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[str, int] | None) -> Any:
+    from autotune.batching import Batching, lengths_of
+    from autotune.data import describe
+
+    sequence = describe(dataset, collate_fn, pad_values).sequence is not None
+    return Batching(
+        batch_size=cfg["batch_size"],
+        collate_fn=base_collate(dataset, collate_fn, pad_values),
+        padding=cfg["padding"],
+        grouping=cfg["length_grouping"],
+        lengths=lengths_of(dataset) if sequence and cfg["length_grouping"] else None,
+    )
+
+
+def predict(
+    model: Any,
+    dataset: Any,
+    config: Any,
+    *,
+    collate_fn: Any = None,
+    pad_values: Mapping[str, int] | None = None,
+    device: str = "auto",
+) -> list[Any]:
+    """Every sample's output, in dataset order, from ``model`` tuned and batched as ``config``
+    says (its batch size, padding and length grouping, whatever order the batches run in).
+
+    Each output is the sample's own, without a batch axis; a token-level output (one row per
+    position) keeps the sample's real tokens only.
+
+    Args:
+        model: The model (an ``nn.Module`` or a factory), as given to :func:`~autotune.optimize`.
+        dataset: The samples.
+        config: A dict, :class:`Config`, ``best_config.json`` or its directory.
+        collate_fn: The collate the run used, if it needed one.
+        pad_values: As for :func:`~autotune.optimize`.
+        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+
+    Example:
+        >>> import torch
+        >>> out = predict(torch.nn.Linear(4, 2), [torch.ones(4)] * 5, {"batch_size": 2}, device="cpu")
+        >>> len(out), tuple(out[0].shape)
+        (5, (2,))
+    """
+    import torch
+
+    from autotune.batching import split_samples
+    from autotune.data import call_model, map_tensors, outputs_to_cpu, to_device
+    from autotune.env import resolve_device
+
+    cfg = _read_config(config)
+    where = torch.device(resolve_device(device))
+    tuned = apply(model, cfg, device=str(where), dataset=dataset, collate_fn=collate_fn)
+    batching = _batching(dataset, cfg, collate_fn, pad_values)
+    outputs: list[Any] = [None] * len(dataset)
+    with torch.inference_mode():
+        for ids, batch in batching.batches([dataset[i] for i in range(len(dataset))]):
+            out = outputs_to_cpu(call_model(tuned, to_device(batch, where)))
+            for i, piece in zip(ids, split_samples(out, batch), strict=False):
+                outputs[i] = map_tensors(lambda t: t[0], piece)
+    return outputs
+
+
+def dataloader(
+    dataset: Any, config: Any, *, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None, **overrides: Any
+) -> Any:
     """A DataLoader with the tuned batch size and loader settings.
 
     Args:
         dataset: The dataset.
         config: A dict, :class:`Config`, ``best_config.json`` or its directory.
-        **overrides: Any other DataLoader argument (``shuffle=True`` for training, say).
+        collate_fn: The collate the run used, if it needed one; its ``padding`` is applied on
+            top. With ``length_grouping``, batches hold samples of similar lengths, so they do
+            not come in dataset order (:func:`predict` puts outputs back in order).
+        pad_values: As for :func:`~autotune.optimize`.
+        **overrides: Any other DataLoader argument (``shuffle=True`` for training, say); with
+            any, batches keep the plain order.
 
     Example:
         >>> import torch
@@ -113,7 +199,12 @@ def dataloader(dataset: Any, config: Any, **overrides: Any) -> Any:
             knob.apply(state, cfg[knob.name])
     if state.loader_kwargs.get("pin_memory") and not torch.cuda.is_available():
         state.loader_kwargs["pin_memory"] = False
-    return torch.utils.data.DataLoader(dataset, **{**state.loader_kwargs, **overrides})
+    batching = _batching(dataset, cfg, collate_fn, pad_values)
+    plan = batching.sampler(len(dataset))
+    if plan is not None and not overrides:
+        kwargs = {k: v for k, v in state.loader_kwargs.items() if k != "batch_size"}
+        return torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)
+    return torch.utils.data.DataLoader(dataset, **{**state.loader_kwargs, "collate_fn": batching.collate, **overrides})
 
 
 def _effective_from(config: Any) -> int | None:

@@ -30,6 +30,7 @@ CFG_KEYS = (
     "test_dataset",
     "mode",
     "optimizer",
+    "collate_fn",
 )
 
 

@@ -37,7 +37,7 @@ def optimize(
     grace_period_s: int = 180,
     fix: Mapping[str, Any] | None = None,
     seed: int = 0,
-    baseline_batch_size: int = 32,
+    baseline_batch_size: int | None = None,
     trial_timeout: float | None = None,
     isolation: str = "subprocess",
     n_val: int = 512,
@@ -58,12 +58,16 @@ def optimize(
     n_train_steps: int = 20,
     progress: Callable[[dict[str, Any], int, int], None] | None = None,
     output_kind: Any = "auto",
+    collate_fn: Callable[[list[Any]], Any] | None = None,
+    pad_values: Mapping[str, int] | None = None,
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
 
     Args:
         model: An ``nn.Module`` or a zero-argument function returning one.
-        dataset: A map-style dataset or sequence of samples (or a function returning one).
+        dataset: A map-style dataset or sequence of samples (or a function returning one), or
+            the ``torch.utils.data.DataLoader`` you use now: its dataset, ``collate_fn``, batch
+            size and workers are the baseline.
         mode: ``"inference"`` (tune the forward pass) or ``"train"`` (tune the training step:
             needs ``loss_fn`` and ``optimizer``; see docs/training.md).
         space: Preset name (``autotune spaces`` lists them), a TOML file, or a dict of knob
@@ -95,7 +99,8 @@ def optimize(
             dead: its trial is marked failed and its configuration retried once.
         fix: Knobs pinned to one value, e.g. ``{"amp_dtype": "bfloat16"}``.
         seed: Seeds the sampler and torch.
-        baseline_batch_size: Batch size of the baseline (your current one).
+        baseline_batch_size: Batch size of the baseline (your current one); default the
+            DataLoader's, else 32.
         trial_timeout: Seconds one trial may take before its worker is killed; ``None`` (the
             default) adapts it: 10 times the baseline trial's wall time, at least 30 s, plus
             120 s for a configuration that compiles, quantizes, prunes or changes the runtime.
@@ -140,6 +145,12 @@ def optimize(
             ``"embedding"`` or ``"integer"`` for every output, a list in output order or a dict
             by output name. ``"auto"`` takes logits only on strong evidence (integer targets,
             a cross-entropy ``loss_fn``). See docs/concepts.md.
+        collate_fn: ``collate_fn(samples) -> batch`` for samples ``default_collate`` cannot
+            batch (token sequences of different lengths, say), as in your DataLoader. Without
+            one, dict samples of 1-D token sequences with an ``attention_mask`` (or with
+            ``pad_values``) are padded to each batch's longest. See docs/text.md.
+        pad_values: The pad id of each token-sequence input (``{"input_ids": 0}``) for the
+            automatic padding collate; the attention mask always pads with 0.
 
     Returns:
         A :class:`Result`.

@@ -26,7 +26,17 @@ __all__ = ["CFG_OPTIONS", "Options", "DEFAULT_MEASURE"]
 
 DEFAULT_MEASURE = {"n_windows": 5, "window_s": 0.4, "warmup_batches": 3}
 # What cfg.py may define at its top level besides model, dataset and options.
-CFG_OPTIONS = ("metric", "max_metric_drop", "space", "loss_fn", "train_dataset", "test_dataset", "mode", "optimizer")
+CFG_OPTIONS = (
+    "metric",
+    "max_metric_drop",
+    "space",
+    "loss_fn",
+    "train_dataset",
+    "test_dataset",
+    "mode",
+    "optimizer",
+    "collate_fn",
+)
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -60,7 +70,7 @@ class Options:
     grace_period_s: int = 180
     fix: Mapping[str, Any] | None = None
     seed: int = 0
-    baseline_batch_size: int = 32
+    baseline_batch_size: int | None = None
     trial_timeout: float | None = None
     isolation: str = "subprocess"
     n_val: int = 512
@@ -81,6 +91,8 @@ class Options:
     n_train_steps: int = 20
     progress: Callable[[dict[str, Any], int, int], None] | None = None
     output_kind: Any = "auto"
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    pad_values: Mapping[str, int] | None = None
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -105,7 +117,7 @@ class Options:
                 self.train_dataset,
                 self.effective_batch_size,
                 self.allow_batch_change,
-                self.baseline_batch_size,
+                self.baseline_batch_size or 32,
             )
         object.__setattr__(self, "export", self._formats())
         self.timing()  # a bad `measure` fails here, before anything runs
@@ -113,7 +125,8 @@ class Options:
     def _check_numbers(self) -> None:
         _positive_int("n_trials", self.n_trials)
         _positive_int("n_val", self.n_val)
-        _positive_int("baseline_batch_size", self.baseline_batch_size)
+        if self.baseline_batch_size is not None:
+            _positive_int("baseline_batch_size", self.baseline_batch_size)
         if self.timeout is not None and not _seconds(self.timeout):
             raise ConfigError(f"`timeout` must be a positive number of seconds or None, but got {self.timeout!r}.")
         if self.trial_timeout is not None and not _seconds(self.trial_timeout):
@@ -130,6 +143,16 @@ class Options:
             raise ConfigError(f"`isolation` must be 'subprocess' or 'inprocess', but got {self.isolation!r}.")
         if self.mode not in ("inference", "train"):
             raise ConfigError(f"`mode` must be 'inference' or 'train', but got {self.mode!r}.")
+        if self.pad_values is not None and not (
+            isinstance(self.pad_values, Mapping)
+            and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                for k, v in self.pad_values.items()
+            )
+        ):
+            raise ConfigError(
+                f"`pad_values` must map input names to integer pad ids, like {{'input_ids': 0}}, but got {self.pad_values!r}."
+            )
         if self.metric is not None and not callable(self.metric):
             raise ConfigError(
                 f"`metric` must be a function metric(outputs, batch) -> float, but got {type(self.metric).__name__}."
@@ -162,7 +185,8 @@ class Options:
 
     def plan_args(self) -> dict[str, Any]:
         """The keywords of :func:`autotune.plan` these options set."""
-        names = ("space", "fix", "device", "baseline_batch_size", "objectives", "loss_fn", "mode")
+        names = ("space", "fix", "device", "baseline_batch_size", "objectives", "loss_fn", "mode", "collate_fn")
+        names += ("pad_values",)
         return {
             **{n: getattr(self, n) for n in names},
             "effective_batch_size": self.effective_batch_size,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import ConfigError, InputError
 
-__all__ = ["materialize", "plan"]
+__all__ = ["Inputs", "materialize", "plan", "unpack"]
 
 
 def materialize(dataset: Any) -> Any:
@@ -18,6 +19,52 @@ def materialize(dataset: Any) -> Any:
         except Exception as exc:
             raise InputError(f"The dataset factory raised {type(exc).__name__}: {exc}") from exc
     return dataset
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The data as the run uses it: the dataset, its collate and the baseline's loader settings.
+
+    Attributes:
+        dataset: The map-style dataset.
+        collate_fn: The user's collate, or ``None``.
+        batch_size: The baseline batch size: the one given, else the DataLoader's, else 32.
+        loader: The given DataLoader's ``num_workers``, ``pin_memory``, ``prefetch_factor`` and
+            ``persistent_workers``: the baseline's loader settings.
+    """
+
+    dataset: Any
+    collate_fn: Any = None
+    batch_size: int = 32
+    loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def unpack(dataset: Any, collate_fn: Any = None, baseline_batch_size: int | None = None) -> Inputs:
+    """The dataset (or a DataLoader, or a factory of either) as :class:`Inputs`.
+
+    A ``torch.utils.data.DataLoader`` is the baseline as the user runs it: its dataset, its
+    collate_fn, its batch size and workers. ``collate_fn`` and ``baseline_batch_size``, when
+    given, win over the loader's.
+    """
+    import torch
+    from torch.utils.data import default_collate
+
+    dataset = materialize(dataset)
+    if collate_fn is not None and not callable(collate_fn):
+        raise ConfigError(f"`collate_fn` must be a function collate_fn(samples) -> batch, but got {collate_fn!r}.")
+    if not isinstance(dataset, torch.utils.data.DataLoader):
+        return Inputs(dataset, collate_fn, baseline_batch_size or 32)
+    loader = dataset
+    if loader.batch_size is None:
+        raise InputError(
+            "The DataLoader has batch_size=None (it yields single samples or uses a batch_sampler): give "
+            "optimize() its dataset and baseline_batch_size instead."
+        )
+    own = None if loader.collate_fn is default_collate else loader.collate_fn
+    settings = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory}
+    if loader.num_workers:
+        settings.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
+    return Inputs(loader.dataset, collate_fn or own, baseline_batch_size or loader.batch_size, settings)
 
 
 def _check_model(model: Any) -> None:
@@ -38,18 +85,21 @@ def plan(
     space: Any = "default",
     fix: Mapping[str, Any] | None = None,
     device: str = "auto",
-    baseline_batch_size: int = 32,
+    baseline_batch_size: int | None = None,
     objectives: Sequence[str] | str | None = None,
     loss_fn: Any = None,
     mode: str = "inference",
     effective_batch_size: int | None = None,
     allow_batch_change: bool = False,
+    collate_fn: Any = None,
+    pad_values: Mapping[str, int] | None = None,
 ) -> tuple[Any, Any, Any]:
     """Check the inputs and resolve the search space without measuring anything.
 
     In training mode (``mode="train"``) inference-only knobs (compression, runtimes) stay off,
     and batch sizes are micro-batches that divide the effective batch (``effective_batch_size``,
     default ``baseline_batch_size``) unless ``allow_batch_change``, as in :func:`optimize`.
+    ``dataset`` may be a DataLoader (see :func:`unpack`).
 
     Returns:
         ``(env, data_info, search_space)``; ``search_space.excluded`` says why each value left
@@ -66,7 +116,9 @@ def plan(
         raise ConfigError(
             f"`loss_fn` must be a function loss_fn(outputs, batch) -> Tensor, but got {type(loss_fn).__name__}."
         )
-    data = describe(materialize(dataset))
+    inputs = unpack(dataset, collate_fn, baseline_batch_size)
+    data = describe(inputs.dataset, inputs.collate_fn, pad_values)
+    baseline_batch_size = inputs.batch_size
     env = Env.detect(device)
     declared = preset_options(space)
     objectives = check_objectives(objectives or declared.get("objectives") or ("throughput",))
@@ -77,6 +129,7 @@ def plan(
         objectives=tuple(objectives),
         has_loss_fn=loss_fn is not None,
         mode=mode,
+        loader=dict(inputs.loader),
         effective_batch_size=None
         if mode != "train" or allow_batch_change
         else (effective_batch_size or baseline_batch_size),

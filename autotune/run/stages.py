@@ -104,7 +104,7 @@ def _check_space(opts: Options, space: Any, data: Any) -> Options:
     check_select(opts.select or space.select)
     for name in ("test_dataset", "train_dataset"):
         if getattr(opts, name) is not None:
-            _check_like(describe(getattr(opts, name)), data, name)
+            _check_like(describe(getattr(opts, name), opts.collate_fn, opts.pad_values), data, name)
     if not opts.train:
         return opts
     effective = check_effective(opts.effective_batch_size, opts.allow_batch_change, opts.baseline_batch_size, data)
@@ -139,7 +139,23 @@ def _worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, 
         n_train_steps=opts.n_train_steps,
         loss_tolerance=opts.loss_tolerance,
         output_kind=opts.output_kind,
+        collate_fn=_collate(opts, data),
+        sequence=data.sequence is not None,
     )
+
+
+def _collate(opts: Options, data: Any) -> Any:
+    """The base collate of every batch: the user's, the padding collate for token sequences of
+    different lengths, or ``None`` for ``default_collate``."""
+    import functools
+
+    from autotune.batching import pad_collate
+
+    if opts.collate_fn is not None:
+        return opts.collate_fn
+    if data.collate == "pad":
+        return functools.partial(pad_collate, pad_values=dict(opts.pad_values or {}))
+    return None
 
 
 def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec: Any) -> dict[str, Any]:
@@ -169,6 +185,12 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
         "objectives": list(space.objectives),
         "study": study_info,
         "space": space.values,
+        # How samples were batched: what the exported predictor's predict() needs to do the same.
+        "data": {
+            "collate": "user" if opts.collate_fn is not None else "pad" if spec.collate_fn is not None else "default",
+            "pad_values": dict(opts.pad_values or {}),
+            "sequence": spec.sequence,
+        },
     }
     if opts.train:
         summary["train"] = {
@@ -182,7 +204,7 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
 
 def prepare(model: Any, dataset: Any, opts: Options) -> Run:
     """Check everything, resolve the space, open the study and start the workers."""
-    from autotune.run.plan import materialize, plan
+    from autotune.run.plan import materialize, plan, unpack
     from autotune.search.parallel import check_devices, start_runners, worker_ids
     from autotune.search.study import FIRST_TRIAL_TIMEOUT_S, open_study
 
@@ -195,7 +217,9 @@ def prepare(model: Any, dataset: Any, opts: Options) -> Run:
         test_dataset=None if opts.test_dataset is None else materialize(opts.test_dataset),
     )
     dataset = materialize(dataset)
-    env, data, space = plan(model, dataset, **opts.plan_args())
+    inputs = unpack(dataset, opts.collate_fn, opts.baseline_batch_size)
+    opts = opts.replace(baseline_batch_size=inputs.batch_size, collate_fn=inputs.collate_fn)
+    env, data, space = plan(model, dataset, **opts.plan_args())  # a DataLoader gives its settings
     opts = _check_space(opts, space, data)
     storage = opts.storage or f"sqlite:///{out.resolve() / 'study.db'}"
     ids = worker_ids(devices)
@@ -214,7 +238,7 @@ def prepare(model: Any, dataset: Any, opts: Options) -> Run:
         grace_period_s=opts.grace_period_s,
     )
     timing = opts.timing()
-    spec = _worker_spec(model, dataset, opts, env, space, data, timing)
+    spec = _worker_spec(model, inputs.dataset, opts, env, space, data, timing)
     summary = _summary(opts, env, space, study, storage, spec)
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")

@@ -240,7 +240,9 @@ def warm_start(space: SearchSpace) -> list[dict[str, Any]]:
     layout = offered("channels_last", (True,))
     fused = offered("optimizer_impl", ("fused",))
     compiled = offered("compile_mode", ("default",))
-    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, compiled, layout, fused]
+    # Token sequences: the padding trimmed and batches of similar lengths, the text recipe.
+    shape = {**offered("padding", ("trim", "trim_8")), **offered("length_grouping", (16, 4))}
+    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, shape, compiled, layout, fused]
     configs: list[dict[str, Any]] = []
     keys = {Config(base).key()}
     for changes in candidates:

@@ -67,9 +67,22 @@ def _count_(state: BuildState) -> None:
 
 
 def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False) -> Any:
-    """The DataLoader a built configuration reads from (in dataset order)."""
+    """The DataLoader a built configuration reads from: its batch size, workers, collate and
+    padding, and with ``length_grouping`` batches of similar lengths (each batch's samples in
+    the order :meth:`autotune.batching.Batching.plan` gives)."""
+    batching = state.batching()
     kwargs = dict(state.loader_kwargs)
-    return torch.utils.data.DataLoader(dataset, shuffle=False, drop_last=drop_last, **kwargs)
+    plan = (
+        batching.sampler(len(dataset))
+        if batching.lengths is not None and len(batching.lengths) == len(dataset)
+        else None
+    )
+    if plan is not None:
+        kwargs.pop("batch_size", None)
+        return torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)
+    return torch.utils.data.DataLoader(
+        dataset, shuffle=False, drop_last=drop_last, collate_fn=batching.collate, **kwargs
+    )
 
 
 def apply_settings(settings: dict[str, Any]) -> None:

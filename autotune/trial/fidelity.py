@@ -302,19 +302,29 @@ def evaluate(
     reference: Any | None,
     kinds: Sequence[str] | None = None,
     mask: Any = None,
+    collate: Callable[[list[Any]], Any] | None = None,
 ) -> float:
     """The metric of ``outputs``: the user's metric over fixed batches, each weighted by its
     size (a short last batch counts as its samples, not as a whole batch), or fidelity to
-    ``reference`` judged with ``kinds`` and ``mask`` (see :func:`fidelity`)."""
+    ``reference`` judged with ``kinds`` and ``mask`` (see :func:`fidelity`). ``collate`` makes
+    the metric's batches (default ``default_collate``); token-level outputs are fitted to each
+    batch's width."""
     from torch.utils.data import default_collate
+
+    from autotune.batching import fit_width
+    from autotune.data import MASK_KEY, sample_inputs
 
     if metric is None:
         return 1.0 if reference is None else fidelity(outputs, reference, kinds, mask)
     values, sizes = [], []
     for start in range(0, len(samples), chunk):
         part = list(samples[start : start + chunk])
-        batch = to_device(default_collate(part), torch.device(device))
-        out = to_device(slice_batch(outputs, start + len(part), start), torch.device(device))
+        batch = to_device((collate or default_collate)(part), torch.device(device))
+        out = slice_batch(outputs, start + len(part), start)
+        batch_mask = (sample_inputs(batch) or {}).get(MASK_KEY)
+        if isinstance(batch_mask, torch.Tensor) and batch_mask.dim() == 2:
+            out = fit_width(out, batch_mask.shape[1], out)
+        out = to_device(out, torch.device(device))
         try:
             value = float(metric(out, batch))
         except Exception as exc:

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from autotune.batching import join_samples, lengths_of, split_samples
 from autotune.data import call_model, concat_outputs, outputs_to_cpu, pad_batch, slice_batch, tensor_leaves, to_device
 from autotune.errors import InputError, TrialError
 from autotune.knobs.state import BuildState
@@ -26,10 +27,13 @@ def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
     """Outputs of the built model on ``samples``, on the CPU, in sample order.
 
     The samples are batched at the trial's batch size, the last batch padded to full size
-    (one shape, so a compiled model does not recompile) and its padding sliced off.
+    (one shape, so a compiled model does not recompile) and its padding sliced off. Token
+    sequences go through :func:`collect_per_sample` instead.
     """
     from torch.utils.data import default_collate
 
+    if per_sample(state):
+        return collect_per_sample(state, samples)[0]
     device = torch.device(state.device)
     size = state.batch_size
     chunks = []
@@ -40,6 +44,33 @@ def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
             out = call_model(state.model, to_device(batch, device))
             chunks.append(outputs_to_cpu(slice_batch(out, len(part))))
     return concat_outputs(chunks)
+
+
+def per_sample(state: BuildState) -> bool:
+    """Whether the samples are token sequences, batched with the configuration's padding and
+    grouping and compared sample by sample."""
+    return state.extras is not None and state.extras.lengths is not None
+
+
+def collect_per_sample(state: BuildState, samples: Sequence[Any]) -> tuple[Any, Any]:
+    """Outputs on ``samples`` batched as the configuration batches them (its padding, its
+    length grouping), each sample's output cut to its real tokens and put back in sample order,
+    joined (token-level outputs zero-padded to the longest sample).
+
+    Returns:
+        ``(outputs, mask)``: the joined outputs and the ``(n, longest)`` mask of real positions
+        (``None`` without token-level outputs); the same samples give the same mask in any
+        configuration, so candidates and the baseline line up position by position.
+    """
+    device = torch.device(state.device)
+    batching = state.batching(lengths_of(samples))
+    pieces: list[Any] = [None] * len(samples)
+    with settings_active(state.settings), torch.inference_mode():
+        for ids, batch in batching.batches(samples):
+            out = outputs_to_cpu(call_model(state.model, to_device(batch, device)))
+            for i, piece in zip(ids, split_samples(out, batch), strict=False):
+                pieces[i] = piece
+    return join_samples(pieces)
 
 
 def check_finite(outputs: Any) -> None:
@@ -79,7 +110,11 @@ def make_reference(
     loss_fn: Any = None,
 ) -> Reference:
     """Run the baseline on the validation samples, score it and tell the kind of each output."""
-    outputs = collect_outputs(state, samples)
+    mask = attention_mask(samples)
+    if per_sample(state):
+        outputs, mask = collect_per_sample(state, samples)
+    else:
+        outputs = collect_outputs(state, samples)
     try:
         check_finite(outputs)
     except TrialError as exc:
@@ -87,7 +122,7 @@ def make_reference(
             f"The model's own (baseline) outputs are not finite: {exc}. Fix the model or its inputs."
         ) from None
     try:
-        value = evaluate(outputs, samples, state.batch_size, state.device, metric, None)
+        value = evaluate(outputs, samples, state.batch_size, state.device, metric, None, collate=_collate(state))
     except TrialError as exc:
         raise InputError(f"Your metric failed on the baseline's outputs: {exc}") from None
     if value != value:  # NaN
@@ -99,5 +134,9 @@ def make_reference(
         outputs=outputs,
         metric=value,
         kinds=kinds,
-        mask=attention_mask(samples),
+        mask=mask,
     )
+
+
+def _collate(state: BuildState) -> Any:
+    return None if state.extras is None else state.extras.collate_fn

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore
+from autotune.batching import lengths_of
 from autotune.config import Config
 from autotune.data import call_model, to_device
 from autotune.errors import InputError
@@ -21,7 +22,7 @@ from autotune.trial.build import build
 from autotune.trial.context import Context
 from autotune.trial.faults import one_line
 from autotune.trial.fidelity import attention_mask
-from autotune.trial.guard import Reference, check_finite, collect_outputs, evaluate, make_reference
+from autotune.trial.guard import Reference, check_finite, collect_outputs, evaluate, make_reference, per_sample
 from autotune.trial.measure import MeasureSettings, measure, memory_mark, noise_reason, size_bytes
 from autotune.trial.spec import WorkerSpec
 
@@ -49,33 +50,42 @@ class TrialContext(Context):
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
         import numpy as np
-        from torch.utils.data import default_collate
+
+        from autotune.batching import lengths_of
 
         spec = self.spec
+        collate = self.collate
         size = spec.baseline["batch_size"]
         held = set(spec.val_indices)
         pool = [i for i in range(len(spec.dataset)) if i not in held] or list(range(len(spec.dataset)))
         picked = np.random.default_rng(spec.seed + 1).permutation(pool)[: size * spec.n_calibration].tolist()
-        calibration = [
-            default_collate([spec.dataset[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)
-        ]
+        calibration = [collate([spec.dataset[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)]
         return BuildExtras(
             # At least two samples: an export traced at batch 1 would specialise the batch size.
-            example=default_collate(self.samples[: max(2, min(8, len(self.samples)))]),
+            example=collate(self.samples[: max(2, min(8, len(self.samples)))]),
             calibration=calibration,
             loss_fn=spec.loss_fn,
             train_dataset=finetune_dataset(spec),
             batch_size=size,
             prune_ignore=tuple(spec.prune_ignore),
             seed=spec.seed,
+            collate_fn=spec.collate_fn,
+            lengths=lengths_of(spec.dataset) if spec.sequence else None,
         )
 
-    def _probe(self, state: BuildState) -> None:
+    def collate(self, samples: list[Any]) -> Any:
+        """One batch of ``samples`` with the run's collate (as given: no trimming)."""
         from torch.utils.data import default_collate
 
+        return (self.spec.collate_fn or default_collate)(samples)
+
+    def _probe(self, state: BuildState) -> None:
         from autotune.data import has_tensor
 
-        batch = default_collate(self.samples[:2])
+        try:
+            batch = self.collate(self.samples[:2])
+        except Exception as exc:
+            raise InputError(f"collate_fn failed on the first two samples: {one_line(exc)}") from exc
         try:
             with torch.inference_mode():
                 out = call_model(state.model, to_device(batch, torch.device(state.device)))
@@ -114,6 +124,7 @@ class TrialContext(Context):
             self.reference.outputs,
             self.reference.kinds,
             self.reference.mask,
+            collate=self.extras.collate_fn,
         )
         result["guard_s"] = time.perf_counter() - guard_start
         result["metric"] = value
@@ -173,6 +184,7 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "mask": self.reference.mask,
             "metric_chunk": self.reference.chunk,
+            "batching": state.batching() if per_sample(state) else None,
         }
         size, out = state.batch_size, Path(out_dir)
         by_format = {}
@@ -223,6 +235,12 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "max_metric_drop": self.spec.max_metric_drop,
         }
+        if per_sample(state):
+            # Token sequences: the batches as the winner makes them, so verify runs the artifact on
+            # the lengths it was checked on and compares sample by sample.
+            batching = state.batching(lengths_of(self.samples))
+            parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
+            parity["mask"] = self.reference.mask
         torch.save(parity, out / "parity.pt")
         return {"artifacts": artifacts}
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from autotune.data import call_model, to_device
+from autotune.data import batch_size_of, call_model, to_device
 from autotune.knobs.state import BuildState, unwrap
 from autotune.trial.build import make_loader, settings_active
 
@@ -236,6 +236,14 @@ def window_stats(windows: list[float], latencies: list[float]) -> dict[str, floa
     }
 
 
+def _compiled_frames() -> int:
+    """Frames torch.compile has compiled in this process so far (0 before it is first used)."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    return 0 if utils is None else int(utils.counters["frames"]["total"])
+
+
 def measure(
     state: BuildState,
     dataset: Any,
@@ -257,7 +265,9 @@ def measure(
         ``latency_ms_p50``/``_p95`` per batch (device time from the copy to the outputs);
         ``others_cpu`` (mean share of the machine's CPU other processes used during the
         windows) and ``others_cpu_max``; ``peak_mem_mib`` (the trial's own: see
-        :func:`memory_mark`); ``compile_s`` (warm-up); ``timed_s``; ``n_windows``; ``batch_size``.
+        :func:`memory_mark`); ``compile_s`` (warm-up); ``recompiles`` (graphs torch.compile
+        compiled during the timed windows: new shapes the warm-up did not see, timed as they
+        would be in use); ``timed_s``; ``n_windows``; ``batch_size``.
 
     Example:
         >>> import torch
@@ -288,6 +298,7 @@ def measure(
                 call_model(state.model, to_device(next(batches), device, non_blocking=state.non_blocking))
             _sync(device)
             compile_s = time.perf_counter() - start
+            compiled_before = _compiled_frames()
             timed_start = time.perf_counter()
             for _ in range(settings.n_windows):
                 events: list[tuple[Any, Any]] = []
@@ -306,7 +317,7 @@ def measure(
                         b_start = time.perf_counter()
                         call_model(state.model, to_device(batch, device))
                         latencies.append((time.perf_counter() - b_start) * 1e3)
-                    n_samples += state.batch_size if drop_last else len(dataset)
+                    n_samples += batch_size_of(batch)
                     if time.perf_counter() - w_start >= settings.window_s:
                         break
                 _sync(device)
@@ -314,6 +325,7 @@ def measure(
                 others.append(probe.stop())
                 latencies += [b.elapsed_time(e) for b, e in events]
             timed_s = time.perf_counter() - timed_start
+            recompiles = _compiled_frames() - compiled_before
     finally:
         batches.close()  # shuts down the loader's workers
         del loader
@@ -324,6 +336,7 @@ def measure(
         "gpu_others": sharing,
         "peak_mem_mib": max(0.0, _peak_mib(device) - mark),
         "compile_s": compile_s,
+        "recompiles": recompiles,
         "timed_s": timed_s,
         "n_windows": settings.n_windows,
         "batch_size": state.batch_size,

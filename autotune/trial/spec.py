@@ -48,6 +48,10 @@ class WorkerSpec:
             effective batch size; the same number of samples for every trial).
         loss_tolerance: Training mode: largest relative change of the final mean loss.
         output_kind: How fidelity judges each output (see :func:`autotune.trial.fidelity.infer_kinds`).
+        collate_fn: The base collate of every batch (the user's or the padding collate), or
+            ``None`` for ``default_collate``.
+        sequence: The samples are token sequences: batched by the ``padding`` and
+            ``length_grouping`` knobs and compared sample by sample.
     """
 
     model: Any
@@ -70,6 +74,8 @@ class WorkerSpec:
     n_train_steps: int = 20
     loss_tolerance: float = 0.05
     output_kind: Any = "auto"
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    sequence: bool = False
 
 
 @dataclasses.dataclass

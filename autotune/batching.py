@@ -1,0 +1,278 @@
+"""How samples become batches: the user's collate (or an automatic padding collate), padding
+trimmed to each batch's real tokens, and batches of similar lengths, with every output put
+back in dataset order.
+
+Sequence samples are dicts (or ``(inputs, target)`` with dict inputs) whose inputs hold 1-D
+integer tensors and, usually, an ``attention_mask`` (1 = real token, 0 = padding). A batch of
+them is ``(batch, seq)`` per input. Everything that iterates a tuned pipeline (the timed
+windows, the guard, :func:`autotune.dataloader`, :func:`autotune.predict`, the exported
+predictor) batches through one :class:`Batching`, so what was measured is what runs.
+
+Example:
+    >>> import torch
+    >>> samples = [{"input_ids": torch.ones(n, dtype=torch.long), "attention_mask": torch.ones(n, dtype=torch.long)}
+    ...            for n in (3, 7, 2, 6)]
+    >>> b = Batching(batch_size=2, collate_fn=pad_collate, padding="trim", grouping=2, lengths=[3, 7, 2, 6])
+    >>> b.plan(4)  # longest first within a window of 2 batches
+    [[1, 3], [0, 2]]
+    >>> b.collate([samples[i] for i in (1, 3)])["input_ids"].shape
+    torch.Size([2, 7])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from autotune.data import MASK_KEY, SequenceInfo, is_token_sequence, sample_inputs, sequence_info, token_length
+from autotune.errors import InputError
+
+__all__ = [
+    "GROUPINGS",
+    "PADDINGS",
+    "Batching",
+    "MASK_KEY",
+    "SequenceInfo",
+    "fit_width",
+    "join_samples",
+    "lengths_of",
+    "pad_collate",
+    "sequence_info",
+    "split_samples",
+    "trim_batch",
+]
+
+# "as_given": batches as the collate makes them; "trim": cut to the batch's longest real
+# sequence; "trim_N": the same, rounded up to a multiple of N (fewer shapes for a compiler).
+PADDINGS = ("as_given", "trim", "trim_8", "trim_16", "trim_32")
+# 0: batches in dataset order; k: samples sorted by length within windows of k batches.
+GROUPINGS = (0, 4, 16, 64)
+
+
+def lengths_of(dataset: Any) -> list[int]:
+    """The real length of every sample of ``dataset``, in order."""
+    out = []
+    for i in range(len(dataset)):
+        inputs = sample_inputs(dataset[i])
+        out.append(token_length(inputs) if inputs is not None else 0)
+    return out
+
+
+def fit_width(outputs: Any, width: int, like: Any) -> Any:
+    """Token-level leaves of ``outputs`` cut or zero-padded to ``width`` positions, so they line
+    up with a batch of that width (``like``: a leaf-for-leaf reference of which leaves are
+    token-level, as :func:`join_samples` made them)."""
+    import torch
+
+    def fit(t: Any) -> Any:
+        token_level = isinstance(t, torch.Tensor) and (t.dim() >= 3 or (t.dim() == 2 and not t.is_floating_point()))
+        if not token_level or t.shape[1] == width:
+            return t
+        if t.shape[1] > width:
+            return t[:, :width]
+        pad = t.new_zeros((t.shape[0], width - t.shape[1], *t.shape[2:]))
+        return torch.cat([t, pad], 1)
+
+    from autotune.data import map_tensors
+
+    return map_tensors(fit, outputs) if like is not None else outputs
+
+
+def pad_collate(samples: Sequence[Any], pad_values: Mapping[str, int] | None = None) -> Any:
+    """Collate samples whose 1-D integer inputs differ in length: each such input is padded on
+    the right to the batch's longest with its pad value (``pad_values``, default 0; the mask's
+    padding is always 0), then batched as ``default_collate`` does.
+
+    Example:
+        >>> import torch
+        >>> batch = pad_collate([{"input_ids": torch.tensor([5, 6, 7])}, {"input_ids": torch.tensor([8])}])
+        >>> batch["input_ids"].tolist()
+        [[5, 6, 7], [8, 0, 0]]
+    """
+    import torch
+    from torch.utils.data import default_collate
+
+    def pad(items: list[Any], key: str | None) -> Any:
+        if all(is_token_sequence(x) for x in items) and len({x.shape[0] for x in items}) > 1:
+            fill = 0 if key == MASK_KEY else (pad_values or {}).get(key, 0)
+            return torch.nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=fill)
+        if isinstance(items[0], Mapping):
+            return {k: pad([x[k] for x in items], k) for k in items[0]}
+        return default_collate(items)
+
+    if isinstance(samples[0], Mapping):
+        return pad(list(samples), None)
+    if isinstance(samples[0], (tuple, list)):
+        return type(samples[0])(pad([s[i] for s in samples], None) for i in range(len(samples[0])))
+    return default_collate(list(samples))
+
+
+def _span(mask: Any) -> tuple[int, int]:
+    """Columns ``[lo, hi)`` that hold a real token in any row of a ``(batch, seq)`` mask."""
+    import torch
+
+    real = torch.nonzero(mask.sum(0) > 0).flatten()
+    if real.numel() == 0:
+        return 0, 1
+    return int(real[0]), int(real[-1]) + 1
+
+
+def trim_batch(batch: Any, multiple: int = 1) -> Any:
+    """``batch`` with its padding columns cut: every ``(batch, seq, ...)`` tensor keeps the
+    columns where the attention mask has a real token in some row (right or left padding),
+    widened to a multiple of ``multiple`` (never beyond the batch's own width). A batch without
+    an attention mask is returned as it is."""
+    import torch
+
+    inputs = sample_inputs(batch)
+    mask = None if inputs is None else inputs.get(MASK_KEY)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2:
+        return batch
+    n, width = mask.shape
+    lo, hi = _span(mask)
+    keep = min(width, -(-(hi - lo) // multiple) * multiple)
+    hi = min(width, lo + keep)
+    lo = hi - keep
+    if (lo, hi) == (0, width):
+        return batch
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == n and value.shape[1] == width:
+            return value[:, lo:hi]
+        if isinstance(value, Mapping):
+            return {k: cut(v) for k, v in value.items()}
+        if isinstance(value, (tuple, list)):
+            return type(value)(cut(v) for v in value)
+        return value
+
+    return cut(batch)
+
+
+@dataclasses.dataclass
+class Batching:
+    """How a configuration batches samples.
+
+    Attributes:
+        batch_size: Samples per batch.
+        collate_fn: The base collate (the user's, :func:`pad_collate`, or ``default_collate``).
+        padding: One of :data:`PADDINGS`.
+        grouping: One of :data:`GROUPINGS` (0: dataset order).
+        lengths: Real length of every sample, needed for ``grouping``.
+    """
+
+    batch_size: int
+    collate_fn: Callable[[list[Any]], Any] | None = None
+    padding: str = "as_given"
+    grouping: int = 0
+    lengths: Sequence[int] | None = None
+
+    def collate(self, samples: list[Any]) -> Any:
+        """One batch of ``samples``, padded as this batching says."""
+        from torch.utils.data import default_collate
+
+        batch = (self.collate_fn or default_collate)(samples)
+        if self.padding == "as_given":
+            return batch
+        return trim_batch(batch, 1 if self.padding == "trim" else int(self.padding.split("_")[1]))
+
+    def plan(self, n: int, lengths: Sequence[int] | None = None) -> list[list[int]]:
+        """The sample indices of each batch, in the order the batches run. With grouping, the
+        indices are sorted by length (longest first) within windows of ``grouping`` batches,
+        so each batch holds samples of similar length."""
+        lengths = self.lengths if lengths is None else lengths
+        size = self.batch_size
+        if not self.grouping or lengths is None:
+            return [list(range(i, min(i + size, n))) for i in range(0, n, size)]
+        window = size * self.grouping
+        out = []
+        for start in range(0, n, window):
+            ids = sorted(range(start, min(start + window, n)), key=lambda i: -lengths[i])
+            out += [ids[i : i + size] for i in range(0, len(ids), size)]
+        return out
+
+    def sampler(self, n: int) -> list[list[int]] | None:
+        """A ``batch_sampler`` for a DataLoader over ``n`` samples, or ``None`` for plain batching."""
+        return self.plan(n) if self.grouping and self.lengths is not None else None
+
+    def batches(self, samples: Sequence[Any], lengths: Sequence[int] | None = None) -> Iterator[tuple[list[int], Any]]:
+        """``(indices, batch)`` over ``samples`` in the order this batching runs them."""
+        for ids in self.plan(len(samples), lengths):
+            yield ids, self.collate([samples[i] for i in ids])
+
+
+def split_samples(outputs: Any, batch: Any) -> list[Any]:
+    """A batch's outputs as one output per sample. A token-level tensor (``(batch, seq, ...)``
+    with the batch's sequence width) keeps each sample's real tokens only, so the same sample
+    gives the same output whatever it was batched with."""
+    import torch
+
+    from autotune.data import map_tensors, slice_batch
+
+    inputs = sample_inputs(batch)
+    mask = None if inputs is None else inputs.get(MASK_KEY)
+    n = len(mask) if isinstance(mask, torch.Tensor) else None
+    pieces = []
+    count = n if n is not None else _batch_len(outputs)
+    for i in range(count):
+        one = slice_batch(outputs, i + 1, i)
+        if isinstance(mask, torch.Tensor) and mask.dim() == 2:
+            real = mask[i].bool()
+
+            def keep(t: Any, real: Any = real) -> Any:
+                return t[:, real.to(t.device)] if _token_level(t, real.shape[0]) else t
+
+            one = map_tensors(keep, one)
+        pieces.append(one)
+    return pieces
+
+
+def _token_level(t: Any, width: int) -> bool:
+    """Whether an output holds one value per position of a ``width``-wide batch: ``(b, seq, ...)``,
+    or ``(b, seq)`` integers (a float ``(b, n)`` is a vector, whatever ``n`` is)."""
+    if t.dim() < 2 or t.shape[1] != width:
+        return False
+    return t.dim() >= 3 or not t.is_floating_point()
+
+
+def _batch_len(outputs: Any) -> int:
+    from autotune.data import tensor_leaves
+
+    leaves = [t for t in tensor_leaves(outputs) if t.dim() > 0]
+    if not leaves:
+        raise InputError("The model's outputs have no batch axis to split into samples.")
+    return int(leaves[0].shape[0])
+
+
+def join_samples(pieces: list[Any]) -> tuple[Any, Any]:
+    """Per-sample outputs joined into one batch-like structure, and its token mask.
+
+    Token-level leaves of different lengths are padded with zeros to the longest; the mask
+    (``(n, longest)``, 1 on real tokens) lets fidelity judge real positions only. Returns
+    ``(outputs, mask)``; ``mask`` is ``None`` when no leaf is token-level.
+    """
+    import torch
+
+    mask: list[Any] = [None]
+
+    def join(items: list[Any]) -> Any:
+        head = items[0]
+        if isinstance(head, torch.Tensor):
+            if head.dim() >= 2 and len({t.shape[1] for t in items}) > 1:
+                width = max(t.shape[1] for t in items)
+                out = head.new_zeros((len(items), width, *head.shape[2:]))
+                real = torch.zeros(len(items), width, dtype=torch.bool)
+                for i, t in enumerate(items):
+                    out[i, : t.shape[1]] = t[0]
+                    real[i, : t.shape[1]] = True
+                if mask[0] is None or mask[0].shape == real.shape:
+                    mask[0] = real
+                return out
+            return torch.cat(items) if head.dim() > 0 else head
+        if isinstance(head, Mapping):
+            return {k: join([x[k] for x in items]) for k in head}
+        if isinstance(head, (tuple, list)):
+            return type(head)(join([x[i] for x in items]) for i in range(len(head)))
+        return head
+
+    return join(pieces), mask[0]

@@ -1,0 +1,169 @@
+"""Text pipelines end to end: samples of natural length, a collate_fn or a DataLoader, trimmed
+padding and length-sorted batches, outputs per sample in dataset order."""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import autotune
+from tests.models import TextEncoder, text_data
+
+# The machine's load must not veto these: they are about what runs, not about the claim.
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
+COMMON = {"device": "cpu", "isolation": "inprocess", "measure": FAST, "n_verify_pairs": 2}
+
+
+def _own_outputs(model, samples):
+    model = model.eval()
+    with torch.inference_mode():
+        return [model(**{k: v[None] for k, v in s.items()})[0] for s in samples]
+
+
+class IgnoresMask(TextEncoder):
+    """Pools over every position, padding included: its outputs depend on how much padding there is."""
+
+    def forward(self, input_ids, attention_mask):
+        return super().forward(input_ids, torch.ones_like(attention_mask))
+
+
+def test_samples_of_natural_length_tune_and_predict_in_dataset_order(tmp_path):
+    data = text_data(72)
+    result = autotune.optimize(
+        TextEncoder(),
+        data,
+        space="quick",
+        fix={"length_grouping": 4},
+        n_trials=3,
+        out_dir=tmp_path,
+        export=(),
+        **COMMON,
+    )
+    assert result.best_config["padding"].startswith("trim") and result.best_config["length_grouping"] == 4
+    rows = json.loads((tmp_path / "best_config.json").read_text())
+    assert rows["data"] == {"collate": "pad", "pad_values": {}, "sequence": True}
+    out = autotune.predict(TextEncoder(), data, result.best_config, device="cpu")
+    for got, own in zip(out, _own_outputs(TextEncoder(), data), strict=True):
+        torch.testing.assert_close(got, own, atol=1e-5, rtol=1e-4)
+
+
+def test_a_dataloader_is_the_baseline_with_its_own_batch_size_and_collate(tmp_path):
+    from torch.utils.data import DataLoader
+
+    from autotune.batching import pad_collate
+
+    def collate(samples):  # the user's: pads to the batch's longest, as a Hugging Face collator does
+        return pad_collate(samples)
+
+    loader = DataLoader(text_data(48), batch_size=12, collate_fn=collate)
+    result = autotune.optimize(
+        TextEncoder(), loader, space={"base": None}, n_trials=1, out_dir=tmp_path, export=(), **COMMON
+    )
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert result.baseline["batch_size"] == 12 and best["data"]["collate"] == "user"
+
+
+def test_pre_padded_text_trims_and_groups_with_the_guard_holding(tmp_path):
+    data = text_data(64, pad_to=64)
+    fixed = {"padding": "trim", "length_grouping": 16}
+    result = autotune.optimize(
+        TextEncoder(), data, space={"base": None}, fix=fixed, n_trials=2, out_dir=tmp_path, export=(), **COMMON
+    )
+    trimmed = [t for t in result.study.trials if t.user_attrs.get("config", {}).get("padding") == "trim"]
+    assert trimmed and trimmed[0].user_attrs["status"] == "ok"
+    assert trimmed[0].user_attrs["metric_drop"] < 1e-4  # the same outputs, sample by sample
+
+
+def test_a_model_that_ignores_its_mask_cannot_trim(tmp_path):
+    data = text_data(64, pad_to=64)
+    result = autotune.optimize(
+        IgnoresMask(),
+        data,
+        space={"base": None},
+        fix={"padding": "trim"},
+        n_trials=2,
+        out_dir=tmp_path,
+        export=(),
+        **COMMON,
+    )
+    trimmed = [t for t in result.study.trials if t.user_attrs.get("config", {}).get("padding") == "trim"]
+    assert trimmed[0].user_attrs["status"] == "infeasible" and trimmed[0].user_attrs["kind"] == "guard"
+    assert result.best_config["padding"] == "as_given"
+
+
+def test_a_user_metric_sees_the_batches_the_collate_makes(tmp_path):
+    def metric(outputs, batch):
+        assert outputs.shape[0] == batch["input_ids"].shape[0]
+        return float(outputs.norm(dim=1).mean())
+
+    result = autotune.optimize(
+        TextEncoder(),
+        text_data(48),
+        metric=metric,
+        space={"base": None},
+        n_trials=1,
+        out_dir=tmp_path,
+        export=(),
+        **COMMON,
+    )
+    assert result.baseline["metric"] == pytest.approx(1.0, abs=1e-4)  # unit-norm embeddings
+
+
+def test_the_artifacts_take_any_length_and_verify_on_the_winners_batches(tmp_path):
+    data = text_data(48)
+    fixed = {"padding": "trim_8", "length_grouping": 4}
+    autotune.optimize(TextEncoder(), data, space={"base": None}, fix=fixed, n_trials=2, out_dir=tmp_path, **COMMON)
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert {a["status"] for a in best["artifacts"].values()} == {"ok"}
+    assert {a["status"] for a in autotune.verify(tmp_path)["artifacts"].values()} == {"ok"}
+    own = _own_outputs(TextEncoder(), data)
+    for fmt in ("onnx", "torchscript"):
+        out = autotune.load(tmp_path, format=fmt).predict(data)
+        for got, want in zip(out, own, strict=True):
+            torch.testing.assert_close(torch.as_tensor(got), want, atol=1e-4, rtol=1e-3)
+
+
+def test_lengths_that_nothing_can_batch_name_collate_fn():
+    with pytest.raises(autotune.InputError, match="collate_fn"):
+        autotune.plan(TextEncoder(), text_data(20, mask=False))
+    _, data, space = autotune.plan(TextEncoder(), text_data(20, mask=False), pad_values={"input_ids": 0})
+    assert data.collate == "pad" and space.values["length_grouping"] == [0, 4, 16, 64]
+
+
+def test_the_cli_takes_a_collate_fn_from_cfg(tmp_path):
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        textwrap.dedent(f"""
+        from autotune.batching import pad_collate
+        from tests.models import TextEncoder, text_data
+        model = TextEncoder
+        dataset = text_data(48)
+        def collate_fn(samples):
+            return pad_collate(samples)
+        options = {{"measure": {FAST!r}, "n_verify_pairs": 2, "export": (), "isolation": "inprocess"}}
+    """)
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "autotune",
+            "run",
+            str(cfg),
+            "--trials",
+            "2",
+            "--out",
+            str(tmp_path / "out"),
+            "--device",
+            "cpu",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    best = json.loads((tmp_path / "out" / "best_config.json").read_text())
+    assert best["data"]["collate"] == "user" and best["data"]["sequence"] is True

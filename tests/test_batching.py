@@ -1,0 +1,64 @@
+"""autotune.batching: padding collate, trimmed padding, length-grouped batches, outputs per sample."""
+
+import torch
+
+from autotune.batching import Batching, join_samples, pad_collate, split_samples, trim_batch
+
+
+def _sample(n: int, width: int | None = None) -> dict:
+    width = width or n
+    ids = torch.zeros(width, dtype=torch.long)
+    ids[:n] = torch.arange(1, n + 1)
+    mask = torch.zeros(width, dtype=torch.long)
+    mask[:n] = 1
+    return {"input_ids": ids, "attention_mask": mask}
+
+
+def test_pad_collate_pads_right_with_each_inputs_pad_value():
+    batch = pad_collate([_sample(3), _sample(1)], pad_values={"input_ids": 7})
+    assert batch["input_ids"].tolist() == [[1, 2, 3], [1, 7, 7]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]  # the mask always pads with 0
+
+
+def test_trim_cuts_to_the_longest_real_sequence_and_rounds_up():
+    batch = pad_collate([_sample(3, 40), _sample(5, 40)])
+    assert trim_batch(batch)["input_ids"].shape == (2, 5)
+    assert trim_batch(batch, 8)["attention_mask"].shape == (2, 8)
+    assert trim_batch(batch, 64)["input_ids"].shape == (2, 40)  # never wider than the batch
+
+
+def test_trim_handles_left_padding():
+    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 1]])
+    batch = {"input_ids": mask * 9, "attention_mask": mask, "labels": torch.tensor([0, 1])}
+    out = trim_batch(batch)
+    assert out["attention_mask"].tolist() == [[0, 1, 1], [1, 1, 1]]
+    assert out["labels"].tolist() == [0, 1]
+
+
+def test_grouped_plan_sorts_within_windows_and_covers_every_sample_once():
+    lengths = [5, 40, 7, 33, 2, 18, 30, 9, 11]
+    plan = Batching(batch_size=2, grouping=2, lengths=lengths).plan(len(lengths))
+    assert sorted(i for batch in plan for i in batch) == list(range(9))
+    assert plan[:2] == [[1, 3], [2, 0]]  # window of 4 samples, longest first
+    assert Batching(batch_size=2).plan(5) == [[0, 1], [2, 3], [4]]
+
+
+def test_per_sample_outputs_keep_real_tokens_and_line_up_across_batchings():
+    samples = [_sample(n) for n in (3, 6, 2, 5)]
+    model = torch.nn.Embedding(10, 4)
+
+    def outputs(batching: Batching) -> tuple:
+        pieces = [None] * len(samples)
+        for ids, batch in batching.batches(samples, [3, 6, 2, 5]):
+            tokens = model(batch["input_ids"])
+            out = {"tokens": tokens, "pooled": (tokens * batch["attention_mask"][..., None]).sum(1)}
+            for i, piece in zip(ids, split_samples(out, batch), strict=True):
+                pieces[i] = piece
+        return join_samples(pieces)
+
+    plain, mask = outputs(Batching(batch_size=4, collate_fn=pad_collate))
+    grouped, mask2 = outputs(Batching(batch_size=2, collate_fn=pad_collate, padding="trim", grouping=2))
+    assert plain["tokens"].shape == (4, 6, 4) and mask.sum(1).tolist() == [3, 6, 2, 5]
+    assert torch.equal(mask, mask2)
+    torch.testing.assert_close(plain["tokens"], grouped["tokens"])
+    torch.testing.assert_close(plain["pooled"], grouped["pooled"])
