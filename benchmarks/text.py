@@ -36,6 +36,7 @@ import importlib.util
 import inspect
 import os
 import re
+import warnings
 import zipfile
 from functools import cache
 from pathlib import Path
@@ -214,10 +215,12 @@ _CODE = re.compile(r">>>|==|!=|\s=\s|\(\)|[{}\[\]\\|*`<>#@$~^]|__|::|->|\w\.\w+\
 def _docstrings(module: object) -> list[str]:
     """The module's docstring and those of its public functions and classes, by name."""
     docs = [inspect.getdoc(module) or ""]
-    for name in sorted(dir(module)):
-        obj = getattr(module, name, None)
-        if not name.startswith("_") and (inspect.isroutine(obj) or inspect.isclass(obj)):
-            docs.append(inspect.getdoc(obj) or "")
+    with warnings.catch_warnings():  # typing.io and typing.re warn when touched (Python 3.11)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        for name in sorted(dir(module)):
+            obj = getattr(module, name, None)
+            if not name.startswith("_") and (inspect.isroutine(obj) or inspect.isclass(obj)):
+                docs.append(inspect.getdoc(obj) or "")
     return docs
 
 
