@@ -1,6 +1,7 @@
 """A real-text workload: the pretrained sentence encoder all-MiniLM-L6-v2 on real English
-sentences at their natural lengths, in plain PyTorch (no transformers), and the hand recipes an
-expert would try on it, timed against the usual padded baseline.
+sentences at their natural lengths, in plain PyTorch (no transformers). The hand recipes an
+expert would try on it, and the run that checks and times them against the usual padded
+baseline, are in benchmarks/text_recipes.py:
 
     python -m benchmarks.text                  # 384 sentences: correctness, then speed
     python -m benchmarks.text --quick          # 64 sentences, 2 rounds
@@ -24,7 +25,7 @@ Example (needs the weights):
     model = minilm()
     batch = pad_collate(tokenize(["A man is playing a guitar.", "Someone plays an instrument."]))
     emb = model(**batch)        # (2, 384), unit norm
-    float(emb[0] @ emb[1])      # about 0.6: a paraphrase
+    float(emb[0] @ emb[1])      # about 0.67: a paraphrase
 """
 
 from __future__ import annotations
@@ -249,7 +250,7 @@ def _all_sentences() -> tuple[str, ...]:
 
 
 def sentences(n: int = 384) -> list[str]:
-    """The first ``n`` of about 1,100 English sentences from the standard library's docstrings.
+    """The first ``n`` of about 1,200 English sentences (Python 3.11) from the standard library's docstrings.
 
     Source: ``inspect.getdoc`` of each module in :data:`STDLIB_MODULES` and of its public
     functions and classes; unindented paragraphs split into sentences at ``.``, ``!`` or ``?``
@@ -291,6 +292,11 @@ def tokenize(
             the pre-padded dataset of a ``padding="max_length", truncation=True`` user.
             ``None``: natural lengths.
     """
+    for name, value in (("max_length", max_length), ("pad_to", pad_to)):
+        if value is not None and not 2 <= value <= MAX_POSITIONS:
+            raise ValueError(
+                f"`{name}` must be in [2, {MAX_POSITIONS}] ([CLS], [SEP] and the positions), but got {value}."
+            )
     limit = min(max_length or MAX_SEQ_LENGTH, pad_to or MAX_SEQ_LENGTH)
     tokenizer = _tokenizer()
     tokenizer.enable_truncation(limit)
@@ -330,7 +336,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from benchmarks.text_recipes import run
 
-    run(64 if args.quick else args.n, 2 if args.quick else args.rounds, sensitivity=args.sensitivity)
+    try:
+        run(64 if args.quick else args.n, 2 if args.quick else args.rounds, sensitivity=args.sensitivity)
+    except (ImportError, ValueError) as e:  # the extra or the weights missing, a bad --n
+        parser.exit(2, f"{e}\n")
 
 
 if __name__ == "__main__":

@@ -360,8 +360,9 @@ def run(n: int = 384, n_rounds: int = 3, *, sensitivity: bool = False, n_keep_fp
 
     from benchmarks.text import PAD_TO, dataset, minilm, sentences
 
+    texts = sentences(n)  # first: a bad n fails before anything is loaded
     print(describe_machine(), flush=True)
-    model, texts = minilm(), sentences(n)
+    model = minilm()
     lengths = [len(s["input_ids"]) for s in dataset(n)]
     print(
         f"{n} sentences of {min(lengths)}-{max(lengths)} tokens (mean {sum(lengths) / n:.1f}); "
