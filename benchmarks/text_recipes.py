@@ -11,8 +11,11 @@ sentences at their natural lengths, padded per batch by ``pad_collate``:
     fp32_trimmed    batches in input order, each padded only to its own longest sentence
     fp32_sorted     batches of similar lengths (sorted by length), results put back in order
     bf16_padded     bf16 autocast, padded; bf16_sorted: bf16 autocast, sorted
-    ort_sorted      ONNX Runtime, sorted: a session of ``ort_session(model, path)``, float32
-                    or int8 (dynamic: int8 weights, activations quantized per batch)
+    ort_sorted      ONNX Runtime, sorted, on a session of ``ort_session(path)``: float32 from
+                    ``export_onnx(model, path)``, or int8 from ``quantize_int8(fp32_path, path)``
+                    (dynamic: int8 weights, activations quantized per batch)
+
+``int8_sensitivity`` quantizes one weight MatMul at a time and ranks them by the damage done.
 
 Example (needs the weights):
 
