@@ -23,6 +23,7 @@ import copy
 import dataclasses
 import json
 import math
+import platform
 import shutil
 import tempfile
 import time
@@ -123,7 +124,7 @@ def worst_cosine(reference: list, candidate: list) -> float:
         with np.errstate(invalid="ignore", divide="ignore"):
             cos = np.where(norms > 0, (a * b).sum(1) / norms, np.where(zero_a & zero_b, 1.0, 0.0))
         # Identical rows score exactly 1 (rounding can leave a row's cosine with itself below 1).
-        cos = np.where(np.all(a == b, axis=1), 1.0, np.nan_to_num(cos, nan=-1.0))
+        cos = np.where(np.all(a == b, axis=1), 1.0, np.where(np.isfinite(b).all(axis=1), cos, -1.0))
         worst = min(worst, float(cos.min(initial=1.0)))
     return worst
 
@@ -494,22 +495,31 @@ def _as_output(outs: list[np.ndarray]) -> Any:
     return outs[0] if len(outs) == 1 else list(outs)
 
 
-def _fake_quant(x: np.ndarray, lo: float, hi: float, qmin: int, qmax: int, axis: int | None = None) -> np.ndarray:
-    """``x`` quantized and dequantized on [lo, hi] widened to hold 0, as ONNX Runtime's
-    ``compute_scale_zp``: symmetric (zero point 0) when ``qmin == -qmax``."""
+def _qparams(lo: Any, hi: Any, qmin: int, qmax: int) -> tuple[np.ndarray, np.ndarray]:
+    """Scale and zero point for [lo, hi] widened to hold 0, as ONNX Runtime's ``compute_scale_zp``:
+    symmetric (zero point 0) when ``qmin == -qmax``."""
     lo, hi = np.minimum(lo, 0.0), np.maximum(hi, 0.0)
     if qmin == -qmax:
         hi = np.maximum(-lo, hi)
         lo = -hi
     scale = ((np.asarray(hi, np.float64) - lo) / (qmax - qmin)).astype(np.float32)
     scale = np.where(scale > np.finfo(np.float32).tiny, scale, np.float32(1.0))
-    zero = 0.0 if qmin == -qmax else np.clip(np.rint(qmin - lo / scale), qmin, qmax)
-    if axis is not None:  # per channel (symmetric, zero point 0): one scale per index on `axis`
+    zero = np.zeros_like(scale) if qmin == -qmax else np.clip(np.rint(qmin - lo / scale), qmin, qmax)
+    return scale, zero
+
+
+def _codes(x: np.ndarray, scale: Any, zero: Any, qmin: int, qmax: int) -> np.ndarray:
+    return np.clip(np.rint(x / scale) + zero, qmin, qmax)
+
+
+def _fake_quant(x: np.ndarray, lo: Any, hi: Any, qmin: int, qmax: int, axis: int | None = None) -> np.ndarray:
+    """``x`` quantized to [qmin, qmax] on [lo, hi] and dequantized; per channel along ``axis``."""
+    scale, zero = _qparams(lo, hi, qmin, qmax)
+    if axis is not None:
         shape = [1] * x.ndim
         shape[axis] = -1
-        scale = np.reshape(scale, shape)
-    q = np.clip(np.rint(x / scale) + zero, qmin, qmax)
-    return ((q - zero) * scale).astype(x.dtype)
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return ((_codes(x, scale, zero, qmin, qmax) - zero) * scale).astype(x.dtype)
 
 
 def _symmetric_weight(w: np.ndarray, axis: int | None) -> np.ndarray:
@@ -554,6 +564,56 @@ def _quantized_inputs(node: Any, arrays: list[list], inits: set[str], method: st
     return out
 
 
+def _u8s8_saturates() -> bool:
+    """Whether ONNX Runtime's uint8 x int8 kernels on this CPU add products in int16 pairs that
+    saturate (x86 without VNNI: ``VPMADDUBSW``, a loss its documentation warns of)."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return False
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return not any(flag in flags for flag in ("avx512_vnni", "avx_vnni", "amx_int8"))
+
+
+def _saturation(a: np.ndarray, a_range: tuple, w: np.ndarray, per_channel: bool) -> np.ndarray:
+    """What int16 pair saturation adds to ``a @ w`` (a: (M, K) activations, w: (K, N) weights)
+    when both are quantized: ``sum(clip(p) - p)`` over the pairs ``p`` of adjacent products of
+    uint8 and int8 codes, in the output's units. Mostly zeros."""
+    sa, za = _qparams(*a_range, 0, 255)
+    sw, _ = _qparams(w.min(axis=0), w.max(axis=0), -127, 127) if per_channel else _qparams(w.min(), w.max(), -127, 127)
+    qa, qw = _codes(a, sa, za, 0, 255).astype(np.int32), _codes(w, sw, 0, -127, 127).astype(np.int32)
+    if qa.shape[1] % 2:  # an odd K pairs its last product with a zero
+        qa, qw = np.pad(qa, ((0, 0), (0, 1))), np.pad(qw, ((0, 1), (0, 0)))
+    a0, a1, w0, w1 = qa[:, 0::2], qa[:, 1::2], qw[0::2], qw[1::2]
+    # |a0 w0 + a1 w1| <= max(a0, a1) (|w0| + |w1|): a bound that splits into a row and a column
+    # part, so only the few pairs, rows and columns that can pass 32767 are multiplied out.
+    row_max, col_sum = np.maximum(a0, a1), np.abs(w0) + np.abs(w1)
+    delta = np.zeros((qa.shape[0], qw.shape[1]), np.int64)
+    for j in np.nonzero(row_max.max(axis=0) * col_sum.max(axis=1) > 32767)[0]:
+        rows = np.nonzero(row_max[:, j] * col_sum[j].max() > 32767)[0]
+        cols = np.nonzero(col_sum[j] * row_max[rows, j].max() > 32767)[0]
+        pairs = a0[rows, j, None] * w0[j, cols] + a1[rows, j, None] * w1[j, cols]
+        delta[np.ix_(rows, cols)] += np.clip(pairs, -32768, 32767) - pairs
+    return (delta * (sa * sw)).astype(np.float32)
+
+
+def _saturating_operands(node: Any, inputs: list, inits: set[str]) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """(activations (M, K), weights (K, N), alpha) of a MatMul or Gemm whose product ONNX Runtime
+    runs as uint8 x int8, else ``None`` (Conv, activation x activation, unusual shapes)."""
+    attrs = {a.name: a for a in node.attribute}
+    if node.op_type not in ("MatMul", "Gemm") or node.input[1] not in inits or inputs[1].ndim != 2:
+        return None
+    if node.op_type == "Gemm" and "transA" in attrs and attrs["transA"].i:
+        return None
+    w = inputs[1].T if "transB" in attrs and attrs["transB"].i else inputs[1]
+    alpha = attrs["alpha"].f if "alpha" in attrs else 1.0
+    return inputs[0].reshape(-1, w.shape[0]), w, alpha
+
+
+_SATURATION_ROWS = 256  # rows per batch the saturation emulation looks at, bounding its worst case
+
+
 def _node_session(node: Any, example: list[np.ndarray], model: Any) -> Any:
     """A session running ``node`` alone, its inputs renamed ``in_0, in_1, ...`` and fed."""
     import onnx
@@ -592,6 +652,23 @@ def _capture(model: Any, nodes: list[Any], feeds: list[dict]) -> list[dict[str, 
     return [{**feed, **dict(zip(names, outs, strict=True))} for feed, outs in zip(feeds, runs, strict=True)]
 
 
+def _layer_error(node: Any, inputs: list, y_q: np.ndarray, y: np.ndarray, job: dict) -> tuple[float, float]:
+    """(||y_q - y||^2, ||y||^2) of one layer on one batch; ``y_q`` computed from fake-quantized
+    inputs, corrected for int16 pair saturation where this CPU's kernels saturate."""
+    rows = slice(None)
+    operands = _saturating_operands(node, inputs, job["inits"]) if job["saturate"] else None
+    if operands is not None:
+        a, w, alpha = operands
+        rows = np.linspace(0, len(a) - 1, min(len(a), _SATURATION_ROWS)).round().astype(int)
+        a_range = job["ranges"][node.input[0]] if job["method"] == "int8_static" else (a.min(), a.max())
+        per_channel = job["method"] == "int8_static"
+        y, y_q = y.reshape(len(a), -1)[rows], y_q.reshape(len(a), -1)[rows]
+        y_q = y_q + alpha * _saturation(a[rows], a_range, w, per_channel)
+    if job["method"] == "int8_static":  # the QDQ quantizer quantizes the layer's output too
+        y_q = _fake_quant(y_q, *job["ranges"][node.output[0]], 0, 255)
+    return float(np.sum((y_q.astype(np.float64) - y) ** 2)), float(np.sum(y.astype(np.float64) ** 2))
+
+
 def _cheap_onnx(model: Any, nodes: list[Any], feeds: list[dict], method: str) -> dict[str, float]:
     from onnx import numpy_helper
 
@@ -600,19 +677,17 @@ def _cheap_onnx(model: Any, nodes: list[Any], feeds: list[dict], method: str) ->
     ranges = {}  # static int8: each activation's range over all calibration batches
     for name in {n for node in nodes for n in [*node.input, node.output[0]] if n and n not in weights}:
         ranges[name] = (min(float(c[name].min()) for c in captured), max(float(c[name].max()) for c in captured))
+    job = {"method": method, "ranges": ranges, "inits": set(weights), "saturate": _u8s8_saturates()}
     errors = {}
     for node in nodes:
         arrays = [[c[n] if n in c else weights.get(n) for n in node.input] for c in captured]
         quantized = _quantized_inputs(node, arrays, set(weights), method, ranges)
         session = _node_session(node, arrays[0], model)
         num = den = 0.0
-        for c, row in zip(captured, quantized, strict=True):
-            y = c[node.output[0]]
+        for c, inputs, row in zip(captured, arrays, quantized, strict=True):
             y_q = session.run(None, {f"in_{i}": a for i, a in enumerate(row) if node.input[i]})[0]
-            if method == "int8_static":  # the QDQ quantizer quantizes the layer's output too
-                y_q = _fake_quant(y_q, *ranges[node.output[0]], 0, 255)
-            num += float(np.sum((y_q.astype(np.float64) - y) ** 2))
-            den += float(np.sum(y.astype(np.float64) ** 2))
+            d_num, d_den = _layer_error(node, inputs, y_q, c[node.output[0]], job)
+            num, den = num + d_num, den + d_den
         errors[node.name] = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
     return errors
 
@@ -701,7 +776,11 @@ class _OnnxJob:
             )
         self.prepared = workdir / "prepared.onnx"
         onnx.save(self.model, str(self.prepared))
-        session = _session(str(self.prepared))
+        try:
+            session = _session(str(self.prepared))
+        except Exception as exc:
+            text = " ".join(str(exc).split())[:300]
+            raise InputError(f"ONNX Runtime cannot load {Path(src).name}: {type(exc).__name__}: {text}") from exc
         self.feeds = _onnx_feeds(list(batches), session)
         self.reference = [_as_output(o) for o in _run_all(session, self.feeds, "The float graph")]
 
@@ -755,8 +834,9 @@ def rank_onnx(
         batches: Calibration batches (tensors, arrays, tuples or dicts, as the export example).
         score: ``score(reference_outputs, candidate_outputs) -> float``, higher is better.
         budget_s: Seconds after which no further layer is refined (the cheap pass always runs).
-        refine: ``True`` refines the top of the cheap ranking (see :func:`_candidates`), an int
-            that many layers, ``False`` none.
+        refine: ``True`` refines the top quarter of the cheap ranking (at least 4 layers),
+            widened while the next layer's cheap error is within a factor of 2 of the last
+            one's; an int refines that many (widened the same way); ``False`` none.
 
     Returns:
         A :class:`Ranking`, most sensitive first.
@@ -975,15 +1055,20 @@ def quantize_torch_except(model: nn.Module, keep_float: Iterable[str]) -> nn.Mod
 
     Example:
         >>> q = quantize_torch_except(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).eval(), ["1"])
-        >>> [type(m).__name__ for m in q]
-        ['Linear', 'Linear']
+        >>> [m._get_name() for m in q]
+        ['DynamicQuantizedLinear', 'Linear']
     """
     layers = torch_layers(model)
     if not layers:
         raise TrialError("unsupported", f"int8_dynamic found no nn.Linear to quantize in {type(model).__name__}.")
     keep = set(_check_keep(keep_float, layers))
-    quantized = _dynamic_int8(copy.deepcopy(model), {n for n in layers if n not in keep})
+    return _int8_copy(model, {n for n in layers if n not in keep})
+
+
+def _int8_copy(model: nn.Module, names: set[str]) -> nn.Module:
+    quantized = _dynamic_int8(copy.deepcopy(model), names)
     if any(isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) for m in quantized.modules()):
+        # Their fused fast path reads float weights that quantized Linears do not have.
         quantized = _WithoutFastPath(quantized)
     return quantized
 
@@ -993,10 +1078,14 @@ def _cheap_torch(model: nn.Module, layers: list[str], batches: list) -> dict[str
     dynamic int8 kernel (activations per tensor on each batch's range, weights per tensor)."""
     modules = dict(model.named_modules())
     seen: dict[str, list] = {name: [] for name in layers}
-    hooks = [
-        modules[name].register_forward_hook(lambda m, args, out, name=name: seen[name].append((args[0], out)))
-        for name in layers
-    ]
+
+    def keep(name: str) -> Callable:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
+            seen[name].append((args[0] if args else kwargs["input"], out))
+
+        return hook
+
+    hooks = [modules[name].register_forward_hook(keep(name), with_kwargs=True) for name in layers]
     try:
         _torch_outputs(model, batches, "The float model")
     finally:
@@ -1048,7 +1137,7 @@ def rank_torch(
     cheap = _cheap_torch(model, layers, batches)
 
     def measure(name: str) -> float:
-        single = _dynamic_int8(copy.deepcopy(model), {name})
+        single = _int8_copy(model, {name})
         return score(reference, _torch_outputs(single, batches, "The int8 model"))
 
     exact = _refine(_candidates(cheap, refine), measure, budget_s, start)
