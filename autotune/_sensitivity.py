@@ -8,7 +8,7 @@ float so that a caller's criterion holds.
 
 Ranking has two passes. The cheap one runs the float model once, captures each layer's input and
 output, and measures the relative error int8 causes at that layer alone
-(``||y_int8 - y|| / ||y||``). The exact one quantizes a single layer of the whole model and scores
+(``||y_int8 - y|| / ||y||``), emulating the int8 arithmetic as the runtime does it on this CPU. The exact one quantizes a single layer of the whole model and scores
 the model's outputs with the caller's criterion; it runs only for the layers the cheap pass puts
 at the top, within a time budget.
 
@@ -598,17 +598,40 @@ def _saturation(a: np.ndarray, a_range: tuple, w: np.ndarray, per_channel: bool)
     return (delta * (sa * sw)).astype(np.float32)
 
 
-def _saturating_operands(node: Any, inputs: list, inits: set[str]) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """(activations (M, K), weights (K, N), alpha) of a MatMul or Gemm whose product ONNX Runtime
-    runs as uint8 x int8, else ``None`` (Conv, activation x activation, unusual shapes)."""
+def _saturating_operands(node: Any, inputs: list, inits: set[str], method: str) -> tuple | None:
+    """``(a, w, alpha, to_rows)`` of a layer whose product ONNX Runtime runs as uint8 x int8 with
+    pair saturation, else ``None``: ``a @ w`` with a (M, K) and w (K, N) is the layer's output
+    as ``to_rows`` lays it out, (M, N). MatMul and Gemm with a constant weight; static 2-D Conv
+    with one group (measured: ConvInteger does not saturate, QLinearConv does)."""
     attrs = {a.name: a for a in node.attribute}
-    if node.op_type not in ("MatMul", "Gemm") or node.input[1] not in inits or inputs[1].ndim != 2:
+    if node.input[1] not in inits:
         return None
-    if node.op_type == "Gemm" and "transA" in attrs and attrs["transA"].i:
+    if node.op_type == "Conv":
+        return _conv_operands(attrs, *inputs[:2]) if method == "int8_static" else None
+    if inputs[1].ndim != 2 or (node.op_type == "Gemm" and "transA" in attrs and attrs["transA"].i):
         return None
     w = inputs[1].T if "transB" in attrs and attrs["transB"].i else inputs[1]
     alpha = attrs["alpha"].f if "alpha" in attrs else 1.0
-    return inputs[0].reshape(-1, w.shape[0]), w, alpha
+    return inputs[0].reshape(-1, w.shape[0]), w, alpha, lambda y: y.reshape(-1, w.shape[1])
+
+
+def _conv_operands(attrs: dict, x: np.ndarray, w: np.ndarray) -> tuple | None:
+    """A 2-D Conv as a matrix product over an im2col laid out as ONNX Runtime's NHWC kernels
+    read it: each row one output pixel, its columns kernel position-major, channel-minor."""
+    group = attrs["group"].i if "group" in attrs else 1
+    auto_pad = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
+    if w.ndim != 4 or x.ndim != 4 or group != 1 or auto_pad != "NOTSET":
+        return None
+    top, left, bottom, right = list(attrs["pads"].ints) if "pads" in attrs else [0, 0, 0, 0]
+    strides = list(attrs["strides"].ints) if "strides" in attrs else [1, 1]
+    dilations = list(attrs["dilations"].ints) if "dilations" in attrs else [1, 1]
+    out, channels, kh, kw = w.shape
+    padded = torch.nn.functional.pad(torch.from_numpy(x), (left, right, top, bottom))  # zeros: the zero point
+    cols = torch.nn.functional.unfold(padded, (kh, kw), dilation=dilations, stride=strides)  # (N, C*kh*kw, L)
+    n, _, length = cols.shape
+    a = cols.reshape(n, channels, kh * kw, length).permute(0, 3, 2, 1).reshape(n * length, -1).numpy()
+    matrix = w.transpose(2, 3, 1, 0).reshape(-1, out)
+    return a, matrix, 1.0, lambda y: np.moveaxis(y, 1, -1).reshape(-1, out)
 
 
 _SATURATION_ROWS = 256  # rows per batch the saturation emulation looks at, bounding its worst case
@@ -655,15 +678,14 @@ def _capture(model: Any, nodes: list[Any], feeds: list[dict]) -> list[dict[str, 
 def _layer_error(node: Any, inputs: list, y_q: np.ndarray, y: np.ndarray, job: dict) -> tuple[float, float]:
     """(||y_q - y||^2, ||y||^2) of one layer on one batch; ``y_q`` computed from fake-quantized
     inputs, corrected for int16 pair saturation where this CPU's kernels saturate."""
-    rows = slice(None)
-    operands = _saturating_operands(node, inputs, job["inits"]) if job["saturate"] else None
+    operands = _saturating_operands(node, inputs, job["inits"], job["method"]) if job["saturate"] else None
     if operands is not None:
-        a, w, alpha = operands
+        a, w, alpha, to_rows = operands
         rows = np.linspace(0, len(a) - 1, min(len(a), _SATURATION_ROWS)).round().astype(int)
-        a_range = job["ranges"][node.input[0]] if job["method"] == "int8_static" else (a.min(), a.max())
-        per_channel = job["method"] == "int8_static"
-        y, y_q = y.reshape(len(a), -1)[rows], y_q.reshape(len(a), -1)[rows]
-        y_q = y_q + alpha * _saturation(a[rows], a_range, w, per_channel)
+        static = job["method"] == "int8_static"
+        a_range = job["ranges"][node.input[0]] if static else (inputs[0].min(), inputs[0].max())
+        y, y_q = to_rows(y)[rows], to_rows(y_q)[rows]
+        y_q = y_q + alpha * _saturation(a[rows], a_range, w, per_channel=static)
     if job["method"] == "int8_static":  # the QDQ quantizer quantizes the layer's output too
         y_q = _fake_quant(y_q, *job["ranges"][node.output[0]], 0, 255)
     return float(np.sum((y_q.astype(np.float64) - y) ** 2)), float(np.sum(y.astype(np.float64) ** 2))
@@ -723,8 +745,9 @@ def _int8_layers(quantized: Any, layers: list[str], method: str) -> list[str]:
 
 
 def _quantize_file(prepared: Path, dst: Path, method: str, feeds: list[dict], **select: list[str]) -> Any:
-    """Run ONNX Runtime's quantizer on ``prepared`` into ``dst``: only MatMul, Gemm and Conv,
-    static int8 in QDQ format with per-channel weights, as ``autotune.export.onnx`` does."""
+    """Run ONNX Runtime's quantizer on ``prepared`` into ``dst``: static int8 in QDQ format with
+    per-channel weights, as ``autotune.export.onnx`` does, but only MatMul, Gemm and Conv (not
+    Gather, say), so every int8 op is a ranked layer and keeping all of them float means float."""
     import logging
 
     import onnx
@@ -825,7 +848,9 @@ def rank_onnx(
     layer's int8 error is emulated as ONNX Runtime quantizes (``int8_dynamic``: activations to
     uint8 on each batch's range, weights to int8 per tensor, symmetric; ``int8_static``:
     activations and outputs to uint8 on ranges over all batches, weights per channel) and
-    measured as ``||y_int8 - y|| / ||y||``. Exact pass: the top layers of the cheap ranking are
+    measured as ``||y_int8 - y|| / ||y||``. On x86 CPUs without VNNI, where ONNX Runtime adds
+    uint8 x int8 products in int16 pairs that saturate (MatMul, Gemm; Conv in static int8), the
+    emulation saturates them too, on up to 256 rows (tokens, pixels) per batch. Exact pass: the top layers of the cheap ranking are
     quantized one at a time in the whole graph and scored with ``score``, until ``budget_s``.
 
     Args:
