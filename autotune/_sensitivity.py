@@ -8,9 +8,10 @@ float so that a caller's criterion holds.
 
 Ranking has two passes. The cheap one runs the float model once, captures each layer's input and
 output, and measures the relative error int8 causes at that layer alone
-(``||y_int8 - y|| / ||y||``), emulating the int8 arithmetic as the runtime does it on this CPU. The exact one quantizes a single layer of the whole model and scores
-the model's outputs with the caller's criterion; it runs only for the layers the cheap pass puts
-at the top, within a time budget.
+(``||y_int8 - y|| / ||y||``), emulating the int8 arithmetic as the runtime does it on this CPU.
+The exact one quantizes a single layer of the whole model and scores the model's outputs with
+the caller's criterion; it runs only for the layers the cheap pass puts at the top, within a
+time budget.
 
 A criterion (``score``) takes the float model's outputs and a candidate's, one entry per
 calibration batch, and returns a number where higher is better; a candidate passes when
@@ -480,11 +481,11 @@ def _onnx_feeds(batches: list, session: Any) -> list[dict[str, np.ndarray]]:
     return feeds
 
 
-def _run_all(session: Any, feeds: list[dict], what: str, names: list[str] | None = None) -> list[list[np.ndarray]]:
+def _run_all(session: Any, feeds: list[dict], what: str) -> list[list[np.ndarray]]:
     out = []
     for i, feed in enumerate(feeds):
         try:
-            out.append(session.run(names, feed))
+            out.append(session.run(None, feed))
         except Exception as exc:
             text = " ".join(str(exc).split())[:300]
             raise InputError(f"{what} fails on calibration batch {i}: {type(exc).__name__}: {text}") from exc
@@ -784,7 +785,7 @@ class _OnnxJob:
 
         _check_method(method)
         _check_batches(batches)
-        self.method, self.workdir = method, workdir
+        self.method = method
         self.model = _prepare(src)
         self.nodes = _quantizable(self.model, method)
         self.layers = [n.name for n in self.nodes]
@@ -844,14 +845,15 @@ def rank_onnx(
 ) -> Ranking:
     """Rank an ONNX graph's quantizable layers by how much ``method`` hurts each alone.
 
-    Cheap pass: one run of the float graph captures each layer's inputs and output; each
-    layer's int8 error is emulated as ONNX Runtime quantizes (``int8_dynamic``: activations to
-    uint8 on each batch's range, weights to int8 per tensor, symmetric; ``int8_static``:
-    activations and outputs to uint8 on ranges over all batches, weights per channel) and
-    measured as ``||y_int8 - y|| / ||y||``. On x86 CPUs without VNNI, where ONNX Runtime adds
-    uint8 x int8 products in int16 pairs that saturate (MatMul, Gemm; Conv in static int8), the
-    emulation saturates them too, on up to 256 rows (tokens, pixels) per batch. Exact pass: the top layers of the cheap ranking are
-    quantized one at a time in the whole graph and scored with ``score``, until ``budget_s``.
+    Cheap pass: one run of the float graph captures each layer's inputs and output; each layer's
+    int8 error is emulated as ONNX Runtime quantizes (``int8_dynamic``: activations to uint8 on
+    each batch's range, weights to int8 per tensor, symmetric; ``int8_static``: activations and
+    outputs to uint8 on ranges over all batches, weights per channel) and measured as
+    ``||y_int8 - y|| / ||y||``. On x86 CPUs without VNNI, where ONNX Runtime adds uint8 x int8 products in
+    int16 pairs that saturate (MatMul, Gemm; Conv in static int8), the emulation saturates them
+    too, on up to 256 rows (tokens, pixels) per batch. Exact pass: the top layers of the cheap
+    ranking are quantized one at a time in the whole graph and scored with ``score``, until
+    ``budget_s``.
 
     Args:
         path: A float ONNX file.
@@ -921,6 +923,9 @@ def quantize_onnx_except(
     Raises:
         InputError: an unknown name in ``keep_float``, all layers in it, or bad calibration.
         TrialError: kind ``unsupported``: no quantizable layer, or ONNX Runtime refused a layer.
+
+    Example:
+        >>> quantize_onnx_except("m.onnx", "m.int8.onnx", "int8_dynamic", ranking.top(4), batches)  # doctest: +SKIP
     """
     src, dst = Path(src), Path(dst)
     with tempfile.TemporaryDirectory(prefix="autotune-int8-") as tmp:
@@ -964,6 +969,11 @@ def fallback_onnx(
         InputError: the ranking is for another model or method, or the float graph itself
             scores below ``threshold``.
         TrialError: kind ``unsupported``: ONNX Runtime refused a layer.
+
+    Example:
+        >>> args = ("m.onnx", "m.int8.onnx", "int8_dynamic", ranking, batches, worst_cosine, 0.99)  # doctest: +SKIP
+        >>> found = fallback_onnx(*args)  # doctest: +SKIP
+        >>> found["kept"], found["score"]  # doctest: +SKIP
     """
     dst = Path(dst)
     with tempfile.TemporaryDirectory(prefix="autotune-int8-") as tmp:
