@@ -51,5 +51,5 @@ def test_cfg_then_flags_override_in_order():
     }
     opts = Options.from_cfg(cfg, {"n_trials": 9, "space": None, "fix": {"num_threads": 1}})
     assert opts.n_trials == 9 and opts.space == "quick" and opts.fix == {"amp_dtype": "float32", "num_threads": 1}
-    with pytest.raises(autotune.ConfigError, match="Unknown option 'n_trial' in cfg.py's options. Known: "):
+    with pytest.raises(autotune.ConfigError, match=r"Unknown option 'n_trial' in cfg\.py's options\. Known: "):
         Options.from_cfg({"options": {"n_trial": 5}}, {})

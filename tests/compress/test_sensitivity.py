@@ -19,7 +19,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
-from autotune import _sensitivity as sens
+import autotune.compress as sens
 from autotune.errors import ConfigError, InputError, TrialError
 
 WIDTH = 32
