@@ -10,8 +10,7 @@ from torch import nn
 
 import autotune.compress.prune as _prune
 from autotune.errors import ConfigError, TrialError
-
-from .models import MLP, classification_data
+from tests.models import MLP, classification_data
 
 
 class ConvNet(nn.Module):

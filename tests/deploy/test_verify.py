@@ -11,8 +11,7 @@ from autotune.cli import main
 from autotune.deploy.verify import env_diff, verify
 from autotune.errors import ConfigError
 from autotune.export import export_artifacts
-
-from .models import Oracle, classification_data
+from tests.models import Oracle, classification_data
 
 
 @pytest.fixture(scope="module")

@@ -12,8 +12,7 @@ from torch import nn
 import autotune
 from autotune.errors import ConfigError, TrialError
 from autotune.trial.train_setup import FixedOrder, optimizer_factory, prepare, with_impl
-
-from .models import MLP, SmallCNN, classification_data
+from tests.models import MLP, SmallCNN, classification_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
