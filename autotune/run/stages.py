@@ -158,6 +158,17 @@ def _collate(opts: Options, data: Any) -> Any:
     return None
 
 
+def _stored_rankings(study: Any) -> dict[str, str]:
+    """INT8 sensitivity rankings earlier trials of the study computed, by key: a resumed run
+    and every worker of a shared study reuse them instead of ranking again."""
+    found = {}
+    for trial in study.get_trials(deepcopy=False):
+        key, ranking = trial.user_attrs.get("int8_ranking_key"), trial.user_attrs.get("int8_ranking")
+        if key and ranking:
+            found[key] = ranking
+    return found
+
+
 def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec: Any) -> dict[str, Any]:
     """The parts of ``best_config.json`` known before the search."""
     from autotune.search.storage import redact
@@ -239,6 +250,7 @@ def prepare(model: Any, dataset: Any, opts: Options) -> Run:
     )
     timing = opts.timing()
     spec = _worker_spec(model, inputs.dataset, opts, env, space, data, timing)
+    spec.int8_rankings = _stored_rankings(study)
     summary = _summary(opts, env, space, study, storage, spec)
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")
