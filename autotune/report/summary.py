@@ -91,6 +91,8 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "others_cpu",
         "n_measurements",
         "recompiles",
+        "float_bytes",
+        "int8_k",
         "trial_s",
         "wall_s",
     ]

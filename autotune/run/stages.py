@@ -180,6 +180,8 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
         guard = {"metric": "loss_curve", "loss_tolerance": opts.loss_tolerance}
     else:
         guard = {"metric": "fidelity", "max_metric_drop": opts.max_metric_drop}
+    if not opts.train:  # calibration (static int8, int8_fallback's ranking) never sees what the guard scores
+        guard.update(n_val=len(spec.val_indices), calibration="dataset samples outside the validation subset")
     if opts.loss_fn is not None and not opts.train:  # the split between what fine-tunes and what the guard scores
         source = "train_dataset" if opts.train_dataset is not None else "dataset samples outside the validation subset"
         guard.update(n_val=len(spec.val_indices), finetune_data=source)
