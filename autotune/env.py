@@ -343,6 +343,8 @@ class Env:
         data["executable"] = sys.executable
         data["cpu_count"] = os.cpu_count()
         data["cpu_model"] = _cpuinfo_field("model name") or platform.processor() or None
+        flags = _cpu_flags()  # the vector and matrix units int8 and bfloat16 speed depends on
+        data["cpu_isa"] = [f for f in ISA_FLAGS if f in flags]
         return data
 
     def hardware_key(self) -> str:

@@ -337,3 +337,25 @@ def text_data(n: int = 128, seed: int = 0, pad_to: int | None = None, mask: bool
         real[:length] = 1
         samples.append({"input_ids": padded, "attention_mask": real} if mask else {"input_ids": padded})
     return samples
+
+
+class FragileMLP(nn.Module):
+    """Linear 16-32-32-32-8 whose second layer (``fc.2``) reads an outlier channel: per-tensor
+    int8 of its input crushes every other channel, while the other layers quantize well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+        with torch.no_grad():
+            self.fc[0].bias[0] = 300.0  # channel 0 of fc.2's input is ~300, the rest ~1
+            self.fc[2].weight[:, 0] /= 300.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(x)
+
+
+def vector_data(n: int = 128, seed: int = 0) -> list:
+    """Samples of 16 normal features, no target."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(16, generator=gen) for _ in range(n)]

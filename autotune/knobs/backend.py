@@ -85,9 +85,19 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
     if precision == "fp16":
         ox.to_fp16(path, folder / "model.fp16.onnx")
         path = folder / "model.fp16.onnx"
-    elif precision != "fp32":
-        ox.quantize_onnx(path, folder / "model.int8.onnx", precision, extras.calibration)
-        path = folder / "model.int8.onnx"
+    elif precision.startswith("int8"):
+        state.info["float_bytes"] = path.stat().st_size  # the fp32 graph's size, beside the int8 one
+        dst = folder / "model.int8.onnx"
+        if config.get("int8_fallback", 0) != 0:
+            from autotune.compress.fallback import onnx_with_fallback
+
+            fallback = config["int8_fallback"]
+            state.info.update(
+                onnx_with_fallback(path, dst, precision, fallback, extras.calibration, extras.int8, config)
+            )
+        else:
+            ox.quantize_onnx(path, dst, precision, extras.calibration)
+        path = dst
     module = ox.OrtModule(
         path,
         info["input_names"],
@@ -106,6 +116,8 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
         "precision": precision,
         "ort": {**ort, "intra_op_threads": module.intra_op_threads},
     }
+    if "int8_kept" in state.info:  # the mixed graph: these layers stay float in the shipped file
+        state.artifact["int8_kept"] = list(state.info["int8_kept"])
     return module, {**info, "precision": precision}
 
 

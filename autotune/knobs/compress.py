@@ -157,8 +157,43 @@ class Quantization(Knob):
         if value == "none":
             return
         extras = _extras(state, "quantization")
-        state.model, info = _quantize.quantize(
-            state.model, value, state.device, extras.calibration, example=extras.example
-        )
-        state.info.update(info)
+        fallback = state.config.get("int8_fallback", 0) if state.config is not None else 0
+        float_bytes = _quantize.serialized_bytes(state.model)  # the weights' size before int8, beside it
+        if value == "int8_dynamic" and fallback != 0 and state.device == "cpu":
+            from autotune.compress.fallback import torch_with_fallback
+
+            state.model, info = torch_with_fallback(
+                state.model, fallback, extras.calibration, extras.int8, state.config
+            )
+            info["method"] = "int8_dynamic"
+        else:
+            state.model, info = _quantize.quantize(
+                state.model, value, state.device, extras.calibration, example=extras.example
+            )
+        state.info.update(info, float_bytes=float_bytes)
         state.quantization = value
+
+
+_INT8_ORT = ("int8_dynamic", "int8_static")
+
+
+@register
+class Int8Fallback(Knob):
+    name = "int8_fallback"
+    order = 74  # after quantization and ort_precision, whose values decide whether it applies
+    modes = ("inference",)
+    stage = Stage.WEIGHTS
+    choices = (0, 1, 2, 4, 8, "auto")
+    default = 0
+    help = (
+        "How many of the layers int8 hurts most stay float, ranked by their measured sensitivity: "
+        "a number, or auto (the fewest that keep the guard). For torch's int8_dynamic and ONNX Runtime's int8."
+    )
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        if config.get("runtime", "torch") == "onnxruntime":
+            return config.get("ort_precision") in _INT8_ORT
+        return config.get("runtime", "torch") == "torch" and config.get("quantization") == "int8_dynamic"
+
+    def apply(self, state: Any, value: Any) -> None:
+        pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize

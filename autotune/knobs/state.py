@@ -96,6 +96,7 @@ class BuildExtras:
             ``None`` for ``default_collate``).
         lengths: The real length of every sample of the measured dataset (token sequences), for
             ``length_grouping``.
+        int8: How ``int8_fallback`` ranks and judges layers (:class:`autotune.compress.fallback.Int8Plan`).
     """
 
     example: Any = None
@@ -108,6 +109,7 @@ class BuildExtras:
     keep_float: bool = False
     collate_fn: Any = None
     lengths: list[int] | None = None
+    int8: Any = None
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""

@@ -17,6 +17,7 @@ from typing import Any
 
 from autotune.report.data import RunFiles, changed_knobs, load_run
 from autotune.report.page import ONERROR, PAGE, STYLE
+from autotune.report.summary import int8_lines
 
 __all__ = ["SECTIONS", "render_html", "write_reports", "write_reports_safely"]
 
@@ -284,7 +285,8 @@ def _artifacts(run: RunFiles) -> str:
         ])  # fmt: skip
     head = ["format", "file", "size", "parity", "max abs diff", "rel L2", "fidelity", "note"]
     lead = "Each artifact's outputs on the validation samples against the tuned model's; <code>autotune verify</code> re-checks them on another machine."
-    return _section("artifacts", _table(head, rows), lead)
+    int8 = "".join(f"<p>{_e(line)}</p>" for line in int8_lines(run.best))
+    return _section("artifacts", _table(head, rows) + int8, lead)
 
 
 def _flat(prefix: str, value: Any) -> list[tuple[str, Any]]:

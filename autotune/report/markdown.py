@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.report.data import RunFiles, changed_knobs
+from autotune.report.summary import int8_lines
 
 __all__ = ["render_markdown"]
 
@@ -133,7 +134,8 @@ def _artifacts(run: RunFiles) -> list[str]:
             note = art.get("error") or parity.get("reason") or "unknown"
         winner = "yes" if art.get("winner") else f"no: {art.get('form_note') or 'another model'}"
         rows.append([fmt, art.get("path", "-"), art.get("status", "?"), note, winner])
-    return ["## Artifacts", "", *_table(["format", "file", "status", "parity", "the measured winner"], rows)]
+    lines = ["## Artifacts", "", *_table(["format", "file", "status", "parity", "the measured winner"], rows)]
+    return [*lines, *int8_lines(run.best), ""] if int8_lines(run.best) else lines
 
 
 def _environment(run: RunFiles) -> list[str]:

@@ -21,6 +21,7 @@ __all__ = [
     "claim_text",
     "write_trials_csv",
     "write_json",
+    "int8_lines",
     "summary_rows",
 ]
 
@@ -90,6 +91,8 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "others_cpu",
         "n_measurements",
         "recompiles",
+        "float_bytes",
+        "int8_k",
         "trial_s",
         "wall_s",
     ]
@@ -206,6 +209,34 @@ def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | N
         "The machine was busy: " + "; ".join(parts) + ". Figures from such a run are unreliable: run "
         "`autotune doctor` to check the load, and tune again on a quiet machine."
     )
+
+
+def int8_lines(best: dict[str, Any]) -> list[str]:
+    """What the report says of an int8 winner: the layers kept float with their int8 error, the
+    weights' size beside fp32, and the CPU's int8 units; nothing for a float winner."""
+    int8 = best.get("int8") or {}
+    if not int8:
+        return []
+    lines = []
+    kept, errors = int8.get("kept_float") or [], int8.get("kept_error") or {}
+    if int8.get("n_layers"):
+        named = ", ".join(f"{n} ({errors[n]:.3g})" if isinstance(errors.get(n), (int, float)) else n for n in kept)
+        lines.append(
+            f"INT8 layers kept float: {len(kept)} of {int8['n_layers']}, most sensitive first"
+            + (f": {named}" if kept else "")
+            + " (each one's measured int8 error in brackets)."
+        )
+    if int8.get("float_bytes") and int8.get("bytes"):
+        lines.append(f"Weights: {int8['bytes'] / 2**20:.2f} MiB, {int8['float_bytes'] / 2**20:.2f} MiB in float32.")
+    isa = (best.get("env") or {}).get("cpu_isa")
+    if isa is not None:
+        units = [f for f in ("avx512_vnni", "avx_vnni", "amx_int8") if f in isa]
+        lines.append(
+            "CPU int8 units: "
+            + (", ".join(units) if units else "none (no VNNI or AMX: int8 products run on AVX2/AVX-512 without them)")
+            + "."
+        )
+    return lines
 
 
 def best_by(records: list[dict[str, Any]], knob: str) -> dict[Any, dict[str, Any]]:

@@ -47,7 +47,9 @@ def apply(
     process. Configs that prune or quantize need ``dataset`` (example inputs to trace, batches to
     calibrate; fine-tuning trains with ``loss_fn`` on ``train_dataset``, default ``dataset``), as
     during the search. Give the same data as to :func:`~autotune.optimize` to get the same model
-    (and the same ``collate_fn``, for samples that need one).
+    (and the same ``collate_fn``, for samples that need one). With ``int8_fallback``, a run's
+    ``best_config.json`` (or its directory) keeps the very layers the run kept float; a plain
+    dict ranks the layers again on ``dataset``.
 
     Example:
         >>> import torch
@@ -81,9 +83,30 @@ def apply(
             batch_size=size,
             prune_ignore=tuple(prune_ignore),
         )
+    kept = _int8_kept(config)
+    if extras is not None and kept is not None:
+        from autotune.compress.fallback import Int8Plan
+
+        extras.int8 = Int8Plan(keep=kept)  # the run's own layers kept float, not a new ranking
     state = build(model, cfg, resolve_device(device), extras=extras)
     apply_settings(state.settings)
     return state.model
+
+
+def _int8_kept(config: Any) -> list[str] | None:
+    """The int8 layers a run kept float (``best_config.json``'s ``int8``), when ``config`` is a
+    run's file or directory; ``None`` otherwise."""
+    import json
+
+    if not isinstance(config, (str, Path)):
+        return None
+    path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
+    try:
+        record = json.loads(path.read_text()).get("int8") or {}
+    except (OSError, ValueError, AttributeError):
+        return None
+    kept = record.get("kept_float")
+    return list(kept) if isinstance(kept, list) and record.get("n_layers") else None
 
 
 def base_collate(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None) -> Any:

@@ -158,6 +158,17 @@ def _collate(opts: Options, data: Any) -> Any:
     return None
 
 
+def _stored_rankings(study: Any) -> dict[str, str]:
+    """INT8 sensitivity rankings earlier trials of the study computed, by key: a resumed run
+    and every worker of a shared study reuse them instead of ranking again."""
+    found = {}
+    for trial in study.get_trials(deepcopy=False):
+        key, ranking = trial.user_attrs.get("int8_ranking_key"), trial.user_attrs.get("int8_ranking")
+        if key and ranking:
+            found[key] = ranking
+    return found
+
+
 def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec: Any) -> dict[str, Any]:
     """The parts of ``best_config.json`` known before the search."""
     from autotune.search.storage import redact
@@ -169,6 +180,8 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
         guard = {"metric": "loss_curve", "loss_tolerance": opts.loss_tolerance}
     else:
         guard = {"metric": "fidelity", "max_metric_drop": opts.max_metric_drop}
+    if not opts.train:  # calibration (static int8, int8_fallback's ranking) never sees what the guard scores
+        guard.update(n_val=len(spec.val_indices), calibration="dataset samples outside the validation subset")
     if opts.loss_fn is not None and not opts.train:  # the split between what fine-tunes and what the guard scores
         source = "train_dataset" if opts.train_dataset is not None else "dataset samples outside the validation subset"
         guard.update(n_val=len(spec.val_indices), finetune_data=source)
@@ -239,6 +252,7 @@ def prepare(model: Any, dataset: Any, opts: Options) -> Run:
     )
     timing = opts.timing()
     spec = _worker_spec(model, inputs.dataset, opts, env, space, data, timing)
+    spec.int8_rankings = _stored_rankings(study)
     summary = _summary(opts, env, space, study, storage, spec)
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import statistics
 from collections.abc import Sequence
 from pathlib import Path
@@ -267,6 +268,21 @@ def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> st
     )
 
 
+def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
+    """The int8 fallback of the winner: layers kept float (with each one's int8 error), out of how
+    many, and the weights' bytes before int8; ``None`` for a float winner."""
+    if "int8_kept" not in best and "float_bytes" not in best:
+        return None
+    errors = best.get("int8_kept_error")
+    return {
+        "kept_float": best.get("int8_kept", []),
+        "kept_error": json.loads(errors) if isinstance(errors, str) else errors,
+        "n_layers": best.get("int8_layers"),
+        "float_bytes": best.get("float_bytes"),
+        "bytes": best.get("size_bytes"),
+    }
+
+
 def write_best(
     out: Path,
     summary: dict[str, Any],
@@ -326,6 +342,8 @@ def write_best(
             "best": result.best,
             "baseline": result.baseline,
             "speedup": claim,
+            # The winner's int8 layers kept float, with their measured error: apply() reuses them.
+            "int8": _int8_record(best),
             "trial_figures": {
                 "best": {k: best.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},
                 "baseline": {k: baseline.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},

@@ -242,7 +242,13 @@ def warm_start(space: SearchSpace) -> list[dict[str, Any]]:
     compiled = offered("compile_mode", ("default",))
     # Token sequences: the padding trimmed and batches of similar lengths, the text recipe.
     shape = {**offered("padding", ("trim", "trim_8")), **offered("length_grouping", (16, 4))}
-    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, shape, compiled, layout, fused]
+    # INT8 that holds accuracy: the most sensitive layers kept float, as few as the guard allows.
+    ort = offered("runtime", ("onnxruntime",))
+    ort_int8 = {**ort, **offered("ort_precision", ("int8_dynamic",))} if ort else {}
+    auto = {"int8_fallback": "auto"} if "auto" in values.get("int8_fallback", ()) else {}
+    int8 = {**ort_int8, **auto} if len(ort_int8) == 2 else {}
+    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, shape, {**shape, **int8}, compiled]
+    candidates += [layout, fused]
     configs: list[dict[str, Any]] = []
     keys = {Config(base).key()}
     for changes in candidates:

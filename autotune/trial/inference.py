@@ -14,6 +14,7 @@ import torch
 
 from autotune._pristine import restore
 from autotune.batching import lengths_of
+from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
 from autotune.data import call_model, to_device
 from autotune.errors import InputError
@@ -38,9 +39,18 @@ class TrialContext(Context):
         super().__init__(spec)
         self.model.eval()
         self.extras = self._extras()
+        started = time.perf_counter()
         baseline = self.build(spec.baseline)
         self._probe(baseline)
         self.reference: Reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
+        # int8_fallback ranks layers by the guard's own judgement, at most about two trials' time.
+        one_trial = time.perf_counter() - started + spec.measure.n_windows * spec.measure.window_s
+        self.extras.int8 = Int8Plan(
+            kinds=self.reference.kinds,
+            threshold=1.0 - spec.max_metric_drop,
+            budget_s=max(10.0, 2 * one_trial),
+            rankings=dict(spec.int8_rankings),
+        )
         self.info = {
             "n_params": sum(p.numel() for p in self.model.parameters()),
             "baseline_metric": self.reference.metric,

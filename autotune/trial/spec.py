@@ -52,6 +52,8 @@ class WorkerSpec:
             ``None`` for ``default_collate``.
         sequence: The samples are token sequences: batched by the ``padding`` and
             ``length_grouping`` knobs and compared sample by sample.
+        int8_rankings: INT8 sensitivity rankings the study holds already, by their key
+            (:func:`autotune.compress.fallback.ranking_key`).
     """
 
     model: Any
@@ -76,6 +78,7 @@ class WorkerSpec:
     output_kind: Any = "auto"
     collate_fn: Callable[[list[Any]], Any] | None = None
     sequence: bool = False
+    int8_rankings: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

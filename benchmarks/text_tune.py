@@ -1,0 +1,141 @@
+"""Real text, tuned: autotune against the hand recipes on a pretrained sentence encoder.
+
+The workload of :mod:`benchmarks.text` (all-MiniLM-L6-v2, real sentences) as a user brings it:
+a dataset padded to 64 tokens, batched by ``default_collate`` at 32, fp32 eager. autotune
+searches it (``cpu-deploy`` by default, the guard at ``max_metric_drop=0.02``: every sentence's
+embedding within cosine 0.98 of the baseline's), then every pipeline is checked and timed side
+by side in one process, in alternating rounds: the baseline, the hand recipes (trimmed padding,
+length-sorted batches, ONNX Runtime fp32 and int8) and the tuned pipeline (``autotune.apply`` on
+the run's directory and its batching, as ``autotune.predict`` runs it).
+
+Usage (from the repository root, with the text extra and the weights installed, see
+docs/text-workload.md)::
+
+    python -m benchmarks.text_tune                       # search (about 15 min on 2 cores), then compare
+    python -m benchmarks.text_tune --load OUT            # compare a finished search again
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+# The guard the comparison holds every pipeline to: the search's, as a cosine.
+MAX_DROP = 0.02
+
+
+def search(out: Path, n: int, n_trials: int, timeout: float, space: str) -> dict[str, Any]:
+    """Tune the padded dataset; the run's directory holds the result."""
+    import autotune
+    from benchmarks.text import PAD_TO, dataset, minilm
+
+    started = time.perf_counter()
+    result = autotune.optimize(
+        minilm,
+        dataset(n, padded=PAD_TO),
+        space=space,
+        max_metric_drop=MAX_DROP,
+        n_trials=n_trials,
+        timeout=timeout,
+        out_dir=out,
+        export=("onnx",),
+        device="cpu",
+    )
+    print(
+        f"search: {len(result.study.trials)} trials in {time.perf_counter() - started:.0f} s; "
+        f"verdict {result.verdict}, claimed {result.speedup:.2f}x; winner: {_changes(result.best_config)}",
+        flush=True,
+    )
+    return dict(result.best_config)
+
+
+def _changes(config: dict[str, Any]) -> str:
+    from autotune.knobs import REGISTRY
+
+    return " ".join(f"{k}={v}" for k, v in config.items() if REGISTRY[k].default not in (None, v)) or "the baseline"
+
+
+def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]]) -> tuple[str, Any]:
+    """The tuned pipeline as a recipe: the run's model (``autotune.apply``) fed the run's batches."""
+    import autotune
+    from autotune.batching import Batching, lengths_of, split_samples
+    from autotune.data import call_model
+    from benchmarks.text import minilm
+
+    config = json.loads((out / "best_config.json").read_text())["config"]
+    model = autotune.apply(minilm(), out, dataset=samples, device="cpu")
+    grouping = config["length_grouping"]
+    batching = Batching(
+        config["batch_size"], padding=config["padding"], grouping=grouping, lengths=lengths_of(samples) if grouping else None
+    )
+
+    def run() -> tuple[torch.Tensor, float]:
+        started = time.perf_counter()
+        rows: list[Any] = [None] * len(samples)
+        with torch.inference_mode():
+            for ids, batch in batching.batches(samples):
+                for i, piece in zip(ids, split_samples(call_model(model, batch), batch), strict=True):
+                    rows[i] = piece[0]
+        return torch.stack(rows).float(), time.perf_counter() - started
+
+    return f"autotune: {_changes(config)}", run
+
+
+def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
+    """Check, then time, the baseline, the hand recipes and the tuned pipeline."""
+    import tempfile
+
+    from benchmarks.text import PAD_TO, dataset, minilm, sentences
+    from benchmarks.text_recipes import _recipes, check, describe_machine, time_rounds
+
+    texts = sentences(n)
+    print(describe_machine(), flush=True)
+    model = minilm()
+    with tempfile.TemporaryDirectory() as tmp:
+        recipes = _recipes(model, n, Path(tmp), sensitivity=False, n_keep_fp32=0)
+        recipes.append(tuned_recipe(out, dataset(n, padded=PAD_TO)))
+        checks = check(recipes, texts)
+        timing = time_rounds(recipes, n, n_rounds)
+    base = timing["seconds"][recipes[0][0]]
+
+    def ratio(label: str) -> float:
+        times = timing["seconds"][label]
+        return sorted(b / t for b, t in zip(base, times, strict=True))[len(times) // 2]
+
+    tuned = recipes[-1][0]
+    held = [label for label, _ in recipes[1:-1] if checks[label]["worst_cosine"] >= 1 - MAX_DROP]
+    expert = max(held, key=ratio)
+    print(
+        f"\ntuned {ratio(tuned):.2f}x the baseline (worst cosine {checks[tuned]['worst_cosine']:.4f}); "
+        f"the best hand recipe that keeps cosine >= {1 - MAX_DROP:g}: {expert}, {ratio(expert):.2f}x; "
+        f"tuned / that recipe: {ratio(tuned) / ratio(expert):.2f}",
+        flush=True,
+    )
+    return {"checks": checks, **timing, "tuned": tuned, "expert": expert}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.text_tune", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=384, help="sentences (default 384)")
+    parser.add_argument("--trials", type=int, default=30, help="trials of the search (default 30)")
+    parser.add_argument("--timeout", type=float, default=1200, help="seconds of the search (default 1200)")
+    parser.add_argument("--space", default="cpu-deploy", help="preset to search (default cpu-deploy)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of the comparison (default 3)")
+    parser.add_argument("--out", type=Path, default=Path("benchmark-out/text"), help="the run's directory")
+    parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")
+    args = parser.parse_args(argv)
+    out = args.load or args.out
+    if args.load is None:
+        search(out, args.n, args.trials, args.timeout, args.space)
+    result = compare(out, args.n, args.rounds)
+    (out / "text-benchmark.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
