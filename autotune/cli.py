@@ -136,7 +136,7 @@ def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
         by_reason: dict[str, list[str]] = {}
         for value, why in space.excluded.get(name, {}).items():
             by_reason.setdefault(why, []).append(value)
-        left = "; ".join(f"{', '.join(vs)}: {why}" for why, vs in by_reason.items())
+        left = "\n".join(f"{', '.join(vs)}: {why}" for why, vs in by_reason.items())  # one reason a line
         table.add_row(name, ", ".join(map(str, values)), str(space.baseline[name]), left)
     console.print(table)
 

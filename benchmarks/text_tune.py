@@ -71,7 +71,10 @@ def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]]) -> tuple[str
     model = autotune.apply(minilm(), out, dataset=samples, device="cpu")
     grouping = config["length_grouping"]
     batching = Batching(
-        config["batch_size"], padding=config["padding"], grouping=grouping, lengths=lengths_of(samples) if grouping else None
+        config["batch_size"],
+        padding=config["padding"],
+        grouping=grouping,
+        lengths=lengths_of(samples) if grouping else None,
     )
 
     def run() -> tuple[torch.Tensor, float]:

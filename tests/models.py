@@ -346,7 +346,9 @@ class FragileMLP(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.fc = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8))
+        self.fc = nn.Sequential(
+            nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)
+        )
         with torch.no_grad():
             self.fc[0].bias[0] = 300.0  # channel 0 of fc.2's input is ~300, the rest ~1
             self.fc[2].weight[:, 0] /= 300.0

@@ -20,10 +20,28 @@ def _trials(result):
 
 def test_all_layers_int8_breaks_the_guard_and_auto_keeps_the_fragile_one_float(tmp_path):
     fix = {"quantization": "int8_dynamic", "int8_fallback": 0}
-    every = autotune.optimize(FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path / "a", export=(), **COMMON)
+    every = autotune.optimize(
+        FragileMLP(),
+        vector_data(),
+        space={"base": None},
+        fix=fix,
+        n_trials=2,
+        out_dir=tmp_path / "a",
+        export=(),
+        **COMMON,
+    )
     assert [t.user_attrs["kind"] for t in every.study.trials][1] == "guard"  # int8 everywhere: ruined
     fix = {"quantization": "int8_dynamic", "int8_fallback": "auto"}
-    result = autotune.optimize(FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path / "b", export=(), **COMMON)
+    result = autotune.optimize(
+        FragileMLP(),
+        vector_data(),
+        space={"base": None},
+        fix=fix,
+        n_trials=2,
+        out_dir=tmp_path / "b",
+        export=(),
+        **COMMON,
+    )
     int8 = json.loads((tmp_path / "b" / "best_config.json").read_text())["int8"]
     assert int8["kept_float"] == ["fc.2"] and int8["n_layers"] == 4 and int8["bytes"] < int8["float_bytes"]
     assert result.best_config["int8_fallback"] == "auto" and result.best["metric_drop"] <= 0.01
@@ -35,7 +53,16 @@ def test_all_layers_int8_breaks_the_guard_and_auto_keeps_the_fragile_one_float(t
 
 def test_the_onnx_winner_ships_the_mixed_graph_it_was_measured_as(tmp_path):
     fix = {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_fallback": "auto"}
-    autotune.optimize(FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=("onnx",), **COMMON)
+    autotune.optimize(
+        FragileMLP(),
+        vector_data(),
+        space={"base": None},
+        fix=fix,
+        n_trials=2,
+        out_dir=tmp_path,
+        export=("onnx",),
+        **COMMON,
+    )
     best = json.loads((tmp_path / "best_config.json").read_text())
     assert best["config"]["runtime"] == "onnxruntime"
     assert 1 <= len(best["int8"]["kept_float"]) < best["int8"]["n_layers"]  # some layers int8, not all
@@ -50,11 +77,18 @@ def test_the_onnx_winner_ships_the_mixed_graph_it_was_measured_as(tmp_path):
 
 def test_a_resumed_study_reuses_the_ranking(tmp_path):
     args = {"space": {"base": None}, "out_dir": tmp_path, "export": (), **COMMON}
-    first = autotune.optimize(FragileMLP(), vector_data(), fix={"quantization": "int8_dynamic", "int8_fallback": 1}, n_trials=2, **args)
+    first = autotune.optimize(
+        FragileMLP(), vector_data(), fix={"quantization": "int8_dynamic", "int8_fallback": 1}, n_trials=2, **args
+    )
     ranked = _trials(first)
     assert len(ranked) == 1 and "int8_ranking" in ranked[0] and ranked[0]["int8_kept"] == ["fc.2"]
     again = autotune.optimize(
-        FragileMLP(), vector_data(), fix={"quantization": "int8_dynamic", "int8_fallback": 2}, n_trials=3, resume=True, **args
+        FragileMLP(),
+        vector_data(),
+        fix={"quantization": "int8_dynamic", "int8_fallback": 2},
+        n_trials=3,
+        resume=True,
+        **args,
     )
     later = [t for t in _trials(again) if t["config"]["int8_fallback"] == 2]
     assert later and "int8_ranking" not in later[0]  # taken from the study, not computed again
