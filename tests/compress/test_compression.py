@@ -96,6 +96,7 @@ def test_finetune_needs_a_loss_and_is_offered_with_one(tmp_path):
     assert "unstructured" in with_loss.values["prune_method"]  # offered because size is an objective
 
 
+@pytest.mark.slow  # three minutes on 2 cores: the shrink preset's whole search on real data
 def test_digits_shrink_winner_holds_on_held_out_data(tmp_path):
     out = tmp_path / "out"
     done = subprocess.run(

@@ -18,10 +18,11 @@ def test_an_embedding_with_large_relative_error_is_rejected_though_its_argmax_ho
     ref[:, 0] += 20.0  # one dominant dimension: the argmax never moves
     noisy = ref + 0.97 * ref.norm(dim=1, keepdim=True) * F.normalize(torch.randn(64, 32, generator=_gen(1)), dim=1)
     assert (noisy.argmax(1) == ref.argmax(1)).all()
-    assert fidelity(noisy, ref) < 0.1
+    assert fidelity(noisy, ref) < 0.8  # its direction moved: rejected whatever the tolerance
     leaf = fidelity_report(noisy, ref)[0]
     assert leaf["kind"] == "embedding" and leaf["rel_mean"] == pytest.approx(0.97, abs=1e-3)
-    assert fidelity(ref * 1.001, ref) == pytest.approx(0.999, abs=1e-6)
+    assert fidelity(ref * 1.001, ref) == pytest.approx(0.999, abs=1e-6)  # the length is judged too
+    assert fidelity(ref * 1.5, ref) <= 0.5
 
 
 def test_a_two_class_output_with_small_noise_near_ties_is_kept():
