@@ -261,6 +261,38 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
     return None
 
 
+# The knobs that decide which code runs. A configuration that failed with the same values of all
+# of them twice (TorchScript of a statically quantized graph, say) fails again whatever its
+# batch size, loader or threads: later ones are not run, as the sampler does not learn from
+# failed trials and would spend the budget on them.
+_CODE_KNOBS = (
+    "runtime",
+    "quantization",
+    "compile_mode",
+    "compile_dynamic",
+    "ort_precision",
+    "prune_method",
+    "amp_dtype",
+)
+
+
+def _fault_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
+    same = [
+        t
+        for t in trials
+        if t.user_attrs.get("status") == "error"
+        and t.user_attrs.get("kind") in ("runtime", "compile")
+        and all(t.user_attrs.get("config", {}).get(k) == config.get(k) for k in _CODE_KNOBS)
+    ]
+    if len(same) < 2:
+        return None
+    values = ", ".join(f"{k}={config.get(k)}" for k in _CODE_KNOBS)
+    return (
+        f"not run: trials {same[0].number} and {same[1].number} failed ({same[0].user_attrs['kind']}) with the "
+        f"same {values}; it fails whatever the batch size, loader or threads"
+    )
+
+
 def _tell(
     study: optuna.Study,
     trial: optuna.Trial,
@@ -528,9 +560,12 @@ def _one_trial(
         _tell_unmeasured(study, trial, verdict, other, attrs, written, objectives, max_metric_drop, n_trials)
         return verdict
     trial.set_user_attr("measuring", True)
-    rule = _oom_rule(config, _finished(study))
+    finished = _finished(study)
+    rule, fault = _oom_rule(config, finished), _fault_rule(config, finished)
     if rule is not None:
         result = TrialResult("oom", "oom-rule", rule, {"ran": False, **attrs})
+    elif fault is not None:
+        result = TrialResult("error", "fault-rule", fault, {"ran": False, **attrs})
     else:
         limit, at_deadline = limits.for_config(config)
         result = runner.run(config, timeout=limit)

@@ -230,3 +230,22 @@ def test_a_trial_whose_process_died_is_failed_and_retried_at_once(tmp_path):
     retry = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     assert len(retry) == 1 and retry[0].params == trial.params
     assert retry[0].system_attrs["failed_trial"] == trial.number  # as Optuna's own retry names it
+
+
+def test_a_combination_that_failed_twice_is_not_run_a_third_time():
+    import optuna
+
+    from autotune.search.study import _fault_rule
+
+    study = optuna.create_study(storage="sqlite:///:memory:")
+    base = {"runtime": "torchscript", "quantization": "int8_static", "compile_mode": "none", "compile_dynamic": False}
+    for number, batch in enumerate((16, 64)):
+        trial = study.ask()
+        for key, value in {"status": "error", "kind": "runtime", "config": {**base, "batch_size": batch}}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+        if number == 0:  # one failure may be the batch's own
+            assert _fault_rule({**base, "batch_size": 128}, study.trials) is None
+    why = _fault_rule({**base, "batch_size": 128}, study.trials)
+    assert why is not None and "trials 0 and 1 failed (runtime)" in why
+    assert _fault_rule({**base, "quantization": "int8_dynamic", "batch_size": 128}, study.trials) is None
