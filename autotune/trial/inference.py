@@ -121,7 +121,7 @@ class TrialContext(Context):
         # candidate the guard rejects are still recorded.
         result.update(state.info)
         result.update(self._measure_clean(state, mark))
-        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model)
+        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
         guard_start = time.perf_counter()
         outputs = collect_outputs(state, self.samples)
         check_finite(outputs)

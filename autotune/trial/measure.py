@@ -211,13 +211,19 @@ def noise_reason(result: dict[str, Any], settings: MeasureSettings) -> str | Non
     return "; ".join(reasons) or None
 
 
-def size_bytes(model: Any) -> tuple[int, int]:
+def size_bytes(model: Any, artifact: dict[str, Any] | None = None) -> tuple[int, int]:
     """Bytes of the tuned model's serialized weights (int8 packed, pruned shapes real), plain
     and zlib-compressed. The compressed size is what an archive ships, so zeroed weights from
-    unstructured pruning count there; it is what the ``size`` objective minimizes."""
+    unstructured pruning count there; it is what the ``size`` objective minimizes. A model that
+    runs an exported file (TorchScript, ONNX Runtime: ``artifact``) is that file's size."""
+    from pathlib import Path
+
     from autotune.compress.quantize import serialized_bytes
 
-    data = serialized_bytes(unwrap(model), raw=True)
+    if artifact is not None and artifact.get("path") and Path(artifact["path"]).is_file():
+        data = Path(artifact["path"]).read_bytes()
+    else:
+        data = serialized_bytes(unwrap(model), raw=True)
     return len(data), len(zlib.compress(data, 1))
 
 
