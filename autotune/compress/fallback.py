@@ -57,12 +57,12 @@ def ranking_key(backend: str, method: str, config: Any) -> str:
 def _score(kinds: list[str] | None) -> Callable[[list, list], float]:
     """The guard's fidelity over all calibration batches: ``score(reference, candidate)``, each a
     list of one batch's outputs (arrays or tensors, alone or in a tuple or dict)."""
-    from autotune.data import concat_outputs
     from autotune.trial.fidelity import fidelity
 
     def score(reference: list, candidate: list) -> float:
-        joined = [concat_outputs([_to_torch(b) for b in side]) for side in (candidate, reference)]
-        return fidelity(joined[0], joined[1], kinds)
+        # Batch by batch (token sequences make each batch as wide as its own longest), the worst
+        # batch deciding, as the worst output does.
+        return min(fidelity(_to_torch(c), _to_torch(r), kinds) for r, c in zip(reference, candidate, strict=True))
 
     return score
 

@@ -39,6 +39,7 @@ def apply(
     train_dataset: Any = None,
     prune_ignore: tuple[str, ...] = (),
     collate_fn: Any = None,
+    pad_values: Mapping[str, int] | None = None,
 ) -> Any:
     """Return ``model`` tuned as ``config`` says (a copy; the original is untouched).
 
@@ -70,7 +71,7 @@ def apply(
     cfg = _read_config(config)
     extras = None
     if dataset is not None:
-        collate = base_collate(dataset, collate_fn)
+        collate = base_collate(dataset, collate_fn, pad_values)
         size = cfg["batch_size"]
         n = len(dataset)
         extras = BuildExtras(
@@ -177,7 +178,8 @@ def predict(
 
     cfg = _read_config(config)
     where = torch.device(resolve_device(device))
-    tuned = apply(model, cfg, device=str(where), dataset=dataset, collate_fn=collate_fn)
+    # The config as given: a run's directory also brings the int8 layers it kept float.
+    tuned = apply(model, config, device=str(where), dataset=dataset, collate_fn=collate_fn, pad_values=pad_values)
     batching = _batching(dataset, cfg, collate_fn, pad_values)
     outputs: list[Any] = [None] * len(dataset)
     with torch.inference_mode():

@@ -117,7 +117,7 @@ class Options:
                 self.train_dataset,
                 self.effective_batch_size,
                 self.allow_batch_change,
-                self.baseline_batch_size or 32,
+                self.baseline_batch_size,  # None: a DataLoader's, checked once it is read
             )
         object.__setattr__(self, "export", self._formats())
         self.timing()  # a bad `measure` fails here, before anything runs

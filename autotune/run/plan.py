@@ -60,6 +60,11 @@ def unpack(dataset: Any, collate_fn: Any = None, baseline_batch_size: int | None
             "The DataLoader has batch_size=None (it yields single samples or uses a batch_sampler): give "
             "optimize() its dataset and baseline_batch_size instead."
         )
+    if not isinstance(loader.sampler, (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)):
+        raise InputError(
+            f"The DataLoader's sampler ({type(loader.sampler).__name__}) picks which samples it reads; autotune "
+            "tunes on every sample of its dataset. Pass torch.utils.data.Subset(dataset, indices) instead."
+        )
     own = None if loader.collate_fn is default_collate else loader.collate_fn
     settings = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory}
     if loader.num_workers:

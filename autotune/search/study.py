@@ -268,11 +268,13 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
 _CODE_KNOBS = (
     "runtime",
     "quantization",
+    "int8_fallback",
     "compile_mode",
     "compile_dynamic",
     "ort_precision",
     "prune_method",
     "amp_dtype",
+    "padding",
 )
 
 

@@ -142,7 +142,12 @@ def infer_kinds(reference: Any, samples: Sequence[Any], output_kind: Any = "auto
             )
         asked = list(output_kind)
     targets = [_targets(s) for s in samples]
-    labels = torch.stack(targets) if targets and all(t is not None for t in targets) else None
+    labels = None
+    if targets and all(t is not None for t in targets):
+        try:
+            labels = torch.stack(targets)
+        except RuntimeError:  # per-token labels of different lengths: no evidence of classes here
+            labels = None
     kinds = []
     for leaf, kind in zip(leaves, asked, strict=True):
         if not leaf.is_floating_point():

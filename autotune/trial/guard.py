@@ -40,7 +40,7 @@ def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
     with settings_active(state.settings), torch.inference_mode():
         for start in range(0, len(samples), size):
             part = samples[start : start + size]
-            batch = pad_batch(default_collate(list(part)), size)
+            batch = pad_batch((_collate(state) or default_collate)(list(part)), size)
             out = call_model(state.model, to_device(batch, device))
             chunks.append(outputs_to_cpu(slice_batch(out, len(part))))
     return concat_outputs(chunks)

@@ -23,7 +23,15 @@ from autotune.trial.build import build
 from autotune.trial.context import Context
 from autotune.trial.faults import one_line
 from autotune.trial.fidelity import attention_mask
-from autotune.trial.guard import Reference, check_finite, collect_outputs, evaluate, make_reference, per_sample
+from autotune.trial.guard import (
+    Reference,
+    check_finite,
+    collect_outputs,
+    collect_per_sample,
+    evaluate,
+    make_reference,
+    per_sample,
+)
 from autotune.trial.measure import MeasureSettings, measure, memory_mark, noise_reason, size_bytes
 from autotune.trial.spec import WorkerSpec
 
@@ -194,7 +202,8 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "mask": self.reference.mask,
             "metric_chunk": self.reference.chunk,
-            "batching": state.batching() if per_sample(state) else None,
+            # Token sequences, or a collate of the user's: batched as the winner batches them.
+            "batching": state.batching() if per_sample(state) or self.extras.collate_fn else None,
         }
         size, out = state.batch_size, Path(out_dir)
         by_format = {}
@@ -245,9 +254,9 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "max_metric_drop": self.spec.max_metric_drop,
         }
-        if per_sample(state):
-            # Token sequences: the batches as the winner makes them, so verify runs the artifact on
-            # the lengths it was checked on and compares sample by sample.
+        if per_sample(state) or self.extras.collate_fn:
+            # The batches as the winner makes them (token sequences: the lengths the artifact was
+            # checked on), so verify runs it on the same inputs and compares sample by sample.
             batching = state.batching(lengths_of(self.samples))
             parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
             parity["mask"] = self.reference.mask
@@ -257,11 +266,16 @@ class TrialContext(Context):
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
         """The metric of the baseline and the winner on the held-out test samples."""
         samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
-        outputs = [collect_outputs(self.build(c), samples) for c in (baseline, best)]
+        states = [self.build(c) for c in (baseline, best)]
+        if per_sample(states[0]):  # token sequences: outputs and mask per sample, on real tokens
+            (ref, mask), (out, _) = (collect_per_sample(s, samples) for s in states)
+            outputs = [ref, out]
+        else:
+            outputs, mask = [collect_outputs(s, samples) for s in states], attention_mask(samples)
         chunk, device, metric = self.reference.chunk, self.spec.device, self.spec.metric
-        judge = (self.reference.kinds, attention_mask(samples))
-        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0], *judge)
-        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0], *judge)
+        judge = {"kinds": self.reference.kinds, "mask": mask, "collate": self.extras.collate_fn}
+        base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0], **judge)
+        value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0], **judge)
         return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}
 
     def diagnose(self, config: dict[str, Any]) -> dict[str, Any]:

@@ -265,7 +265,7 @@ def check_training(
     train_dataset: Any = None,
     effective: Any = None,
     allow_change: bool = False,
-    baseline_batch_size: int = 32,
+    baseline_batch_size: int | None = 32,
 ) -> None:
     """Check ``optimize``'s training-mode options before anything runs.
 
@@ -285,7 +285,7 @@ def check_training(
         raise ConfigError("Give either `effective_batch_size` or `allow_batch_change=True`, not both.")
     if effective is not None and (isinstance(effective, bool) or not isinstance(effective, int) or effective < 1):
         raise ConfigError(f"`effective_batch_size` must be a positive integer, but got {effective!r}.")
-    if not allow_change and effective is not None and effective % baseline_batch_size:
+    if not allow_change and effective is not None and baseline_batch_size and effective % baseline_batch_size:
         raise ConfigError(
             f"`effective_batch_size` {effective} is not a multiple of the baseline's micro-batch "
             f"(baseline_batch_size={baseline_batch_size}); pass the batch size your loop uses now as "
@@ -304,6 +304,11 @@ def check_effective(effective: Any, allow_change: bool, baseline_batch_size: int
     if allow_change:
         return None
     effective = baseline_batch_size if effective is None else effective
+    if effective % baseline_batch_size:  # the micro-batch known now (a DataLoader's, say)
+        raise ConfigError(
+            f"`effective_batch_size` {effective} is not a multiple of the baseline's micro-batch "
+            f"({baseline_batch_size}); pass one that it divides, or allow_batch_change=True."
+        )
     if effective > data.n_samples:
         raise ConfigError(
             f"`effective_batch_size` {effective} is larger than the dataset ({data.n_samples} samples); lower it."

@@ -167,3 +167,39 @@ def test_the_cli_takes_a_collate_fn_from_cfg(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     best = json.loads((tmp_path / "out" / "best_config.json").read_text())
     assert best["data"]["collate"] == "user" and best["data"]["sequence"] is True
+
+
+def test_a_user_collate_also_batches_the_guard_for_tuple_samples(tmp_path):
+    from torch.nn.utils.rnn import pad_sequence
+
+    gen = torch.Generator().manual_seed(0)
+    data = [
+        (torch.randint(1, 100, (int(n),), generator=gen), int(n) % 3)
+        for n in torch.randint(3, 30, (48,), generator=gen)
+    ]
+
+    def collate(samples):  # variable-length id tensors in tuples: the user pads them
+        return pad_sequence([s[0] for s in samples], batch_first=True), torch.tensor([s[1] for s in samples])
+
+    model = torch.nn.Sequential(torch.nn.EmbeddingBag(100, 8, mode="sum", padding_idx=0), torch.nn.Linear(8, 3))
+    result = autotune.optimize(
+        model, data, collate_fn=collate, space={"base": None}, n_trials=1, out_dir=tmp_path, export=(), **COMMON
+    )
+    assert result.study.trials[0].user_attrs["status"] == "ok"
+
+
+def test_int8_fallback_ranks_layers_on_text_of_any_length(tmp_path):
+    fix = {"quantization": "int8_dynamic", "int8_fallback": 1}
+    result = autotune.optimize(
+        TextEncoder(), text_data(48), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=(), **COMMON
+    )
+    int8 = result.study.trials[1].user_attrs
+    assert int8["kind"] in (None, "guard") and len(int8["int8_kept"]) == 1, int8.get("reason")
+
+
+def test_a_dataloader_that_samples_a_subset_is_refused_with_the_fix():
+    from torch.utils.data import DataLoader, SubsetRandomSampler
+
+    loader = DataLoader(text_data(20, pad_to=48), batch_size=4, sampler=SubsetRandomSampler(range(10)))
+    with pytest.raises(autotune.InputError, match="Subset"):
+        autotune.plan(TextEncoder(), loader)
