@@ -112,8 +112,9 @@ def test_an_onnxruntime_int8_winner_ships_its_measured_quantized_graph(tmp_path)
         out_dir=tmp_path,
         device="cpu",
         n_trials=2,
-        # The int8 candidate must win: this is about what ships, not about the claim, so other
-        # processes' load does not veto it (max_others_cpu), and enough rounds confirm it.
+        # The int8 candidate must win whatever the timings: this is about what ships, so the
+        # objective is size, where int8 wins by construction.
+        objectives=["size"],
         measure={**FAST, "max_others_cpu": 1.0},
         n_verify_pairs=3,
         max_metric_drop=1.0,
