@@ -46,30 +46,6 @@ def _check_method(method: str) -> None:
         raise ConfigError(f"No ONNX int8 method named {method!r}. Known: {', '.join(METHODS)}.")
 
 
-def _untie_gemm_weights(model: Any) -> None:
-    """Give every Gemm its own copy of a weight it shares (as ``autotune.export.onnx`` does).
-
-    ONNX Runtime's dynamic quantizer rewrites Gemm(transB=1) as MatMul by transposing the
-    weight in place, once per Gemm: a shared weight ends up transposed twice.
-    """
-    import collections
-
-    import onnx
-
-    initializers = {t.name: t for t in model.graph.initializer}
-    uses = collections.Counter(name for node in model.graph.node for name in node.input if name in initializers)
-    for node in model.graph.node:
-        if node.op_type == "Gemm" and len(node.input) > 1 and uses[node.input[1]] > 1:
-            tensor = onnx.TensorProto()
-            tensor.CopyFrom(initializers[node.input[1]])
-            tensor.name = f"{node.input[1]}__{node.output[0]}"
-            model.graph.initializer.append(tensor)
-            uses[node.input[1]] -= 1
-            node.input[1] = tensor.name
-    for tensor in [t for t in model.graph.initializer if t.name in uses and uses[t.name] == 0]:
-        model.graph.initializer.remove(tensor)
-
-
 def _prepare(src: str | Path) -> Any:
     """The graph as every pass here sees it: shared Gemm weights untied, every node named
     (ONNX Runtime selects nodes by name; an unnamed one gets ``{op_type}_{index}``)."""
@@ -79,6 +55,8 @@ def _prepare(src: str | Path) -> Any:
         model = onnx.load(str(src))
     except Exception as exc:
         raise InputError(f"Cannot read the ONNX file {src}: {type(exc).__name__}: {exc}") from exc
+    from autotune.export.onnx import _untie_gemm_weights  # as the project's own int8 export does
+
     _untie_gemm_weights(model)
     taken = {node.name for node in model.graph.node}
     for i, node in enumerate(model.graph.node):

@@ -91,22 +91,6 @@ def _dynamic_int8(model: nn.Module, names: set[str]) -> nn.Module:
             ) from exc
 
 
-class _WithoutFastPath(nn.Module):
-    """Runs a model with the fused transformer fast path off, which only takes float weights."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        enabled = torch.backends.mha.get_fastpath_enabled()
-        torch.backends.mha.set_fastpath_enabled(False)
-        try:
-            return self.model(*args, **kwargs)
-        finally:
-            torch.backends.mha.set_fastpath_enabled(enabled)
-
-
 def _check_torch(model: nn.Module, batches: list) -> list[str]:
     _check_batches(batches)
     if torch.backends.quantized.supported_engines == ["none"]:
@@ -147,7 +131,9 @@ def _int8_copy(model: nn.Module, names: set[str]) -> nn.Module:
     quantized = _dynamic_int8(copy.deepcopy(model), names)
     if any(isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) for m in quantized.modules()):
         # Their fused fast path reads float weights that quantized Linears do not have.
-        quantized = _WithoutFastPath(quantized)
+        from autotune.compress.quantize import WithoutFastPath
+
+        quantized = WithoutFastPath(quantized)
     return quantized
 
 
