@@ -34,6 +34,7 @@ from autotune.compress.sensitivity import (  # noqa: F401
     _search,
 )
 from autotune.errors import ConfigError, InputError, TrialError
+from autotune.export.onnx import _NP_TYPES
 
 __all__ = ["fallback_onnx", "onnx_layers", "quantize_onnx_except", "rank_onnx"]
 
@@ -108,18 +109,6 @@ def onnx_layers(path: str | Path, method: str = "int8_dynamic") -> list[str]:
     """
     _check_method(method)
     return [node.name for node in _quantizable(_prepare(path), method)]
-
-
-_NP_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
 
 
 def _onnx_feeds(batches: list, session: Any) -> list[dict[str, np.ndarray]]:
