@@ -1,7 +1,7 @@
 """INT8 with per-layer fallback inside a trial: the ``int8_fallback`` knob's work.
 
-A trial that quantizes (torch's ``int8_dynamic`` or ONNX Runtime's ``int8_dynamic`` /
-``int8_static``) with ``int8_fallback`` other than 0 ranks the model's quantizable layers by
+A trial that quantizes (torch's ``int8_dynamic``, ``int8_weight_only`` or ``int8_static``, or
+ONNX Runtime's ``int8_dynamic`` / ``int8_static``) with ``int8_fallback`` other than 0 ranks the model's quantizable layers by
 their int8 sensitivity (:mod:`autotune.compress.sensitivity`), judged by the guard's own
 criterion (fidelity to the float model's outputs, each output by its kind, on the calibration
 batches, which the guard never scores), then keeps the most sensitive float: a fixed number,
@@ -48,9 +48,10 @@ class Int8Plan:
 
 
 def ranking_key(backend: str, method: str, config: Any) -> str:
-    """What a ranking depends on besides the model: the runtime, the method and the pruning
-    that changed the model's layers before quantization."""
-    parts = [backend, method] + [str(config.get(k)) for k in ("prune_ratio", "prune_method", "finetune_steps")]
+    """What a ranking depends on besides the model: the runtime, the method, its weight scales
+    and the pruning that changed the model's layers before quantization."""
+    parts = [backend, method, f"pc={bool(config.get('int8_per_channel', False))}"]
+    parts += [str(config.get(k)) for k in ("prune_ratio", "prune_method", "finetune_steps")]
     return ":".join(parts)
 
 
@@ -122,22 +123,25 @@ def onnx_with_fallback(
     from autotune.compress.sensitivity_onnx import fallback_onnx, quantize_onnx_except, rank_onnx
 
     plan = plan or Int8Plan()
+    per_channel = bool(config.get("int8_per_channel", False))
     if plan.keep is not None:
-        quantize_onnx_except(src, dst, method, plan.keep, calibration)
+        quantize_onnx_except(src, dst, method, plan.keep, calibration, per_channel=per_channel)
         return {"int8_kept": list(plan.keep)}
     score = _score(plan.kinds)
     key = ranking_key("onnxruntime", method, config)
-    ranking, fresh = _ranking(plan, key, lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s))
-    out = fallback_onnx(src, dst, method, ranking, calibration, score, plan.threshold, k=value)
+    ranking, fresh = _ranking(
+        plan, key, lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s, per_channel=per_channel)
+    )
+    out = fallback_onnx(src, dst, method, ranking, calibration, score, plan.threshold, k=value, per_channel=per_channel)
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return _info(out, ranking, key, fresh)
 
 
 def torch_with_fallback(
-    model: Any, value: Any, calibration: list, plan: Int8Plan | None, config: Any
+    model: Any, method: str, value: Any, calibration: list, plan: Int8Plan | None, config: Any
 ) -> tuple[Any, dict]:
-    """``model`` with torch's dynamic int8 on every ``nn.Linear`` but the ``value`` most
+    """``model`` with torch's ``method`` int8 on every layer it takes but the ``value`` most
     sensitive (``"auto"``: the fewest that keep ``plan.threshold``).
 
     Raises:
@@ -146,12 +150,20 @@ def torch_with_fallback(
     from autotune.compress.sensitivity_torch import fallback_torch, quantize_torch_except, rank_torch
 
     plan = plan or Int8Plan()
+    per_channel = bool(config.get("int8_per_channel", False))
     if plan.keep is not None:
-        return quantize_torch_except(model, plan.keep), {"int8_kept": list(plan.keep)}
+        kept = quantize_torch_except(model, plan.keep, method, calibration=calibration, per_channel=per_channel)
+        return kept, {"int8_kept": list(plan.keep)}
     score = _score(plan.kinds)
-    key = ranking_key("torch", "int8_dynamic", config)
-    ranking, fresh = _ranking(plan, key, lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s))
-    quantized, out = fallback_torch(model, ranking, calibration, score, plan.threshold, k=value)
+    key = ranking_key("torch", method, config)
+    ranking, fresh = _ranking(
+        plan,
+        key,
+        lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s, method=method, per_channel=per_channel),
+    )
+    quantized, out = fallback_torch(
+        model, ranking, calibration, score, plan.threshold, k=value, per_channel=per_channel
+    )
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return quantized, _info(out, ranking, key, fresh)

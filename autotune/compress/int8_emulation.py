@@ -86,7 +86,9 @@ def _activation_inputs(node: Any, inits: set[str]) -> list[int]:
     return [0]
 
 
-def _quantized_inputs(node: Any, arrays: list[list], inits: set[str], method: str, ranges: dict) -> list[list]:
+def _quantized_inputs(
+    node: Any, arrays: list[list], inits: set[str], method: str, ranges: dict, per_channel: bool
+) -> list[list]:
     """Per batch, the node's inputs as int8 would feed them: ``arrays[b][i]`` for input ``i``."""
     acts = _activation_inputs(node, inits)
     out = []
@@ -98,7 +100,7 @@ def _quantized_inputs(node: Any, arrays: list[list], inits: set[str], method: st
             else:
                 row[i] = _fake_quant(batch[i], *ranges[node.input[i]], 0, 255)
         if node.input[1] in inits:
-            axis = _weight_axis(node) if method == "int8_static" else None
+            axis = _weight_axis(node) if per_channel else None
             row[1] = _symmetric_weight(batch[1], axis)
         out.append(row)
     return out
@@ -225,13 +227,15 @@ def _layer_error(node: Any, inputs: list, y_q: np.ndarray, y: np.ndarray, job: d
         static = job["method"] == "int8_static"
         a_range = job["ranges"][node.input[0]] if static else (inputs[0].min(), inputs[0].max())
         y, y_q = to_rows(y)[rows], to_rows(y_q)[rows]
-        y_q = y_q + alpha * _saturation(a[rows], a_range, w, per_channel=static)
+        y_q = y_q + alpha * _saturation(a[rows], a_range, w, per_channel=job["per_channel"])
     if job["method"] == "int8_static":  # the QDQ quantizer quantizes the layer's output too
         y_q = _fake_quant(y_q, *job["ranges"][node.output[0]], 0, 255)
     return float(np.sum((y_q.astype(np.float64) - y) ** 2)), float(np.sum(y.astype(np.float64) ** 2))
 
 
-def _cheap_onnx(model: Any, nodes: list[Any], feeds: list[dict], method: str) -> dict[str, float]:
+def _cheap_onnx(
+    model: Any, nodes: list[Any], feeds: list[dict], method: str, *, per_channel: bool = False
+) -> dict[str, float]:
     from onnx import numpy_helper
 
     captured = _capture(model, nodes, feeds)
@@ -239,11 +243,18 @@ def _cheap_onnx(model: Any, nodes: list[Any], feeds: list[dict], method: str) ->
     ranges = {}  # static int8: each activation's range over all calibration batches
     for name in {n for node in nodes for n in [*node.input, node.output[0]] if n and n not in weights}:
         ranges[name] = (min(float(c[name].min()) for c in captured), max(float(c[name].max()) for c in captured))
-    job = {"method": method, "ranges": ranges, "inits": set(weights), "saturate": _u8s8_saturates()}
+    per_channel = per_channel or method == "int8_static"
+    job = {
+        "method": method,
+        "ranges": ranges,
+        "inits": set(weights),
+        "saturate": _u8s8_saturates(),
+        "per_channel": per_channel,
+    }
     errors = {}
     for node in nodes:
         arrays = [[c[n] if n in c else weights.get(n) for n in node.input] for c in captured]
-        quantized = _quantized_inputs(node, arrays, set(weights), method, ranges)
+        quantized = _quantized_inputs(node, arrays, set(weights), method, ranges, per_channel)
         session = _node_session(node, arrays[0], model)
         num = den = 0.0
         for c, inputs, row in zip(captured, arrays, quantized, strict=True):

@@ -16,7 +16,7 @@ import io
 import operator
 import platform
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Literal, overload
 
 import torch
@@ -30,9 +30,10 @@ __all__ = ["METHODS", "offered", "quantize", "serialized_bytes"]
 METHODS = ("none", "int8_dynamic", "int8_weight_only", "int8_static")
 
 _CPU_WEIGHT_ONLY = (
-    "torchao's int8 weight-only Linear is slower than float32 on CPU (measured 1.2-4x, eager or compiled), "
-    "so it would only shrink the weights, which int8_dynamic does while running faster"
+    "torchao's int8 weight-only Linear is slower than float32 on CPU (measured 1.2-4x, eager or compiled): "
+    "offered there when size or memory is an objective"
 )
+_SHRINK_OBJECTIVES = frozenset({"size", "memory"})
 _CUDA_STATIC = (
     "PT2E static int8 lowers to oneDNN kernels for x86 CPUs only; on CUDA, torchao offers "
     "int8_dynamic and int8_weight_only"
@@ -52,15 +53,18 @@ def _torchao_missing() -> str | None:
     return None
 
 
-def offered(method: str, env: Any) -> str | None:
-    """Whether ``method`` can run on ``env``.
+def offered(method: str, env: Any, objectives: Iterable[str] = ()) -> str | None:
+    """Whether ``method`` is worth searching on ``env``.
 
-    On CPU: ``int8_dynamic`` and, on x86, ``int8_static``; not ``int8_weight_only``, which is
-    slower than float32 there. On CUDA: ``int8_dynamic`` and ``int8_weight_only`` (torchao).
+    On CPU: ``int8_dynamic`` and, on x86, ``int8_static``; ``int8_weight_only``, slower than
+    float32 there, only when size or memory is among ``objectives`` (it keeps activations float,
+    so it can hold accuracy where the others do not). On CUDA: ``int8_dynamic`` and
+    ``int8_weight_only`` (torchao).
 
     Args:
         method: One of :data:`METHODS`.
         env: The :class:`~autotune.env.Env` trials run on.
+        objectives: The search's objectives.
 
     Returns:
         ``None`` when the method is offered, else the one-line reason it is not.
@@ -74,16 +78,19 @@ def offered(method: str, env: Any) -> str | None:
         True
     """
     _check_method(method)
+    if method == "int8_weight_only" and not env.is_cuda and not _SHRINK_OBJECTIVES & set(objectives):
+        return _CPU_WEIGHT_ONLY
     return _not_offered(method, env.is_cuda)
 
 
 def _not_offered(method: str, on_cuda: bool) -> str | None:
+    """Why ``method`` cannot run on the device, or ``None``."""
     if method == "none":
         return None
     if on_cuda:
         return _CUDA_STATIC if method == "int8_static" else _torchao_missing()
     if method == "int8_weight_only":
-        return _CPU_WEIGHT_ONLY
+        return _torchao_missing()
     if method == "int8_dynamic":
         if torch.backends.quantized.supported_engines == ["none"]:
             return "this torch build has no quantized CPU engine (fbgemm, onednn or qnnpack)"
@@ -94,7 +101,14 @@ def _not_offered(method: str, on_cuda: bool) -> str | None:
 
 
 def quantize(
-    model: nn.Module, method: str, device: str, calibration: list, *, example: Any
+    model: nn.Module,
+    method: str,
+    device: str,
+    calibration: list,
+    *,
+    example: Any,
+    layers: Iterable[str] | None = None,
+    per_channel: bool = False,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Quantize ``model`` to int8 with ``method`` for ``device``.
 
@@ -106,6 +120,10 @@ def quantize(
         device: ``"cpu"`` or ``"cuda:N"``.
         calibration: Collated batches on the CPU; ``int8_static`` observes activations on them.
         example: One collated batch on the CPU; ``int8_static`` exports with it.
+        layers: Module names to quantize (``nn.Linear``, and ``nn.Conv2d`` for ``int8_static``),
+            the others staying float; ``None`` quantizes every layer the method takes.
+        per_channel: CPU ``int8_dynamic`` with one weight scale per output channel, not per
+            tensor (the other methods always have per-channel weights).
 
     Returns:
         The model to run (for ``int8_static`` a new ``GraphModule`` that accepts any batch
@@ -113,8 +131,8 @@ def quantize(
 
     Raises:
         ConfigError: ``method`` is not one of :data:`METHODS`.
-        TrialError: kind ``unsupported``: the method is not offered on ``device``, the model has
-            nothing it quantizes, or the library failed (the message says why).
+        TrialError: kind ``unsupported``: the method cannot run on ``device``, the model has
+            nothing it quantizes, a layer in ``layers`` stayed float, or the library failed.
 
     Example:
         >>> q, info = quantize(nn.Sequential(nn.Linear(8, 4)), "int8_dynamic", "cpu", [], example=None)
@@ -128,12 +146,15 @@ def quantize(
     reason = _not_offered(method, on_cuda)
     if reason is not None:
         raise TrialError("unsupported", f"{method} is not offered on {device}: {reason}.")
-    if on_cuda:
-        model, backend, n = _torchao_(model, method)
+    names = None if layers is None else set(layers)
+    if on_cuda or method == "int8_weight_only":
+        model, backend, n = _torchao_(model, method, names)
     elif method == "int8_dynamic":
-        model, backend, n = _dynamic_cpu(model)
+        model, backend, n = _dynamic_cpu(model, names, per_channel)
     else:
-        model, backend, n = _static_cpu(model, calibration, example)
+        model, backend, n = _static_cpu(model, calibration, example, names)
+    if names is not None and n != len(names):
+        raise TrialError("unsupported", f"{method} quantized {n} of the {len(names)} layers it was given.")
     if example is not None:
         _probe(model, example, device, method)
     return model, {"method": method, "backend": backend, "n_quantized": n}
@@ -168,17 +189,22 @@ def _library_errors(what: str) -> Iterator[None]:
         raise TrialError("unsupported", f"{what} failed: {type(exc).__name__}: {text}") from exc
 
 
-def _dynamic_cpu(model: nn.Module) -> tuple[nn.Module, str, int]:
+def _dynamic_cpu(model: nn.Module, names: set[str] | None, per_channel: bool) -> tuple[nn.Module, str, int]:
     from torch.ao.nn.quantized import dynamic as nnqd
+    from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
+
+    linear = per_channel_dynamic_qconfig if per_channel else default_dynamic_qconfig
+    if names is None:
+        spec: dict[Any, Any] = {nn.Linear: linear, nn.LSTM: default_dynamic_qconfig, nn.GRU: default_dynamic_qconfig}
+    else:
+        spec = dict.fromkeys(names, linear)
 
     with warnings.catch_warnings(), _library_errors("Dynamic quantization (torch.ao.quantization)"):
         # torch.ao.quantization is deprecated in favour of torchao, whose CPU int8 Linear is
         # slower eagerly; the old path stays the fast one, so its warnings are noise here.
         warnings.filterwarnings("ignore", category=DeprecationWarning)
         warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        model = torch.ao.quantization.quantize_dynamic(
-            model, {nn.Linear, nn.LSTM, nn.GRU}, dtype=torch.qint8, inplace=True
-        )
+        model = torch.ao.quantization.quantize_dynamic(model, spec, dtype=torch.qint8, inplace=True)
     n = sum(isinstance(m, (nnqd.Linear, nnqd.LSTM, nnqd.GRU)) for m in model.modules())
     if n == 0:
         raise TrialError("unsupported", "int8_dynamic found no nn.Linear, nn.LSTM or nn.GRU layer to quantize.")
@@ -204,7 +230,7 @@ class WithoutFastPath(nn.Module):
             torch.backends.mha.set_fastpath_enabled(enabled)
 
 
-def _torchao_(model: nn.Module, method: str) -> tuple[nn.Module, str, int]:
+def _torchao_(model: nn.Module, method: str, names: set[str] | None) -> tuple[nn.Module, str, int]:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
 
     # set_inductor_config=False: torchao would otherwise tune inductor process-wide, changing how
@@ -214,8 +240,12 @@ def _torchao_(model: nn.Module, method: str) -> tuple[nn.Module, str, int]:
         if method == "int8_dynamic"
         else Int8WeightOnlyConfig(set_inductor_config=False)
     )
+
+    def chosen(module: nn.Module, fqn: str) -> bool:
+        return type(module) is nn.Linear and fqn in names
+
     with _library_errors(f"torchao quantize_({type(config).__name__})"):
-        quantize_(model, config)
+        quantize_(model, config, filter_fn=None if names is None else chosen)  # None: torchao's own choice
     # A quantized weight is a torchao tensor subclass; an untouched one is a plain Parameter.
     n = sum(type(m.weight) not in (torch.Tensor, nn.Parameter) for m in model.modules() if isinstance(m, nn.Linear))
     if n == 0:
@@ -246,13 +276,21 @@ def _export(model: nn.Module, example: Any) -> Any:
         return torch.export.export(model, args, kwargs, dynamic_shapes=shapes, strict=False).module()
 
 
-def _static_cpu(model: nn.Module, calibration: list, example: Any) -> tuple[nn.Module, str, int]:
+def _static_cpu(
+    model: nn.Module, calibration: list, example: Any, names: set[str] | None
+) -> tuple[nn.Module, str, int]:
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
     from torchao.quantization.pt2e import allow_exported_model_train_eval
     from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     graph = _export(model.eval(), example)
-    quantizer = xiq.X86InductorQuantizer().set_global(xiq.get_default_x86_inductor_quantization_config())
+    config = xiq.get_default_x86_inductor_quantization_config()
+    quantizer = xiq.X86InductorQuantizer()
+    if names is None:
+        quantizer.set_global(config)
+    else:  # only these modules: the rest of the graph, float ops between them included, stays float
+        for name in sorted(names):
+            quantizer.set_module_name_qconfig(name, config)
     with _library_errors("PT2E quantization (X86InductorQuantizer)"), torch.no_grad():
         prepared = prepare_pt2e(graph, quantizer)
         for batch in calibration or [example]:

@@ -3,7 +3,7 @@
 Quantizing every layer of a model to int8 can ruin it while quantizing all but a few keeps
 almost all the speed: one layer whose input has an outlier channel loses everything to a
 per-tensor activation scale. This module ranks the quantizable layers (ONNX Runtime dynamic or
-static int8, PyTorch dynamic int8), then finds the fewest of the most sensitive ones to keep in
+static int8; PyTorch dynamic, weight-only and static int8), then finds the fewest of the most sensitive ones to keep in
 float so that a caller's criterion holds.
 
 Ranking has two passes. The cheap one runs the float model once, captures each layer's input and
@@ -37,7 +37,7 @@ __all__ = ["METHODS", "Ranking", "Score", "max_rel_error", "worst_cosine"]
 Score = Callable[[list, list], float]
 
 METHODS = ("int8_dynamic", "int8_static")
-_BACKENDS = {"onnxruntime": METHODS, "torch": ("int8_dynamic",)}
+_BACKENDS = {"onnxruntime": METHODS, "torch": ("int8_dynamic", "int8_weight_only", "int8_static")}
 _LAYER_OPS = ("MatMul", "Gemm", "Conv")
 _FLOAT_TYPES = (1, 10, 11, 16)  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})  # as autotune.data.TARGET_KEYS

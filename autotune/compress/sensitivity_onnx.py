@@ -169,7 +169,9 @@ def _int8_layers(quantized: Any, layers: list[str], method: str) -> list[str]:
     return [name for name in layers if name in by_name and all(i in dq for i in by_name[name].input[:2])]
 
 
-def _quantize_file(prepared: Path, dst: Path, method: str, feeds: list[dict], **select: list[str]) -> Any:
+def _quantize_file(
+    prepared: Path, dst: Path, method: str, feeds: list[dict], per_channel: bool, **select: list[str]
+) -> Any:
     """Run ONNX Runtime's quantizer on ``prepared`` into ``dst``: static int8 in QDQ format with
     per-channel weights, as ``autotune.export.onnx`` does, but only MatMul, Gemm and Conv (not
     Gather, say), so every int8 op is a ranked layer and keeping all of them float means float."""
@@ -184,8 +186,9 @@ def _quantize_file(prepared: Path, dst: Path, method: str, feeds: list[dict], **
     try:
         if method == "int8_dynamic":
             quantize_dynamic(
-                prepared, dst, op_types_to_quantize=list(_LAYER_OPS), weight_type=QuantType.QInt8, **select
-            )
+                prepared, dst, op_types_to_quantize=list(_LAYER_OPS), weight_type=QuantType.QInt8,
+                per_channel=per_channel, **select,
+            )  # fmt: skip
         else:
             quantize_static(
                 prepared, dst, _Reader(feeds), quant_format=QuantFormat.QDQ, per_channel=True,
@@ -204,12 +207,13 @@ def _quantize_file(prepared: Path, dst: Path, method: str, feeds: list[dict], **
 class _OnnxJob:
     """One float graph, its layers and calibration feeds, and a scratch folder for quantized variants."""
 
-    def __init__(self, src: str | Path, method: str, batches: list, workdir: Path) -> None:
+    def __init__(self, src: str | Path, method: str, batches: list, workdir: Path, per_channel: bool = False) -> None:
         import onnx
 
         _check_method(method)
         _check_batches(batches)
         self.method = method
+        self.per_channel = per_channel or method == "int8_static"
         self.model = _prepare(src)
         self.nodes = _quantizable(self.model, method)
         self.layers = [n.name for n in self.nodes]
@@ -237,7 +241,9 @@ class _OnnxJob:
         select = {"nodes_to_quantize": _ort_names(self.model, only, self.method)} if only else {}
         select["nodes_to_exclude"] = _ort_names(self.model, exclude or [], self.method)
         quantized = _int8_layers(
-            _quantize_file(self.prepared, dst, self.method, self.feeds, **select), self.layers, self.method
+            _quantize_file(self.prepared, dst, self.method, self.feeds, self.per_channel, **select),
+            self.layers,
+            self.method,
         )
         expected = only if only else [n for n in self.layers if n not in set(exclude or [])]
         refused = [n for n in expected if n not in quantized]
@@ -266,6 +272,7 @@ def rank_onnx(
     *,
     budget_s: float | None = None,
     refine: bool | int = True,
+    per_channel: bool = False,
 ) -> Ranking:
     """Rank an ONNX graph's quantizable layers by how much ``method`` hurts each alone.
 
@@ -288,6 +295,7 @@ def rank_onnx(
         refine: ``True`` refines the top quarter of the cheap ranking (at least 4 layers),
             widened while the next layer's cheap error is within a factor of 2 of the last
             one's; an int refines that many (widened the same way); ``False`` none.
+        per_channel: ``int8_dynamic`` with per-channel weights, emulated and measured so.
 
     Returns:
         A :class:`Ranking`, most sensitive first.
@@ -303,8 +311,8 @@ def rank_onnx(
     """
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autotune-int8-") as tmp:
-        job = _OnnxJob(path, method, batches, Path(tmp))
-        cheap = _cheap_onnx(job.model, job.nodes, job.feeds, method)
+        job = _OnnxJob(path, method, batches, Path(tmp), per_channel)
+        cheap = _cheap_onnx(job.model, job.nodes, job.feeds, method, per_channel=job.per_channel)
 
         def measure(name: str) -> float:
             single = Path(tmp) / "single.onnx"
@@ -316,7 +324,13 @@ def rank_onnx(
 
 
 def quantize_onnx_except(
-    src: str | Path, dst: str | Path, method: str, keep_float: Iterable[str], calibration: list
+    src: str | Path,
+    dst: str | Path,
+    method: str,
+    keep_float: Iterable[str],
+    calibration: list,
+    *,
+    per_channel: bool = False,
 ) -> dict[str, Any]:
     """Write ``src`` with every quantizable layer in int8 except ``keep_float`` to ``dst``.
 
@@ -328,6 +342,7 @@ def quantize_onnx_except(
         method: ``"int8_dynamic"`` or ``"int8_static"``.
         keep_float: Layer names (from :func:`onnx_layers`) to leave float.
         calibration: Batches; ``int8_static`` calibrates on them, both methods run on them once.
+        per_channel: ``int8_dynamic`` with per-channel weights.
 
     Returns:
         ``{"path", "method", "kept", "quantized", "bytes", "src_bytes"}``, ``quantized`` the
@@ -342,7 +357,7 @@ def quantize_onnx_except(
     """
     src, dst = Path(src), Path(dst)
     with tempfile.TemporaryDirectory(prefix="autotune-int8-") as tmp:
-        job = _OnnxJob(src, method, calibration, Path(tmp))
+        job = _OnnxJob(src, method, calibration, Path(tmp), per_channel)
         keep = _check_keep(keep_float, job.layers)
         dst.parent.mkdir(parents=True, exist_ok=True)
         quantized = job.quantize(dst, exclude=keep)
@@ -366,6 +381,7 @@ def fallback_onnx(
     threshold: float,
     *,
     k: int | str = "auto",
+    per_channel: bool = False,
 ) -> dict[str, Any]:
     """Write ``src`` in int8 with its ``k`` most sensitive layers float, the fewest that pass.
 
@@ -390,7 +406,7 @@ def fallback_onnx(
     """
     dst = Path(dst)
     with tempfile.TemporaryDirectory(prefix="autotune-int8-") as tmp:
-        job = _OnnxJob(src, method, batches, Path(tmp))
+        job = _OnnxJob(src, method, batches, Path(tmp), per_channel)
         _check_ranking(ranking, "onnxruntime", method, job.layers)
         _check_float(score, job.reference, threshold)
 

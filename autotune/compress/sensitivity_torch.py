@@ -1,11 +1,11 @@
-"""INT8 sensitivity and fallback for PyTorch's dynamic int8 (``nn.Linear`` layers)."""
+"""INT8 sensitivity and fallback for PyTorch's int8: dynamic and weight-only (``nn.Linear``
+layers), and static PT2E (``nn.Linear`` and ``nn.Conv2d``), each by :mod:`autotune.compress.quantize`."""
 
 from __future__ import annotations
 
 import copy
 import math
 import time
-import warnings
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -36,11 +36,14 @@ from autotune.errors import InputError, TrialError
 __all__ = ["fallback_torch", "quantize_torch_except", "rank_torch", "torch_layers"]
 
 
-# --- PyTorch dynamic int8 ---------------------------------------------------------------------
+# --- PyTorch int8 ------------------------------------------------------------------------------
+
+_TORCH_METHODS = ("int8_dynamic", "int8_weight_only", "int8_static")
 
 
-def torch_layers(model: nn.Module) -> list[str]:
-    """Names of the ``nn.Linear`` modules PyTorch's dynamic int8 quantizes, in module order.
+def torch_layers(model: nn.Module, method: str = "int8_dynamic") -> list[str]:
+    """Names of the modules ``method`` quantizes one by one, in module order: ``nn.Linear``, and
+    for ``int8_static`` also ``nn.Conv2d``.
 
     Subclasses (``nn.MultiheadAttention``'s ``out_proj``, whose float weight attention reads
     directly) are left out, as ``quantize_dynamic`` with ``{nn.Linear}`` leaves them.
@@ -49,7 +52,10 @@ def torch_layers(model: nn.Module) -> list[str]:
         >>> torch_layers(nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 2)))
         ['0', '2']
     """
-    return [name for name, m in model.named_modules() if type(m) is nn.Linear]
+    if method not in _TORCH_METHODS:
+        raise InputError(f"No PyTorch int8 method named {method!r}. Known: {', '.join(_TORCH_METHODS)}.")
+    types = (nn.Linear, nn.Conv2d) if method == "int8_static" else (nn.Linear,)
+    return [name for name, m in model.named_modules() if type(m) in types]
 
 
 def _cpu_outputs(out: Any) -> Any:
@@ -75,71 +81,79 @@ def _torch_outputs(model: nn.Module, batches: list, what: str) -> list:
     return outs
 
 
-def _dynamic_int8(model: nn.Module, names: set[str]) -> nn.Module:
-    """``model`` itself with the Linear modules in ``names`` swapped for dynamic int8 ones."""
-    with warnings.catch_warnings():
-        # torch.ao.quantization is deprecated in favour of torchao, whose CPU int8 Linear is
-        # slower eagerly; autotune._quantize keeps the old path for the same reason.
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*")
-        try:
-            return torch.ao.quantization.quantize_dynamic(model, set(names), dtype=torch.qint8, inplace=True)
-        except Exception as exc:
-            text = " ".join(str(exc).split())[:300]
-            raise TrialError(
-                "unsupported", f"Dynamic int8 (torch.ao.quantization) failed: {type(exc).__name__}: {text}"
-            ) from exc
+def _nothing(method: str, model: nn.Module) -> TrialError:
+    what = "nn.Linear or nn.Conv2d" if method == "int8_static" else "nn.Linear"
+    return TrialError("unsupported", f"{method} found no {what} to quantize in {type(model).__name__}.")
 
 
-def _check_torch(model: nn.Module, batches: list) -> list[str]:
+def _check_torch(model: nn.Module, batches: list, method: str) -> list[str]:
     _check_batches(batches)
-    if torch.backends.quantized.supported_engines == ["none"]:
+    if method != "int8_weight_only" and torch.backends.quantized.supported_engines == ["none"]:
         raise TrialError("unsupported", "This torch build has no quantized CPU engine (fbgemm, onednn or qnnpack).")
     if any(p.device.type != "cpu" for p in model.parameters()):
-        raise InputError("PyTorch dynamic int8 runs on the CPU; move the model there first (model.cpu()).")
+        raise InputError("PyTorch int8 fallback runs on the CPU; move the model there first (model.cpu()).")
     if model.training:
         raise InputError("The model is in training mode; call model.eval() so dropout does not blur the ranking.")
-    layers = torch_layers(model)
+    layers = torch_layers(model, method)
     if not layers:
-        raise TrialError("unsupported", f"int8_dynamic found no nn.Linear to quantize in {type(model).__name__}.")
+        raise _nothing(method, model)
     return layers
 
 
-def quantize_torch_except(model: nn.Module, keep_float: Iterable[str]) -> nn.Module:
-    """A copy of ``model`` with every ``nn.Linear`` in dynamic int8 except ``keep_float``.
+def _int8_copy(model: nn.Module, names: set[str], method: str, per_channel: bool, batches: list) -> nn.Module:
+    """A copy of ``model`` with the layers in ``names`` in ``method``'s int8, the rest float."""
+    from autotune.compress.quantize import quantize
 
-    The model itself is left as it is. A model holding transformer layers comes back wrapped so
-    that it runs with PyTorch's fused fast path off (it reads float weights).
+    quantized, _ = quantize(
+        copy.deepcopy(model), method, "cpu", batches, example=batches[0] if batches else None,
+        layers=names, per_channel=per_channel,
+    )  # fmt: skip
+    return quantized
+
+
+def quantize_torch_except(
+    model: nn.Module,
+    keep_float: Iterable[str],
+    method: str = "int8_dynamic",
+    *,
+    calibration: list | None = None,
+    per_channel: bool = False,
+) -> nn.Module:
+    """A copy of ``model`` with every layer ``method`` takes in int8 except ``keep_float``.
+
+    The model itself is left as it is. A dynamic int8 model holding transformer layers comes
+    back wrapped so that it runs with PyTorch's fused fast path off (it reads float weights);
+    a static one is a ``GraphModule``.
+
+    Args:
+        model: A float model on the CPU, in eval mode.
+        keep_float: Layer names (from :func:`torch_layers`) to leave float.
+        method: ``"int8_dynamic"``, ``"int8_weight_only"`` or ``"int8_static"``.
+        calibration: Batches; ``int8_static`` needs them (it observes activation ranges on
+            them and exports with the first).
+        per_channel: ``int8_dynamic`` with per-channel weights.
 
     Raises:
-        InputError: an unknown name in ``keep_float``, or all layers in it.
-        TrialError: kind ``unsupported``: no ``nn.Linear``, or torch failed.
+        InputError: an unknown name in ``keep_float``, all layers in it, or ``int8_static``
+            without calibration batches.
+        TrialError: kind ``unsupported``: no layer to quantize, or torch failed.
 
     Example:
         >>> q = quantize_torch_except(nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2)).eval(), ["1"])
         >>> [m._get_name() for m in q]
         ['DynamicQuantizedLinear', 'Linear']
     """
-    layers = torch_layers(model)
+    layers = torch_layers(model, method)
     if not layers:
-        raise TrialError("unsupported", f"int8_dynamic found no nn.Linear to quantize in {type(model).__name__}.")
+        raise _nothing(method, model)
+    if method == "int8_static" and not calibration:
+        raise InputError("int8_static needs calibration batches to observe activation ranges, but got none.")
     keep = set(_check_keep(keep_float, layers))
-    return _int8_copy(model, {n for n in layers if n not in keep})
+    return _int8_copy(model, {n for n in layers if n not in keep}, method, per_channel, list(calibration or []))
 
 
-def _int8_copy(model: nn.Module, names: set[str]) -> nn.Module:
-    quantized = _dynamic_int8(copy.deepcopy(model), names)
-    if any(isinstance(m, nn.TransformerEncoderLayer | nn.TransformerDecoderLayer) for m in quantized.modules()):
-        # Their fused fast path reads float weights that quantized Linears do not have.
-        from autotune.compress.quantize import WithoutFastPath
-
-        quantized = WithoutFastPath(quantized)
-    return quantized
-
-
-def _cheap_torch(model: nn.Module, layers: list[str], batches: list) -> dict[str, float]:
-    """Each Linear's relative output error when its own input and weights go through torch's
-    dynamic int8 kernel (activations per tensor on each batch's range, weights per tensor)."""
+def _capture(model: nn.Module, layers: list[str], batches: list) -> dict[str, list]:
+    """Every layer's (input, output) on each batch of one float run."""
     modules = dict(model.named_modules())
     seen: dict[str, list] = {name: [] for name in layers}
 
@@ -155,12 +169,62 @@ def _cheap_torch(model: nn.Module, layers: list[str], batches: list) -> dict[str
     finally:
         for hook in hooks:
             hook.remove()
+    return seen
+
+
+def _fake_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w`` in symmetric int8 with one scale per output channel (dim 0), dequantized."""
+    scale = w.abs().amax(dim=tuple(range(1, w.dim())), keepdim=True).clamp_min(1e-12) / 127
+    return torch.clamp(torch.round(w / scale), -127, 127) * scale
+
+
+def _fake_activation(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
+    """``x`` in uint8 on the range [lo, hi] widened to hold 0, dequantized."""
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    scale = (hi - lo) / 255 if hi > lo else 1.0
+    zero = round(-lo / scale)
+    return (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def _emulated(module: nn.Module, pairs: list, method: str) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``module`` as int8 would compute it (weights symmetric per channel; for ``int8_static``
+    activations uint8 on their range over all ``pairs``), in float arithmetic."""
+    from torch.func import functional_call
+
+    params = {**dict(module.named_parameters()), "weight": _fake_weight(module.weight.detach())}
+    lo = min(float(x.min()) for x, _ in pairs)
+    hi = max(float(x.max()) for x, _ in pairs)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        x = _fake_activation(x, lo, hi) if method == "int8_static" else x
+        return functional_call(module, params, (x,))
+
+    return run
+
+
+def _cheap_torch(
+    model: nn.Module, layers: list[str], batches: list, method: str, per_channel: bool
+) -> dict[str, float]:
+    """Each layer's relative output error when it alone goes int8 on its own captured inputs:
+    through torch's dynamic int8 kernel for ``int8_dynamic``; emulated for the others (weights
+    symmetric per channel; ``int8_static`` activations uint8 on their range over all batches)."""
+    from autotune.compress.quantize import quantize
+
+    modules = dict(model.named_modules())
+    seen = _capture(model, layers, batches)
     errors = {}
     with torch.inference_mode():
         for name in layers:
-            single = _dynamic_int8(nn.Sequential(copy.deepcopy(modules[name])), {"0"})
+            pairs, module = seen.pop(name), modules[name]
+            if method == "int8_dynamic":
+                single, _ = quantize(
+                    nn.Sequential(copy.deepcopy(module)), method, "cpu", [], example=None, layers={"0"},
+                    per_channel=per_channel,
+                )  # fmt: skip
+            else:
+                single = _emulated(module, pairs, method)
             num = den = 0.0
-            for x, y in seen.pop(name):
+            for x, y in pairs:
                 num += float(torch.sum((single(x).double() - y.double()) ** 2))
                 den += float(torch.sum(y.double() ** 2))
             errors[name] = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
@@ -174,40 +238,44 @@ def rank_torch(
     *,
     budget_s: float | None = None,
     refine: bool | int = True,
+    method: str = "int8_dynamic",
+    per_channel: bool = False,
 ) -> Ranking:
-    """Rank a model's ``nn.Linear`` layers by how much PyTorch's dynamic int8 hurts each alone.
+    """Rank a model's quantizable layers by how much PyTorch's ``method`` int8 hurts each alone.
 
-    Cheap pass: forward hooks capture every Linear's input and output on the batches; each
-    Linear, quantized alone, runs on its captured inputs. Exact pass: the top layers are
-    quantized one at a time in a copy of the model and scored with ``score``, until ``budget_s``.
+    Cheap pass: forward hooks capture every layer's input and output on the batches; each
+    layer, quantized alone, runs on its captured inputs (:func:`_cheap_torch`). Exact pass: the
+    top layers are quantized one at a time in a copy of the model and scored with ``score``,
+    until ``budget_s``.
 
     Args:
         model: A float model on the CPU, in eval mode; it is not changed.
-        batches: Collated batches (a tensor, ``(inputs, target)``, or a dict of keyword inputs).
+        batches: Collated batches (a tensor, ``(inputs, target)``, or a dict of keyword inputs);
+            ``int8_static`` also calibrates on them.
         score: ``score(reference_outputs, candidate_outputs) -> float``, higher is better.
         budget_s: Seconds after which no further layer is refined.
         refine: ``True``, an int, or ``False``, as in :func:`rank_onnx`.
+        method: ``"int8_dynamic"``, ``"int8_weight_only"`` or ``"int8_static"``.
+        per_channel: ``int8_dynamic`` with per-channel weights.
 
     Raises:
         InputError: no batches, a model off the CPU or in training mode, or it fails on a batch.
-        TrialError: kind ``unsupported``: no ``nn.Linear``, or torch failed to quantize one.
+        TrialError: kind ``unsupported``: no layer to quantize, or torch failed to quantize one.
 
     Example:
         >>> ranking = rank_torch(model.eval(), batches, worst_cosine)  # doctest: +SKIP
     """
     start = time.perf_counter()
-    layers = _check_torch(model, batches)
+    layers = _check_torch(model, batches, method)
     reference = _torch_outputs(model, batches, "The float model")
-    cheap = _cheap_torch(model, layers, batches)
+    cheap = _cheap_torch(model, layers, batches, method, per_channel)
 
     def measure(name: str) -> float:
-        single = _int8_copy(model, {name})
+        single = _int8_copy(model, {name}, method, per_channel, batches)
         return score(reference, _torch_outputs(single, batches, "The int8 model"))
 
     exact = _refine(_candidates(cheap, refine), measure, budget_s, start)
-    return Ranking(
-        "int8_dynamic", "torch", _order(cheap, exact), cheap, exact, time.perf_counter() - start, len(batches)
-    )
+    return Ranking(method, "torch", _order(cheap, exact), cheap, exact, time.perf_counter() - start, len(batches))
 
 
 def fallback_torch(
@@ -218,8 +286,9 @@ def fallback_torch(
     threshold: float,
     *,
     k: int | str = "auto",
+    per_channel: bool = False,
 ) -> tuple[nn.Module | None, dict[str, Any]]:
-    """A dynamic int8 copy of ``model`` with its ``k`` most sensitive Linears float.
+    """An int8 copy of ``model`` (``ranking``'s method) with its ``k`` most sensitive layers float.
 
     ``k="auto"`` finds the fewest kept float that pass, as :func:`fallback_onnx` does.
 
@@ -234,15 +303,19 @@ def fallback_torch(
     Example:
         >>> q, info = fallback_torch(model, ranking, batches, worst_cosine, 0.99)  # doctest: +SKIP
     """
-    layers = _check_torch(model, batches)
-    _check_ranking(ranking, "torch", "int8_dynamic", layers)
+    method = ranking.method
+    layers = _check_torch(model, batches, method)
+    _check_ranking(ranking, "torch", method, layers)
     reference = _torch_outputs(model, batches, "The float model")
     _check_float(score, reference, threshold)
 
+    def mixed(keep: list[str]) -> nn.Module:
+        return quantize_torch_except(model, keep, method, calibration=batches, per_channel=per_channel)
+
     def try_k(j: int) -> float:
-        return score(reference, _torch_outputs(quantize_torch_except(model, ranking.top(j)), batches, "The int8 model"))
+        return score(reference, _torch_outputs(mixed(ranking.top(j)), batches, "The int8 model"))
 
     result = _outcome(_search(len(layers), k, threshold, try_k), layers, ranking, threshold)
     # Quantized again rather than kept from the search: one copy of the model alive at a time.
-    chosen = quantize_torch_except(model, result["kept"]) if result["k"] < len(layers) else None
+    chosen = mixed(result["kept"]) if result["k"] < len(layers) else None
     return chosen, result

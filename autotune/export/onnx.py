@@ -256,7 +256,7 @@ class _BatchReader:
         return next(self._feeds, None)
 
 
-def quantize_onnx(src: Path, dst: Path, method: str, calibration: list) -> dict[str, Any]:
+def quantize_onnx(src: Path, dst: Path, method: str, calibration: list, *, per_channel: bool = False) -> dict[str, Any]:
     """Write an INT8 version of the ONNX file ``src`` to ``dst`` with ONNX Runtime's quantizer.
 
     ``"int8_dynamic"`` quantizes weights to int8 and activations at run time (MatMul-heavy
@@ -269,6 +269,8 @@ def quantize_onnx(src: Path, dst: Path, method: str, calibration: list) -> dict[
         dst: The file to write.
         method: ``"int8_dynamic"`` or ``"int8_static"``.
         calibration: Collated batches (``int8_static`` only), structured like the export example.
+        per_channel: ``int8_dynamic`` with one weight scale per output channel, not one per
+            tensor (``int8_static`` always has them).
 
     Returns:
         ``{"path", "method", "quant_format", "per_channel", "bytes", "src_bytes"}``.
@@ -293,7 +295,7 @@ def quantize_onnx(src: Path, dst: Path, method: str, calibration: list) -> dict[
     names = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
     try:
         if method == "int8_dynamic":
-            quantize_dynamic(prepared, dst, weight_type=QuantType.QInt8)
+            quantize_dynamic(prepared, dst, weight_type=QuantType.QInt8, per_channel=per_channel)
         else:
             reader = _BatchReader(calibration, names)
             quantize_static(prepared, dst, reader, quant_format=QuantFormat.QDQ, per_channel=True)
@@ -305,7 +307,7 @@ def quantize_onnx(src: Path, dst: Path, method: str, calibration: list) -> dict[
         "path": str(dst),
         "method": method,
         "quant_format": "QOperator" if method == "int8_dynamic" else "QDQ",
-        "per_channel": method == "int8_static",
+        "per_channel": method == "int8_static" or per_channel,
         "bytes": dst.stat().st_size,
         "src_bytes": src.stat().st_size,
     }

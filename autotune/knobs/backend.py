@@ -96,7 +96,8 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
                 onnx_with_fallback(path, dst, precision, fallback, extras.calibration, extras.int8, config)
             )
         else:
-            ox.quantize_onnx(path, dst, precision, extras.calibration)
+            per_channel = bool(config.get("int8_per_channel", False))
+            ox.quantize_onnx(path, dst, precision, extras.calibration, per_channel=per_channel)
         path = dst
     module = ox.OrtModule(
         path,

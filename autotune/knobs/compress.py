@@ -1,4 +1,5 @@
-"""Compression knobs: ``prune_ratio``, ``prune_method``, ``finetune_steps`` and ``quantization``.
+"""Compression knobs: ``prune_ratio``, ``prune_method``, ``finetune_steps``, ``quantization``,
+``int8_fallback`` and ``int8_per_channel``.
 
 They change the model itself, so the accuracy guard decides whether a candidate may win. The
 work is done by :mod:`autotune.compress.prune` (torch-pruning) and :mod:`autotune.compress.quantize`
@@ -144,7 +145,7 @@ class Quantization(Knob):
 
         values, excluded = ["none"], {}
         for method in self.choices[1:]:
-            reason = _quantize.offered(method, ctx.env)
+            reason = _quantize.offered(method, ctx.env, ctx.objectives)
             if reason is None:
                 values.append(method)
             else:
@@ -157,18 +158,19 @@ class Quantization(Knob):
         if value == "none":
             return
         extras = _extras(state, "quantization")
-        fallback = state.config.get("int8_fallback", 0) if state.config is not None else 0
+        config = state.config or {}
+        fallback, per_channel = config.get("int8_fallback", 0), bool(config.get("int8_per_channel", False))
         float_bytes = _quantize.serialized_bytes(state.model)  # the weights' size before int8, beside it
-        if value == "int8_dynamic" and fallback != 0 and state.device == "cpu":
+        if fallback != 0 and state.device == "cpu":
             from autotune.compress.fallback import torch_with_fallback
 
             state.model, info = torch_with_fallback(
-                state.model, fallback, extras.calibration, extras.int8, state.config
+                state.model, value, fallback, extras.calibration, extras.int8, config
             )
-            info["method"] = "int8_dynamic"
+            info["method"] = value
         else:
             state.model, info = _quantize.quantize(
-                state.model, value, state.device, extras.calibration, example=extras.example
+                state.model, value, state.device, extras.calibration, example=extras.example, per_channel=per_channel
             )
         state.info.update(info, float_bytes=float_bytes)
         state.quantization = value
@@ -187,13 +189,47 @@ class Int8Fallback(Knob):
     default = 0
     help = (
         "How many of the layers int8 hurts most stay float, ranked by their measured sensitivity: "
-        "a number, or auto (the fewest that keep the guard). For torch's int8_dynamic and ONNX Runtime's int8."
+        "a number, or auto (the fewest that keep the guard). For every int8 method, torch's on the CPU "
+        "and ONNX Runtime's."
     )
 
     def applies(self, config: dict[str, Any]) -> bool:
         if config.get("runtime", "torch") == "onnxruntime":
             return config.get("ort_precision") in _INT8_ORT
-        return config.get("runtime", "torch") == "torch" and config.get("quantization") == "int8_dynamic"
+        return config.get("quantization", "none") != "none"
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.env.is_cuda:  # the ranking and its copies of the model run on the CPU
+            return Offer([0], {str(c): "the per-layer ranking runs on CPU trials" for c in self.choices[1:]})
+        return Offer(list(self.choices))
 
     def apply(self, state: Any, value: Any) -> None:
+        pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize
+
+
+@register
+class Int8PerChannel(Knob):
+    name = "int8_per_channel"
+    order = 75  # after quantization and ort_precision, whose values decide whether it applies
+    modes = ("inference",)
+    stage = Stage.WEIGHTS
+    choices = (False, True)
+    default = False
+    help = (
+        "Dynamic int8 with one weight scale per output channel instead of one per tensor: less error "
+        "for layers whose channels differ in range, at a small cost. torch's and ONNX Runtime's int8_dynamic "
+        "on the CPU (the other int8 methods always have per-channel weights)."
+    )
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        if config.get("runtime", "torch") == "onnxruntime":
+            return config.get("ort_precision") == "int8_dynamic"
+        return config.get("quantization") == "int8_dynamic"
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.env.is_cuda:
+            return Offer([False], {"true": "torchao's CUDA int8 has per-channel weights already"})
+        return Offer([False, True])
+
+    def apply(self, state: Any, value: bool) -> None:
         pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize

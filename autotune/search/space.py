@@ -247,7 +247,9 @@ def warm_start(space: SearchSpace) -> list[dict[str, Any]]:
     ort_int8 = {**ort, **offered("ort_precision", ("int8_dynamic",))} if ort else {}
     auto = {"int8_fallback": "auto"} if "auto" in values.get("int8_fallback", ()) else {}
     int8 = {**ort_int8, **auto} if len(ort_int8) == 2 else {}
-    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, shape, {**shape, **int8}, compiled]
+    per_channel = {**int8, **offered("int8_per_channel", (True,))} if int8 else {}
+    candidates = [{**amp, **batch2, **layout, **fused}, amp, batch2, batch8, shape, {**shape, **int8}]
+    candidates += [{**shape, **per_channel}, compiled]
     candidates += [layout, fused]
     configs: list[dict[str, Any]] = []
     keys = {Config(base).key()}

@@ -269,6 +269,7 @@ _CODE_KNOBS = (
     "runtime",
     "quantization",
     "int8_fallback",
+    "int8_per_channel",
     "compile_mode",
     "compile_dynamic",
     "ort_precision",

@@ -93,3 +93,38 @@ def test_a_resumed_study_reuses_the_ranking(tmp_path):
     later = [t for t in _trials(again) if t["config"]["int8_fallback"] == 2]
     assert later and "int8_ranking" not in later[0]  # taken from the study, not computed again
     assert later[0]["int8_kept"][0] == "fc.2"
+
+
+def test_static_int8_fallback_travels_with_the_run(tmp_path):
+    """PT2E static int8 with auto: the fragile layer stays float in the trial and in apply()."""
+    fix = {"quantization": "int8_static", "int8_fallback": "auto"}
+    result = autotune.optimize(
+        FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=(), **COMMON
+    )
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert result.best_config["quantization"] == "int8_static" and result.best["metric_drop"] <= 0.01
+    assert "fc.2" in best["int8"]["kept_float"] and len(best["int8"]["kept_float"]) < best["int8"]["n_layers"] == 4
+    tuned = autotune.apply(FragileMLP(), tmp_path, dataset=vector_data(), device="cpu")
+    int8 = sum(t.dtype == torch.int8 for t in tuned.state_dict().values() if isinstance(t, torch.Tensor))
+    assert int8 == 4 - len(best["int8"]["kept_float"])  # the same layers int8 as the run measured
+    x = torch.stack(vector_data(16, seed=1))
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(tuned(x), FragileMLP()(x)).min()
+    assert cosine > 0.99
+
+
+def test_per_channel_onnx_int8_ships_per_channel_scales(tmp_path):
+    fix = {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_per_channel": True, "int8_fallback": 0}
+    autotune.optimize(
+        FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=("onnx",),
+        **{**COMMON, "max_metric_drop": 1.0},
+    )  # fmt: skip
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert best["config"]["int8_per_channel"] is True and best["config"]["runtime"] == "onnxruntime"
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    inits = {t.name: t for t in graph.initializer}
+    scales = [inits[n.input[3]] for n in graph.node if n.op_type == "MatMulInteger" and n.input[3] in inits]
+    weight_scales = [inits[i] for n in graph.node if n.op_type == "Mul" for i in n.input if i in inits and "scale" in i]
+    assert scales or weight_scales
+    assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in weight_scales + scales)  # a scale per column
+    assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"

@@ -159,10 +159,39 @@ def test_offered_on_cpu(cpu_env):
     assert _quantize.offered("int8_dynamic", cpu_env) is None
     assert _quantize.offered("int8_static", cpu_env) is None  # this test machine is x86
     assert "slower than float32 on CPU" in _quantize.offered("int8_weight_only", cpu_env)
-    with pytest.raises(TrialError, match="int8_weight_only is not offered on cpu"):
-        _quantize.quantize(MLP().eval(), "int8_weight_only", "cpu", [], example=None)
+    # It shrinks the weights as dynamic int8 does while activations stay float: offered for size.
+    assert _quantize.offered("int8_weight_only", cpu_env, ("size", "latency")) is None
+    assert _quantize.offered("int8_weight_only", cpu_env, ("memory",)) is None
     with pytest.raises(ConfigError, match="Known: none, int8_dynamic"):
         _quantize.offered("int4", cpu_env)
+
+
+def test_weight_only_and_per_channel_on_cpu():
+    reference = MLP().eval()
+    x = torch.randn(256, 256, generator=torch.Generator().manual_seed(3))
+    quantized, info = _quantize.quantize(copy.deepcopy(reference), "int8_weight_only", "cpu", [], example=x[:2])
+    assert info == {"method": "int8_weight_only", "backend": "torchao", "n_quantized": 3}
+    assert _agreement(quantized, reference, x) >= 0.95
+    assert _size_ratio(quantized, reference) <= 0.35
+    per_channel, _ = _quantize.quantize(
+        copy.deepcopy(reference), "int8_dynamic", "cpu", [], example=None, per_channel=True
+    )
+    assert per_channel.net[0].weight().qscheme() == torch.per_channel_affine
+    assert _agreement(per_channel, reference, x) >= 0.95
+
+
+@pytest.mark.parametrize("method", ["int8_dynamic", "int8_weight_only", "int8_static"])
+def test_only_the_layers_named_are_quantized(method):
+    reference = MLP().eval()
+    x = torch.randn(8, 256, generator=torch.Generator().manual_seed(4))
+    quantized, info = _quantize.quantize(copy.deepcopy(reference), method, "cpu", [x], example=x, layers=["net.2"])
+    assert info["n_quantized"] == 1
+    everything, _ = _quantize.quantize(copy.deepcopy(reference), method, "cpu", [x], example=x)
+    # net.2 is 512x512 of the 256x512 + 512x512 + 512x10 weights: about half the bytes go int8.
+    assert _size_ratio(everything, reference) < _size_ratio(quantized, reference) < 0.75
+    assert _agreement(quantized, reference, x) >= 0.95
+    with pytest.raises(TrialError, match="found no"):
+        _quantize.quantize(copy.deepcopy(reference), method, "cpu", [x], example=x, layers=["net.1"])
 
 
 def test_none_returns_the_model():

@@ -209,7 +209,7 @@ def test_ranking_round_trips_through_json(one_outlier):
     with pytest.raises(ConfigError, match="fields"):
         sens.Ranking.from_json(ranking.to_json().replace('"cost_s"', '"seconds"'))
     with pytest.raises(ConfigError, match="int8 method"):
-        sens.Ranking("int8_static", "torch", ["a"], {"a": 0.1})
+        sens.Ranking("int8_weight_only", "onnxruntime", ["a"], {"a": 0.1})
 
 
 # --- fallback ---------------------------------------------------------------------------------
@@ -247,6 +247,69 @@ def test_auto_torch_keeps_the_fewest_layers_that_pass():
     assert at_k["score"] >= threshold > below["score"]
     floats = {n for n, m in quantized.named_modules() if type(m) is nn.Linear}
     assert floats == set(found["kept"])
+
+
+def _weight_fragile_mlp() -> nn.Sequential:
+    """Layer "2" has one huge weight in every output channel (on an input channel made tiny to
+    match), so int8 weights, even per channel, round all its other weights to zero."""
+    model = _torch_mlp({})
+    with torch.no_grad():
+        model[2].weight[:, 0] = 200.0 * model[2].weight[:, 0].sign()
+        model[0].weight[0] /= 200.0
+        model[0].bias[0] /= 200.0
+    return model
+
+
+def _int8_layers(model: nn.Module, method: str) -> int:
+    if method == "int8_static":  # a GraphModule: one int8 constant per quantized weight
+        return sum(t.dtype == torch.int8 for t in model.state_dict().values() if isinstance(t, torch.Tensor))
+    return sum(type(m.weight) is not nn.Parameter for m in model.modules() if isinstance(m, nn.Linear))
+
+
+@pytest.mark.parametrize(
+    ("method", "model"),
+    [("int8_static", _torch_mlp({1: 300.0, 2: 30.0})), ("int8_weight_only", _weight_fragile_mlp())],
+    ids=["static", "weight_only"],
+)
+def test_torch_static_and_weight_only_rank_the_fragile_layer_first_and_auto_is_minimal(method, model):
+    batches, threshold = [torch.from_numpy(x) for x in _batches()], 0.999
+    assert sens.torch_layers(model, method) == ["0", "2", "4", "6"]
+    ranking = sens.rank_torch(model, batches, sens.worst_cosine, method=method)
+    assert ranking.method == method and ranking.layers[0] == "2"
+    quantized, found = sens.fallback_torch(model, ranking, batches, sens.worst_cosine, threshold)
+    assert found["feasible"] and found["kept"] == ranking.top(found["k"]) and "2" in found["kept"]
+    below = sens.fallback_torch(model, ranking, batches, sens.worst_cosine, threshold, k=found["k"] - 1)[1]
+    assert below["score"] < threshold <= found["score"]
+    assert _int8_layers(quantized, method) == 4 - found["k"]
+    with torch.no_grad():
+        assert sens.worst_cosine([model(x) for x in batches], [quantized(x) for x in batches]) >= threshold
+
+
+def test_per_channel_dynamic_int8_is_ranked_as_it_runs(tmp_path):
+    """A weight with one large entry per row: per-tensor int8 crushes the rest, per channel
+    does not. The ranking measures each as it runs, the ONNX graph and torch alike."""
+    model = _torch_mlp({})[:1].eval()
+    with torch.no_grad():
+        model[0].weight[0] *= 50.0  # output channel 0 spans 50x the range of the others
+    batches = [torch.from_numpy(x) for x in _batches()]
+    for per_channel in (False, True):
+        ranking = sens.rank_torch(model, batches, sens.worst_cosine, refine=False, per_channel=per_channel)
+        quantized = sens.quantize_torch_except(model, [], per_channel=per_channel)
+        with torch.no_grad():
+            ys = [(model(x).double(), quantized(x).double()) for x in batches]
+        actual = (sum(float(((q - y) ** 2).sum()) for y, q in ys) / sum(float((y**2).sum()) for y, _ in ys)) ** 0.5
+        assert ranking.cheap_error["0"] == pytest.approx(actual, rel=1e-6)
+    src, onnx_batches = _one_layer(tmp_path / "one.onnx", "MatMul")
+    errors = {}
+    for per_channel in (False, True):
+        ranking = sens.rank_onnx(
+            src, "int8_dynamic", onnx_batches, sens.worst_cosine, refine=False, per_channel=per_channel
+        )
+        dst = tmp_path / f"pc{per_channel}.onnx"
+        sens.quantize_onnx_except(src, dst, "int8_dynamic", [], onnx_batches, per_channel=per_channel)
+        errors[per_channel] = _quantized_error(src, dst, onnx_batches)
+        assert ranking.cheap_error["only"] == pytest.approx(errors[per_channel], rel=1e-3)
+    assert errors[True] != errors[False]
 
 
 @pytest.mark.parametrize("method", sens.METHODS)
