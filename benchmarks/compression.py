@@ -47,6 +47,12 @@ SETTINGS: list[tuple[str, dict[str, Any]]] = [
     # For reference: how much of int8_static + compile is the compiler alone.
     ("compile (float32)", {"compile_mode": "default"}),
     ("int8_static + compile", {"quantization": "int8_static", "compile_mode": "default"}),
+    # Per-layer fallback: the fewest most sensitive layers float that keep the guard.
+    ("int8_dynamic + fallback auto", {"quantization": "int8_dynamic", "int8_fallback": "auto"}),
+    (
+        "int8_static + fallback auto + compile",
+        {"quantization": "int8_static", "int8_fallback": "auto", "compile_mode": "default"},
+    ),
     (
         "structured 0.3 + finetune + int8_dynamic",
         {"prune_ratio": 0.3, "finetune_steps": FINETUNE_STEPS, "quantization": "int8_dynamic"},

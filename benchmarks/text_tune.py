@@ -13,6 +13,7 @@ docs/text-workload.md)::
 
     python -m benchmarks.text_tune                       # search (about 15 min on 2 cores), then compare
     python -m benchmarks.text_tune --load OUT            # compare a finished search again
+    python -m benchmarks.text_tune --kept 2,4,6          # int8 rows with that many layers float, by autotune's ranking
 """
 
 from __future__ import annotations
@@ -89,8 +90,58 @@ def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]]) -> tuple[str
     return f"autotune: {_changes(config)}", run
 
 
-def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
-    """Check, then time, the baseline, the hand recipes and the tuned pipeline."""
+_RANKED = "ORT int8, autotune's ranking"
+
+
+def ranked_recipes(work: Path, n: int, kept: list[int]) -> list[tuple[str, Any]]:
+    """ONNX Runtime dynamic int8 with the ``k`` layers autotune ranks most sensitive kept float,
+    for each ``k`` in ``kept``: the fallback's trade-off as the tool measures it. The ranking
+    (autotune.compress.rank_onnx, judged by the worst sentence's cosine) runs on 96 sentences
+    after the ``n`` that are timed and checked. Prints the ranking's top 8."""
+    from autotune.compress import quantize_onnx_except, rank_onnx, worst_cosine
+    from benchmarks.core import table
+    from benchmarks.text import PAD_TO, dataset, pad_collate
+    from benchmarks.text_recipes import ort_session, ort_sorted, weight_matmuls
+
+    if not kept:
+        return []
+    fp32 = work / "fp32.onnx"  # written by the hand recipes
+    held_out = dataset(n + 96, max_length=PAD_TO)[n:]
+    batches = [pad_collate(held_out[i : i + 32]) for i in range(0, len(held_out), 32)]
+    started = time.perf_counter()
+    ranking = rank_onnx(fp32, "int8_dynamic", batches, worst_cosine, budget_s=120)
+    modules = weight_matmuls(fp32)
+    rows = [
+        [
+            modules.get(name, name),
+            f"{ranking.cheap_error[name]:.4f}",
+            f"{ranking.exact_score.get(name, float('nan')):.4f}",
+        ]
+        for name in ranking.top(8)
+    ]
+    table(
+        f"autotune's int8 ranking of {len(ranking.layers)} layers ({time.perf_counter() - started:.0f} s), top 8",
+        "layer|cheap error|worst cosine, it alone int8",
+        rows,
+    )
+    natural = dataset(n, max_length=PAD_TO)
+    recipes = []
+    for k in kept:
+        path = work / f"int8-ranked-{k}.onnx"
+        quantize_onnx_except(fp32, path, "int8_dynamic", ranking.top(k), batches)
+        session = ort_session(path)
+        recipes.append(
+            (
+                f"{_RANKED}, its {k} most sensitive kept float, trimmed + sorted",
+                lambda s=session: ort_sorted(s, natural),
+            )
+        )
+    return recipes
+
+
+def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None) -> dict[str, Any]:
+    """Check, then time, the baseline, the hand recipes, int8 with ``kept`` layers float by
+    autotune's ranking, and the tuned pipeline."""
     import tempfile
 
     from benchmarks.text import PAD_TO, dataset, minilm, sentences
@@ -101,6 +152,7 @@ def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
     model = minilm()
     with tempfile.TemporaryDirectory() as tmp:
         recipes = _recipes(model, n, Path(tmp), sensitivity=False, n_keep_fp32=0)
+        recipes += ranked_recipes(Path(tmp), n, kept or [])
         recipes.append(tuned_recipe(out, dataset(n, padded=PAD_TO)))
         checks = check(recipes, texts)
         timing = time_rounds(recipes, n, n_rounds)
@@ -111,7 +163,8 @@ def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
         return sorted(b / t for b, t in zip(base, times, strict=True))[len(times) // 2]
 
     tuned = recipes[-1][0]
-    held = [label for label, _ in recipes[1:-1] if checks[label]["worst_cosine"] >= 1 - MAX_DROP]
+    hand = [label for label, _ in recipes[1:-1] if not label.startswith(_RANKED)]
+    held = [label for label in hand if checks[label]["worst_cosine"] >= 1 - MAX_DROP]
     expert = max(held, key=ratio)
     print(
         f"\ntuned {ratio(tuned):.2f}x the baseline (worst cosine {checks[tuned]['worst_cosine']:.4f}); "
@@ -131,11 +184,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of the comparison (default 3)")
     parser.add_argument("--out", type=Path, default=Path("benchmark-out/text"), help="the run's directory")
     parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")
+    parser.add_argument(
+        "--kept",
+        default="4,6",
+        help="also time int8 with these many layers kept float by autotune's ranking (default 4,6; none: '')",
+    )
     args = parser.parse_args(argv)
     out = args.load or args.out
     if args.load is None:
         search(out, args.n, args.trials, args.timeout, args.space)
-    result = compare(out, args.n, args.rounds)
+    result = compare(out, args.n, args.rounds, [int(k) for k in args.kept.split(",") if k.strip()])
     (out / "text-benchmark.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
 

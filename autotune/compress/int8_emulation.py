@@ -100,7 +100,9 @@ def _quantized_inputs(
             else:
                 row[i] = _fake_quant(batch[i], *ranges[node.input[i]], 0, 255)
         if node.input[1] in inits:
-            axis = _weight_axis(node) if per_channel else None
+            # Dynamic ConvInteger scales its weight per tensor even when asked for channels.
+            channels = per_channel and (method == "int8_static" or node.op_type != "Conv")
+            axis = _weight_axis(node) if channels else None
             row[1] = _symmetric_weight(batch[1], axis)
         out.append(row)
     return out

@@ -108,6 +108,7 @@ def quantize(
     *,
     example: Any,
     layers: Iterable[str] | None = None,
+    keep_float: Iterable[str] = (),
     per_channel: bool = False,
 ) -> tuple[nn.Module, dict[str, Any]]:
     """Quantize ``model`` to int8 with ``method`` for ``device``.
@@ -122,6 +123,8 @@ def quantize(
         example: One collated batch on the CPU; ``int8_static`` exports with it.
         layers: Module names to quantize (``nn.Linear``, and ``nn.Conv2d`` for ``int8_static``),
             the others staying float; ``None`` quantizes every layer the method takes.
+        keep_float: Module names left float (with all they hold) where every other layer is
+            quantized as without them.
         per_channel: CPU ``int8_dynamic`` with one weight scale per output channel, not per
             tensor (the other methods always have per-channel weights).
 
@@ -146,13 +149,13 @@ def quantize(
     reason = _not_offered(method, on_cuda)
     if reason is not None:
         raise TrialError("unsupported", f"{method} is not offered on {device}: {reason}.")
-    names = None if layers is None else set(layers)
+    names, keep = None if layers is None else set(layers), set(keep_float)
     if on_cuda or method == "int8_weight_only":
-        model, backend, n = _torchao_(model, method, names)
+        model, backend, n = _torchao_(model, method, names, keep)
     elif method == "int8_dynamic":
-        model, backend, n = _dynamic_cpu(model, names, per_channel)
+        model, backend, n = _dynamic_cpu(model, names, keep, per_channel)
     else:
-        model, backend, n = _static_cpu(model, calibration, example, names)
+        model, backend, n = _static_cpu(model, calibration, example, names, keep)
     if names is not None and n != len(names):
         raise TrialError("unsupported", f"{method} quantized {n} of the {len(names)} layers it was given.")
     if example is not None:
@@ -189,7 +192,9 @@ def _library_errors(what: str) -> Iterator[None]:
         raise TrialError("unsupported", f"{what} failed: {type(exc).__name__}: {text}") from exc
 
 
-def _dynamic_cpu(model: nn.Module, names: set[str] | None, per_channel: bool) -> tuple[nn.Module, str, int]:
+def _dynamic_cpu(
+    model: nn.Module, names: set[str] | None, keep: set[str], per_channel: bool
+) -> tuple[nn.Module, str, int]:
     from torch.ao.nn.quantized import dynamic as nnqd
     from torch.ao.quantization import default_dynamic_qconfig, per_channel_dynamic_qconfig
 
@@ -197,7 +202,10 @@ def _dynamic_cpu(model: nn.Module, names: set[str] | None, per_channel: bool) ->
     if names is None:
         spec: dict[Any, Any] = {nn.Linear: linear, nn.LSTM: default_dynamic_qconfig, nn.GRU: default_dynamic_qconfig}
     else:
-        spec = dict.fromkeys(names, linear)
+        spec = {
+            name: linear if type(model.get_submodule(name)) is nn.Linear else default_dynamic_qconfig for name in names
+        }
+    spec.update(dict.fromkeys(keep, None))  # a name's qconfig wins over its type's: None stays float
 
     with warnings.catch_warnings(), _library_errors("Dynamic quantization (torch.ao.quantization)"):
         # torch.ao.quantization is deprecated in favour of torchao, whose CPU int8 Linear is
@@ -230,8 +238,9 @@ class WithoutFastPath(nn.Module):
             torch.backends.mha.set_fastpath_enabled(enabled)
 
 
-def _torchao_(model: nn.Module, method: str, names: set[str] | None) -> tuple[nn.Module, str, int]:
+def _torchao_(model: nn.Module, method: str, names: set[str] | None, keep: set[str]) -> tuple[nn.Module, str, int]:
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+    from torchao.quantization.quant_api import _is_linear
 
     # set_inductor_config=False: torchao would otherwise tune inductor process-wide, changing how
     # every later candidate (the baseline included) compiles.
@@ -242,10 +251,12 @@ def _torchao_(model: nn.Module, method: str, names: set[str] | None) -> tuple[nn
     )
 
     def chosen(module: nn.Module, fqn: str) -> bool:
-        return type(module) is nn.Linear and fqn in names
+        # torchao's own choice (Linear, not attention's out_proj), or the names asked for
+        taken = _is_linear(module) if names is None else type(module) is nn.Linear and fqn in names
+        return taken and not any(fqn == k or fqn.startswith(k + ".") for k in keep)
 
     with _library_errors(f"torchao quantize_({type(config).__name__})"):
-        quantize_(model, config, filter_fn=None if names is None else chosen)  # None: torchao's own choice
+        quantize_(model, config, filter_fn=chosen)
     # A quantized weight is a torchao tensor subclass; an untouched one is a plain Parameter.
     n = sum(type(m.weight) not in (torch.Tensor, nn.Parameter) for m in model.modules() if isinstance(m, nn.Linear))
     if n == 0:
@@ -277,7 +288,7 @@ def _export(model: nn.Module, example: Any) -> Any:
 
 
 def _static_cpu(
-    model: nn.Module, calibration: list, example: Any, names: set[str] | None
+    model: nn.Module, calibration: list, example: Any, names: set[str] | None, keep: set[str]
 ) -> tuple[nn.Module, str, int]:
     import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
     from torchao.quantization.pt2e import allow_exported_model_train_eval
@@ -291,6 +302,8 @@ def _static_cpu(
     else:  # only these modules: the rest of the graph, float ops between them included, stays float
         for name in sorted(names):
             quantizer.set_module_name_qconfig(name, config)
+    for name in sorted(keep):  # a module's config wins over the global one: None stays float
+        quantizer.set_module_name_qconfig(name, None)
     with _library_errors("PT2E quantization (X86InductorQuantizer)"), torch.no_grad():
         prepared = prepare_pt2e(graph, quantizer)
         for batch in calibration or [example]:

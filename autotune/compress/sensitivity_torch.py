@@ -42,8 +42,8 @@ _TORCH_METHODS = ("int8_dynamic", "int8_weight_only", "int8_static")
 
 
 def torch_layers(model: nn.Module, method: str = "int8_dynamic") -> list[str]:
-    """Names of the modules ``method`` quantizes one by one, in module order: ``nn.Linear``, and
-    for ``int8_static`` also ``nn.Conv2d``.
+    """Names of the modules ``method`` quantizes one by one, in module order: ``nn.Linear``; for
+    ``int8_dynamic`` also ``nn.LSTM`` and ``nn.GRU``, for ``int8_static`` also ``nn.Conv2d``.
 
     Subclasses (``nn.MultiheadAttention``'s ``out_proj``, whose float weight attention reads
     directly) are left out, as ``quantize_dynamic`` with ``{nn.Linear}`` leaves them.
@@ -54,7 +54,9 @@ def torch_layers(model: nn.Module, method: str = "int8_dynamic") -> list[str]:
     """
     if method not in _TORCH_METHODS:
         raise InputError(f"No PyTorch int8 method named {method!r}. Known: {', '.join(_TORCH_METHODS)}.")
-    types = (nn.Linear, nn.Conv2d) if method == "int8_static" else (nn.Linear,)
+    types = {"int8_dynamic": (nn.Linear, nn.LSTM, nn.GRU), "int8_static": (nn.Linear, nn.Conv2d)}.get(
+        method, (nn.Linear,)
+    )
     return [name for name, m in model.named_modules() if type(m) in types]
 
 
@@ -82,7 +84,9 @@ def _torch_outputs(model: nn.Module, batches: list, what: str) -> list:
 
 
 def _nothing(method: str, model: nn.Module) -> TrialError:
-    what = "nn.Linear or nn.Conv2d" if method == "int8_static" else "nn.Linear"
+    what = {"int8_dynamic": "nn.Linear, nn.LSTM or nn.GRU", "int8_static": "nn.Linear or nn.Conv2d"}.get(
+        method, "nn.Linear"
+    )
     return TrialError("unsupported", f"{method} found no {what} to quantize in {type(model).__name__}.")
 
 
@@ -148,18 +152,26 @@ def quantize_torch_except(
         raise _nothing(method, model)
     if method == "int8_static" and not calibration:
         raise InputError("int8_static needs calibration batches to observe activation ranges, but got none.")
-    keep = set(_check_keep(keep_float, layers))
-    return _int8_copy(model, {n for n in layers if n not in keep}, method, per_channel, list(calibration or []))
+    keep = _check_keep(keep_float, layers)
+    from autotune.compress.quantize import quantize
+
+    batches = list(calibration or [])
+    quantized, _ = quantize(
+        copy.deepcopy(model), method, "cpu", batches, example=batches[0] if batches else None,
+        keep_float=keep, per_channel=per_channel,
+    )  # fmt: skip
+    return quantized
 
 
 def _capture(model: nn.Module, layers: list[str], batches: list) -> dict[str, list]:
-    """Every layer's (input, output) on each batch of one float run."""
+    """Every call of each layer in one float run on the batches: ``((args, kwargs), output)``;
+    a layer the forward pass never calls has none."""
     modules = dict(model.named_modules())
     seen: dict[str, list] = {name: [] for name in layers}
 
     def keep(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple, kwargs: dict, out: torch.Tensor) -> None:
-            seen[name].append((args[0] if args else kwargs["input"], out))
+        def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            seen[name].append(((args, kwargs), _main(out)))
 
         return hook
 
@@ -170,6 +182,13 @@ def _capture(model: nn.Module, layers: list[str], batches: list) -> dict[str, li
         for hook in hooks:
             hook.remove()
     return seen
+
+
+def _main(out: Any) -> torch.Tensor:
+    """A layer's main output: the tensor itself, or an RNN's output sequence (not its state)."""
+    while isinstance(out, tuple | list):
+        out = out[0]
+    return out
 
 
 def _fake_weight(w: torch.Tensor) -> torch.Tensor:
@@ -186,25 +205,37 @@ def _fake_activation(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     return (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
 
 
-def _emulated(module: nn.Module, pairs: list, method: str) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``module`` as int8 would compute it (weights symmetric per channel; for ``int8_static``
-    activations uint8 on their range over all ``pairs``), in float arithmetic."""
+def _emulated(module: nn.Module, pairs: list, method: str) -> Callable[..., torch.Tensor]:
+    """``module`` (a Linear or Conv2d) as int8 would compute it (weights symmetric per channel;
+    for ``int8_static`` its input uint8 on its range over all ``pairs``), in float arithmetic."""
     from torch.func import functional_call
 
     params = {**dict(module.named_parameters()), "weight": _fake_weight(module.weight.detach())}
-    lo = min(float(x.min()) for x, _ in pairs)
-    hi = max(float(x.max()) for x, _ in pairs)
+    if method == "int8_static":
+        lo = min(float(args[0].min()) for (args, _), _ in pairs)
+        hi = max(float(args[0].max()) for (args, _), _ in pairs)
 
-    def run(x: torch.Tensor) -> torch.Tensor:
+    def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         x = _fake_activation(x, lo, hi) if method == "int8_static" else x
-        return functional_call(module, params, (x,))
+        return functional_call(module, params, (x, *args), kwargs)
 
     return run
 
 
+class _One(nn.Module):
+    """One layer alone, called with whatever arguments the model called it with."""
+
+    def __init__(self, layer: nn.Module) -> None:
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.layer(*args, **kwargs)
+
+
 def _cheap_torch(
     model: nn.Module, layers: list[str], batches: list, method: str, per_channel: bool
-) -> dict[str, float]:
+) -> tuple[dict[str, float], set[str]]:
     """Each layer's relative output error when it alone goes int8 on its own captured inputs:
     through torch's dynamic int8 kernel for ``int8_dynamic``; emulated for the others (weights
     symmetric per channel; ``int8_static`` activations uint8 on their range over all batches)."""
@@ -212,23 +243,27 @@ def _cheap_torch(
 
     modules = dict(model.named_modules())
     seen = _capture(model, layers, batches)
-    errors = {}
+    errors, uncalled = {}, set()
     with torch.inference_mode():
         for name in layers:
             pairs, module = seen.pop(name), modules[name]
+            if not pairs:  # never called: int8 cannot change the outputs through it
+                errors[name] = 0.0
+                uncalled.add(name)
+                continue
             if method == "int8_dynamic":
                 single, _ = quantize(
-                    nn.Sequential(copy.deepcopy(module)), method, "cpu", [], example=None, layers={"0"},
+                    _One(copy.deepcopy(module)), method, "cpu", [], example=None, layers={"layer"},
                     per_channel=per_channel,
                 )  # fmt: skip
             else:
                 single = _emulated(module, pairs, method)
             num = den = 0.0
-            for x, y in pairs:
-                num += float(torch.sum((single(x).double() - y.double()) ** 2))
+            for (args, kwargs), y in pairs:
+                num += float(torch.sum((_main(single(*args, **kwargs)).double() - y.double()) ** 2))
                 den += float(torch.sum(y.double() ** 2))
             errors[name] = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
-    return errors
+    return errors, uncalled
 
 
 def rank_torch(
@@ -268,13 +303,14 @@ def rank_torch(
     start = time.perf_counter()
     layers = _check_torch(model, batches, method)
     reference = _torch_outputs(model, batches, "The float model")
-    cheap = _cheap_torch(model, layers, batches, method, per_channel)
+    cheap, uncalled = _cheap_torch(model, layers, batches, method, per_channel)
 
     def measure(name: str) -> float:
         single = _int8_copy(model, {name}, method, per_channel, batches)
         return score(reference, _torch_outputs(single, batches, "The int8 model"))
 
-    exact = _refine(_candidates(cheap, refine), measure, budget_s, start)
+    called = {name: error for name, error in cheap.items() if name not in uncalled}
+    exact = _refine(_candidates(called, refine), measure, budget_s, start)
     return Ranking(method, "torch", _order(cheap, exact), cheap, exact, time.perf_counter() - start, len(batches))
 
 

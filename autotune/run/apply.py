@@ -69,6 +69,7 @@ def apply(
     if not isinstance(model, torch.nn.Module):
         model = model()
     cfg = _read_config(config)
+    dataset, collate_fn = _unloaded(dataset, collate_fn)
     extras = None
     if dataset is not None:
         collate = base_collate(dataset, collate_fn, pad_values)
@@ -92,6 +93,17 @@ def apply(
     state = build(model, cfg, resolve_device(device), extras=extras)
     apply_settings(state.settings)
     return state.model
+
+
+def _unloaded(dataset: Any, collate_fn: Any) -> tuple[Any, Any]:
+    """The samples and collate of a DataLoader given where a dataset goes, as ``optimize`` reads
+    one (its own collate unless ``collate_fn`` is given); anything else as it is."""
+    from torch.utils.data import DataLoader, default_collate
+
+    if not isinstance(dataset, DataLoader):
+        return dataset, collate_fn
+    own = None if dataset.collate_fn is default_collate else dataset.collate_fn
+    return dataset.dataset, collate_fn or own
 
 
 def _int8_kept(config: Any) -> list[str] | None:
@@ -158,7 +170,8 @@ def predict(
 
     Args:
         model: The model (an ``nn.Module`` or a factory), as given to :func:`~autotune.optimize`.
-        dataset: The samples.
+        dataset: The samples, or a DataLoader over them (its dataset and collate are used; the
+            batches are the tuned ones).
         config: A dict, :class:`Config`, ``best_config.json`` or its directory.
         collate_fn: The collate the run used, if it needed one.
         pad_values: As for :func:`~autotune.optimize`.
@@ -177,6 +190,7 @@ def predict(
     from autotune.env import resolve_device
 
     cfg = _read_config(config)
+    dataset, collate_fn = _unloaded(dataset, collate_fn)
     where = torch.device(resolve_device(device))
     # The config as given: a run's directory also brings the int8 layers it kept float.
     tuned = apply(model, config, device=str(where), dataset=dataset, collate_fn=collate_fn, pad_values=pad_values)
@@ -216,6 +230,7 @@ def dataloader(
     from autotune.knobs.state import BuildState
 
     cfg = _read_config(config)
+    dataset, collate_fn = _unloaded(dataset, collate_fn)
     state = BuildState(model=None, device="cpu")
     from autotune.knobs import REGISTRY, Stage
 

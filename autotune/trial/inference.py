@@ -218,7 +218,9 @@ class TrialContext(Context):
         if "onnx" in formats and "onnx" not in artifacts:
             model, note = _onnx_form(tuned, state.device)
             onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
-            if onnx["onnx"]["status"] == "failed" and state.quantization != "none" and state.float_model is not None:
+            # ONNX Runtime has the same dynamic and static int8, not torchao's weight-only.
+            ort_method = state.quantization in ("int8_dynamic", "int8_static")
+            if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
                 # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
                 # by ONNX Runtime with the same method, is the nearest form of the winner.
                 source = (

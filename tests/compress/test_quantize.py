@@ -166,6 +166,17 @@ def test_offered_on_cpu(cpu_env):
         _quantize.offered("int4", cpu_env)
 
 
+def test_the_search_offers_weight_only_on_cpu_for_size_only(cpu_env):
+    from autotune.data import describe
+    from autotune.knobs import SpaceContext, get_knob
+
+    data = describe([torch.zeros(256)] * 4)
+    fast = get_knob("quantization").offer(SpaceContext(cpu_env, data, 32, objectives=("throughput",)))
+    small = get_knob("quantization").offer(SpaceContext(cpu_env, data, 32, objectives=("size", "latency")))
+    assert "int8_weight_only" not in fast.values and "slower" in fast.excluded["int8_weight_only"]
+    assert "int8_weight_only" in small.values
+
+
 def test_weight_only_and_per_channel_on_cpu():
     reference = MLP().eval()
     x = torch.randn(256, 256, generator=torch.Generator().manual_seed(3))

@@ -64,6 +64,13 @@ def test_a_dataloader_is_the_baseline_with_its_own_batch_size_and_collate(tmp_pa
     )
     best = json.loads((tmp_path / "best_config.json").read_text())
     assert result.baseline["batch_size"] == 12 and best["data"]["collate"] == "user"
+    # The same loader where the tuned pipeline is used: its samples and collate, the tuned batches.
+    out = autotune.predict(TextEncoder(), loader, tmp_path, device="cpu")
+    for got, own in zip(out, _own_outputs(TextEncoder(), loader.dataset), strict=True):
+        torch.testing.assert_close(got, own, atol=1e-5, rtol=1e-4)
+    tuned = autotune.dataloader(loader, tmp_path)
+    assert tuned.dataset is loader.dataset and tuned.collate_fn is not None
+    assert sum(len(b["input_ids"]) for b in tuned) == 48
 
 
 def test_pre_padded_text_trims_and_groups_with_the_guard_holding(tmp_path):
