@@ -191,8 +191,9 @@ def _node_session(node: Any, example: list[np.ndarray], model: Any) -> Any:
     del single.input[:], single.output[:]
     single.input.extend(f"in_{i}" if name else "" for i, name in enumerate(node.input))
     single.output.append("out")
+    # Rank only: calibration batches of token sequences differ in width from batch to batch.
     inputs = [
-        helper.make_tensor_value_info(f"in_{i}", helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
+        helper.make_tensor_value_info(f"in_{i}", helper.np_dtype_to_tensor_dtype(a.dtype), [None] * a.ndim)
         for i, a in enumerate(example)
         if node.input[i]
     ]

@@ -3,8 +3,10 @@
 CPU ``int8_dynamic`` is PyTorch's dynamic quantization of Linear/LSTM/GRU. CPU ``int8_static`` is
 PT2E with the X86 Inductor quantizer: eagerly its graph runs quantize/dequantize ops around float
 kernels (slower than float32); int8 kernels replace them under ``torch.compile`` with frozen
-weights (``torch._inductor.config.freezing`` set while Dynamo traces) and static shapes. On CUDA,
-``int8_dynamic`` and ``int8_weight_only`` are torchao's ``quantize_``.
+weights (``torch._inductor.config.freezing`` set while Dynamo traces) and static shapes.
+``int8_weight_only`` is torchao's ``quantize_`` (slower than float32 on CPU: searched there for
+size only), as is ``int8_dynamic`` on CUDA. Each method can leave named layers float
+(``keep_float``), which the ``int8_fallback`` knob does.
 """
 
 from __future__ import annotations

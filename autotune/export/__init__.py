@@ -58,10 +58,22 @@ def _onnx_runner(
     else:
         # The nearest exportable form (the pruned float model), quantized on the ONNX side with
         # the winner's method; parity is still measured against the tuned model.
-        float_model, method, calibration = source
-        info = export_onnx(float_model, example, path.with_suffix(".float.onnx"))
-        info["quantized"] = quantize_onnx(path.with_suffix(".float.onnx"), path, method, calibration)
-        path.with_suffix(".float.onnx").unlink(missing_ok=True)
+        float_model, method, calibration, *rest = source
+        how = rest[0] if rest else {}
+        src = path.with_suffix(".float.onnx")
+        info = export_onnx(float_model, example, src)
+        try:
+            if how.get("keep"):  # as many layers float as the winner kept, by ONNX Runtime's own ranking
+                from autotune.compress.fallback import onnx_with_fallback
+
+                config = {**how.get("config", {}), "int8_per_channel": how.get("per_channel", False)}
+                kept = onnx_with_fallback(src, path, method, how["keep"], calibration, how.get("plan"), config)
+                info["quantized"] = {"method": method, "kept_float": kept["int8_kept"]}
+            else:
+                per_channel = how.get("per_channel", False)
+                info["quantized"] = quantize_onnx(src, path, method, calibration, per_channel=per_channel)
+        finally:
+            src.unlink(missing_ok=True)
     ort = dict(ORT_DEFAULTS, provider="CUDAExecutionProvider" if device.startswith("cuda") else "CPUExecutionProvider")
     runner = OrtModule(path, info["input_names"], info["output_names"], io_binding=device.startswith("cuda"), **ort)
     template = _example_outputs(model, example)
@@ -179,7 +191,7 @@ def export_artifacts(
     metric: Callable[[Any, Any], float] | None = None,
     baseline_metric: float | None = None,
     max_metric_drop: float = 0.01,
-    onnx_source: tuple[Any, str, list] | None = None,
+    onnx_source: tuple[Any, ...] | None = None,
     baseline_outputs: Any = None,
     kinds: list[str] | None = None,
     mask: Any = None,
@@ -204,9 +216,11 @@ def export_artifacts(
             outputs alone.
         baseline_metric: The metric the artifact must keep; ``None`` scores ``model``.
         max_metric_drop: The largest metric drop that passes.
-        onnx_source: ``(float model, method, calibration batches)``: export the float model and
-            quantize the graph with ONNX Runtime's ``method`` instead of exporting ``model``
-            (a torch-quantized model the exporters cannot take).
+        onnx_source: ``(float model, method, calibration batches[, how])``: export the float
+            model and quantize the graph with ONNX Runtime's ``method`` instead of exporting
+            ``model`` (a torch-quantized model the exporters cannot take); ``how`` may hold
+            ``per_channel``, and ``keep`` (with ``plan`` and ``config``): that many layers kept
+            float, ranked on the graph as ``int8_fallback`` ranks them.
         baseline_outputs, kinds, mask, metric_chunk, batching: The untuned model's outputs on
             ``samples`` and how the guard judges them, and for token sequences how the winner
             batches them (see :func:`~autotune.export.parity.check_parity`).

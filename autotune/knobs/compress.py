@@ -161,7 +161,17 @@ class Quantization(Knob):
         config = state.config or {}
         fallback, per_channel = config.get("int8_fallback", 0), bool(config.get("int8_per_channel", False))
         float_bytes = _quantize.serialized_bytes(state.model)  # the weights' size before int8, beside it
-        if fallback != 0 and state.device == "cpu":
+        on_cuda = state.device.startswith("cuda")
+        if on_cuda and (fallback != 0 or per_channel):
+            from autotune.errors import TrialError
+
+            raise TrialError(
+                "unsupported",
+                "int8_per_channel: torchao's CUDA int8 has per-channel weights already"
+                if per_channel
+                else "int8_fallback ranks torch's int8 layers on the CPU; on CUDA torch int8 quantizes every layer",
+            )
+        if fallback != 0:
             from autotune.compress.fallback import torch_with_fallback
 
             state.model, info = torch_with_fallback(
@@ -198,11 +208,6 @@ class Int8Fallback(Knob):
             return config.get("ort_precision") in _INT8_ORT
         return config.get("quantization", "none") != "none"
 
-    def offer(self, ctx: SpaceContext) -> Offer:
-        if ctx.env.is_cuda:  # the ranking and its copies of the model run on the CPU
-            return Offer([0], {str(c): "the per-layer ranking runs on CPU trials" for c in self.choices[1:]})
-        return Offer(list(self.choices))
-
     def apply(self, state: Any, value: Any) -> None:
         pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize
 
@@ -218,18 +223,13 @@ class Int8PerChannel(Knob):
     help = (
         "Dynamic int8 with one weight scale per output channel instead of one per tensor: less error "
         "for layers whose channels differ in range, at a small cost. torch's and ONNX Runtime's int8_dynamic "
-        "on the CPU (the other int8 methods always have per-channel weights)."
+        "(the other int8 methods, and torch's on CUDA, always have per-channel weights)."
     )
 
     def applies(self, config: dict[str, Any]) -> bool:
         if config.get("runtime", "torch") == "onnxruntime":
             return config.get("ort_precision") == "int8_dynamic"
         return config.get("quantization") == "int8_dynamic"
-
-    def offer(self, ctx: SpaceContext) -> Offer:
-        if ctx.env.is_cuda:
-            return Offer([False], {"true": "torchao's CUDA int8 has per-channel weights already"})
-        return Offer([False, True])
 
     def apply(self, state: Any, value: bool) -> None:
         pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize

@@ -218,6 +218,9 @@ def int8_lines(best: dict[str, Any]) -> list[str]:
     if not int8:
         return []
     lines = []
+    if int8.get("method"):
+        scales = "per output channel" if int8.get("per_channel") else "per tensor"
+        lines.append(f"INT8: {int8['method']} on {int8.get('runtime', 'torch')}, weights scaled {scales}.")
     kept, errors = int8.get("kept_float") or [], int8.get("kept_error") or {}
     if int8.get("n_layers"):
         named = ", ".join(f"{n} ({errors[n]:.3g})" if isinstance(errors.get(n), (int, float)) else n for n in kept)

@@ -274,7 +274,14 @@ def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     if "int8_kept" not in best and "float_bytes" not in best:
         return None
     errors = best.get("int8_kept_error")
+    config = best.get("config") or {}
+    runtime = config.get("runtime", "torch")
+    method = config.get("ort_precision") if runtime == "onnxruntime" else config.get("quantization")
     return {
+        "method": method,
+        "runtime": "onnxruntime" if runtime == "onnxruntime" else "torch",
+        # Dynamic int8 scales weights per tensor unless asked; the other methods per channel.
+        "per_channel": bool(config.get("int8_per_channel")) or method != "int8_dynamic",
         "kept_float": best.get("int8_kept", []),
         "kept_error": json.loads(errors) if isinstance(errors, str) else errors,
         "n_layers": best.get("int8_layers"),

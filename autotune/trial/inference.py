@@ -223,11 +223,14 @@ class TrialContext(Context):
             if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
                 # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
                 # by ONNX Runtime with the same method, is the nearest form of the winner.
-                source = (
-                    wrap(state, state.float_model, autocast=False),
-                    state.quantization,
-                    extras.calibration,
-                )
+                config = state.config or {}
+                how = {
+                    "per_channel": bool(config.get("int8_per_channel", False)),
+                    "keep": len(state.info.get("int8_kept") or []),
+                    "plan": extras.int8,
+                    "config": dict(config),
+                }
+                source = (wrap(state, state.float_model, autocast=False), state.quantization, extras.calibration, how)
                 first = onnx["onnx"].get("error")
                 onnx = export_artifacts(
                     model, extras.example, self.samples, size, out, ["onnx"], onnx_source=source, **common

@@ -44,6 +44,7 @@ def test_all_layers_int8_breaks_the_guard_and_auto_keeps_the_fragile_one_float(t
     )
     int8 = json.loads((tmp_path / "b" / "best_config.json").read_text())["int8"]
     assert int8["kept_float"] == ["fc.2"] and int8["n_layers"] == 4 and int8["bytes"] < int8["float_bytes"]
+    assert (int8["method"], int8["runtime"], int8["per_channel"]) == ("int8_dynamic", "torch", False)
     assert result.best_config["int8_fallback"] == "auto" and result.best["metric_drop"] <= 0.01
     tuned = autotune.apply(FragileMLP(), tmp_path / "b", dataset=vector_data(), device="cpu")
     layers = {n.split("fc.")[-1]: type(m) for n, m in tuned.named_modules() if n.split(".")[-2:-1] == ["fc"]}
@@ -121,10 +122,32 @@ def test_per_channel_onnx_int8_ships_per_channel_scales(tmp_path):
     )  # fmt: skip
     best = json.loads((tmp_path / "best_config.json").read_text())
     assert best["config"]["int8_per_channel"] is True and best["config"]["runtime"] == "onnxruntime"
+    assert best["int8"]["method"] == "int8_dynamic" and best["int8"]["per_channel"] is True
+    assert "int8_dynamic on onnxruntime, weights scaled per output channel" in (tmp_path / "report.md").read_text()
     graph = onnx.load(str(tmp_path / "model.onnx")).graph
     inits = {t.name: t for t in graph.initializer}
-    scales = [inits[n.input[3]] for n in graph.node if n.op_type == "MatMulInteger" and n.input[3] in inits]
+    # MatMulInteger's weight zero point (input 3) and the weight scale its output is multiplied
+    # by hold one value per output column when the weights are quantized per channel.
+    zero_points = [inits[n.input[3]] for n in graph.node if n.op_type == "MatMulInteger" and n.input[3] in inits]
     weight_scales = [inits[i] for n in graph.node if n.op_type == "Mul" for i in n.input if i in inits and "scale" in i]
-    assert scales or weight_scales
-    assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in weight_scales + scales)  # a scale per column
+    assert zero_points and all(len(t.dims) == 1 and t.dims[0] > 1 for t in zero_points)
+    assert any(len(t.dims) == 1 and t.dims[0] > 1 for t in weight_scales)
+    assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"
+
+
+def test_a_torch_fallback_winner_ships_onnx_with_as_many_layers_float(tmp_path):
+    """No exporter takes torch's int8 modules: the ONNX artifact is the float model quantized by
+    ONNX Runtime, with as many layers float as the winner kept, ranked on the graph."""
+    fix = {"quantization": "int8_dynamic", "int8_fallback": "auto"}
+    autotune.optimize(
+        FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=("onnx",),
+        **COMMON,
+    )  # fmt: skip
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert best["config"]["quantization"] == "int8_dynamic" and best["int8"]["kept_float"] == ["fc.2"]
+    onnx_record = best["artifacts"]["onnx"]
+    assert onnx_record["status"] == "ok", onnx_record.get("error")
+    assert len(onnx_record["quantized"]["kept_float"]) == 1
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node]
+    assert "MatMulInteger" in ops and ("MatMul" in ops or "Gemm" in ops)
     assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"

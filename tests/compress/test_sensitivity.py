@@ -292,13 +292,16 @@ def test_per_channel_dynamic_int8_is_ranked_as_it_runs(tmp_path):
     with torch.no_grad():
         model[0].weight[0] *= 50.0  # output channel 0 spans 50x the range of the others
     batches = [torch.from_numpy(x) for x in _batches()]
+    cheap = {}
     for per_channel in (False, True):
         ranking = sens.rank_torch(model, batches, sens.worst_cosine, refine=False, per_channel=per_channel)
+        cheap[per_channel] = ranking.cheap_error["0"]
         quantized = sens.quantize_torch_except(model, [], per_channel=per_channel)
         with torch.no_grad():
             ys = [(model(x).double(), quantized(x).double()) for x in batches]
         actual = (sum(float(((q - y) ** 2).sum()) for y, q in ys) / sum(float((y**2).sum()) for y, _ in ys)) ** 0.5
         assert ranking.cheap_error["0"] == pytest.approx(actual, rel=1e-6)
+    assert cheap[True] < cheap[False] / 2  # the small channels keep their own scale
     src, onnx_batches = _one_layer(tmp_path / "one.onnx", "MatMul")
     errors = {}
     for per_channel in (False, True):

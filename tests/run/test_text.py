@@ -55,7 +55,10 @@ def test_a_dataloader_is_the_baseline_with_its_own_batch_size_and_collate(tmp_pa
 
     from autotune.batching import pad_collate
 
+    calls = []
+
     def collate(samples):  # the user's: pads to the batch's longest, as a Hugging Face collator does
+        calls.append(len(samples))
         return pad_collate(samples)
 
     loader = DataLoader(text_data(48), batch_size=12, collate_fn=collate)
@@ -65,12 +68,15 @@ def test_a_dataloader_is_the_baseline_with_its_own_batch_size_and_collate(tmp_pa
     best = json.loads((tmp_path / "best_config.json").read_text())
     assert result.baseline["batch_size"] == 12 and best["data"]["collate"] == "user"
     # The same loader where the tuned pipeline is used: its samples and collate, the tuned batches.
+    calls.clear()
     out = autotune.predict(TextEncoder(), loader, tmp_path, device="cpu")
+    assert calls  # the loader's own collate made the batches
     for got, own in zip(out, _own_outputs(TextEncoder(), loader.dataset), strict=True):
         torch.testing.assert_close(got, own, atol=1e-5, rtol=1e-4)
     tuned = autotune.dataloader(loader, tmp_path)
-    assert tuned.dataset is loader.dataset and tuned.collate_fn is not None
-    assert sum(len(b["input_ids"]) for b in tuned) == 48
+    calls.clear()
+    assert tuned.dataset is loader.dataset
+    assert sum(len(b["input_ids"]) for b in tuned) == 48 and sum(calls) == 48
 
 
 def test_pre_padded_text_trims_and_groups_with_the_guard_holding(tmp_path):
@@ -195,13 +201,22 @@ def test_a_user_collate_also_batches_the_guard_for_tuple_samples(tmp_path):
     assert result.study.trials[0].user_attrs["status"] == "ok"
 
 
-def test_int8_fallback_ranks_layers_on_text_of_any_length(tmp_path):
-    fix = {"quantization": "int8_dynamic", "int8_fallback": 1}
+@pytest.mark.parametrize(
+    "fix",
+    [
+        {"quantization": "int8_dynamic", "int8_fallback": 1},
+        # Calibration batches of different widths: the ONNX ranking's one-layer sessions take any.
+        {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_per_channel": True, "int8_fallback": "auto"},
+    ],
+    ids=["torch", "onnxruntime"],
+)
+def test_int8_fallback_ranks_layers_on_text_of_any_length(tmp_path, fix):
     result = autotune.optimize(
         TextEncoder(), text_data(48), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=(), **COMMON
     )
     int8 = result.study.trials[1].user_attrs
-    assert int8["kind"] in (None, "guard") and len(int8["int8_kept"]) == 1, int8.get("reason")
+    assert int8["kind"] in (None, "guard") and "int8_ranking" in int8, int8.get("reason")
+    assert len(int8["int8_kept"]) == (1 if fix["int8_fallback"] == 1 else int8["int8_k"]) < int8["int8_layers"]
 
 
 def test_a_dataloader_that_samples_a_subset_is_refused_with_the_fix():

@@ -247,5 +247,29 @@ def test_a_combination_that_failed_twice_is_not_run_a_third_time():
         if number == 0:  # one failure may be the batch's own
             assert _fault_rule({**base, "batch_size": 128}, study.trials) is None
     why = _fault_rule({**base, "batch_size": 128}, study.trials)
-    assert why is not None and "trials 0 and 1 failed (runtime)" in why
+    assert why is not None and "trials 0, 1 failed (runtime)" in why
     assert _fault_rule({**base, "quantization": "int8_dynamic", "batch_size": 128}, study.trials) is None
+
+
+def test_a_code_path_that_failed_three_times_is_not_run_with_other_paddings_or_fallbacks():
+    import optuna
+
+    from autotune.search.study import _fault_rule
+
+    study = optuna.create_study(storage="sqlite:///:memory:")
+    path = {"runtime": "torchscript", "quantization": "int8_static", "compile_mode": "none"}
+    varied = [
+        {"padding": "trim", "int8_fallback": 2},
+        {"padding": "trim_8", "int8_fallback": 8},
+        {"padding": "trim_16"},
+    ]
+    for number, changes in enumerate(varied):
+        if number == 2:  # two failures of different paddings and fallbacks may be theirs
+            assert _fault_rule({**path, "padding": "as_given", "int8_fallback": 4}, study.trials) is None
+        trial = study.ask()
+        for key, value in {"status": "error", "kind": "runtime", "config": {**path, **changes}}.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    why = _fault_rule({**path, "padding": "as_given", "int8_fallback": 4}, study.trials)
+    assert why is not None and "trials 0, 1, 2 failed (runtime)" in why
+    assert _fault_rule({**path, "runtime": "torch"}, study.trials) is None
