@@ -66,17 +66,26 @@ def _count_(state: BuildState) -> None:
             state.info["macs"] = None
 
 
-def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False) -> Any:
+def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False, timing: bool = False) -> Any:
     """The DataLoader a built configuration reads from: its batch size, workers, collate and
     padding, and with ``length_grouping`` batches of similar lengths (each batch's samples in
-    the order :meth:`autotune.batching.Batching.plan` gives)."""
+    the order :meth:`autotune.batching.Batching.plan` gives).
+
+    With ``timing``, token sequences come in the same batches but in a shuffled order (fixed
+    seed): batches of different lengths cost different times, and a timed window reads only a
+    stretch of them, so in plan order (grouped batches run longest first) a window would see
+    the short end of the epoch and overstate the throughput."""
+    import random
+
     batching = state.batching()
     kwargs = dict(state.loader_kwargs)
-    plan = (
-        batching.sampler(len(dataset))
-        if batching.lengths is not None and len(batching.lengths) == len(dataset)
-        else None
-    )
+    sequences = batching.lengths is not None and len(batching.lengths) == len(dataset)
+    plan = batching.sampler(len(dataset)) if sequences else None
+    if timing and sequences:
+        plan = batching.plan(len(dataset))
+        if drop_last and len(plan) > 1 and len(plan[-1]) < state.batch_size:
+            plan = plan[:-1]
+        random.Random(0).shuffle(plan)
     if plan is not None:
         kwargs.pop("batch_size", None)
         return torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)

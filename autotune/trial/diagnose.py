@@ -63,7 +63,7 @@ def loader_samples_per_s(dataset: Any, state: BuildState, window_s: float, warmu
     The first ``warmup_batches`` (worker start-up) are not timed.
     """
     device = torch.device(state.device)
-    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size)
+    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size, timing=True)
     batches = _epochs(loader)
     try:
         with settings_active(state.settings):

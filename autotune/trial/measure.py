@@ -288,7 +288,7 @@ def measure(
     device = torch.device(state.device)
     # Every timed batch has the same shape: no recompilation inside a window.
     drop_last = len(dataset) >= state.batch_size
-    loader = make_loader(dataset, state, drop_last=drop_last)
+    loader = make_loader(dataset, state, drop_last=drop_last, timing=True)
     batches = _epochs(loader)
     use_events = device.type == "cuda"
     latencies: list[float] = []
