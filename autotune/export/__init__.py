@@ -63,7 +63,7 @@ def _onnx_runner(
         src = path.with_suffix(".float.onnx")
         info = export_onnx(float_model, example, src)
         try:
-            if how.get("keep"):  # as many layers float as the winner kept, by ONNX Runtime's own ranking
+            if how.get("keep"):  # layers kept float on the graph, ranked by ONNX Runtime's own int8 error
                 from autotune.compress.fallback import onnx_with_fallback
 
                 config = {**how.get("config", {}), "int8_per_channel": how.get("per_channel", False)}
@@ -219,8 +219,8 @@ def export_artifacts(
         onnx_source: ``(float model, method, calibration batches[, how])``: export the float
             model and quantize the graph with ONNX Runtime's ``method`` instead of exporting
             ``model`` (a torch-quantized model the exporters cannot take); ``how`` may hold
-            ``per_channel``, and ``keep`` (with ``plan`` and ``config``): that many layers kept
-            float, ranked on the graph as ``int8_fallback`` ranks them.
+            ``per_channel``, and ``keep`` (with ``plan`` and ``config``): an ``int8_fallback``
+            value, the layers kept float ranked on the graph as that knob ranks them.
         baseline_outputs, kinds, mask, metric_chunk, batching: The untuned model's outputs on
             ``samples`` and how the guard judges them, and for token sequences how the winner
             batches them (see :func:`~autotune.export.parity.check_parity`).

@@ -40,6 +40,20 @@ __all__ = ["TrialContext", "finetune_dataset"]
 _ROUND_KEYS = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "others_cpu", "peak_mem_mib")
 
 
+def _onnx_source(state: Any) -> tuple[Any, ...]:
+    """How the ONNX artifact of a torch int8 winner is made: its pruned float model quantized by
+    ONNX Runtime with the same method and weight scales, and, where the winner kept layers float,
+    the fewest float on the graph that keep the guard (ranked as ``int8_fallback`` ranks them)."""
+    config, extras = state.config or {}, state.extras
+    how = {
+        "per_channel": bool(config.get("int8_per_channel", False)),
+        "keep": "auto" if state.info.get("int8_kept") else 0,
+        "plan": extras.int8,
+        "config": dict(config),
+    }
+    return wrap(state, state.float_model, autocast=False), state.quantization, extras.calibration, how
+
+
 class TrialContext(Context):
     """A worker's state in inference mode: the model, the data, the baseline's reference outputs."""
 
@@ -223,14 +237,7 @@ class TrialContext(Context):
             if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
                 # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
                 # by ONNX Runtime with the same method, is the nearest form of the winner.
-                config = state.config or {}
-                how = {
-                    "per_channel": bool(config.get("int8_per_channel", False)),
-                    "keep": len(state.info.get("int8_kept") or []),
-                    "plan": extras.int8,
-                    "config": dict(config),
-                }
-                source = (wrap(state, state.float_model, autocast=False), state.quantization, extras.calibration, how)
+                source = _onnx_source(state)
                 first = onnx["onnx"].get("error")
                 onnx = export_artifacts(
                     model, extras.example, self.samples, size, out, ["onnx"], onnx_source=source, **common

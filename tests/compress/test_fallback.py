@@ -135,9 +135,9 @@ def test_per_channel_onnx_int8_ships_per_channel_scales(tmp_path):
     assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"
 
 
-def test_a_torch_fallback_winner_ships_onnx_with_as_many_layers_float(tmp_path):
+def test_a_torch_fallback_winner_ships_onnx_with_layers_kept_float(tmp_path):
     """No exporter takes torch's int8 modules: the ONNX artifact is the float model quantized by
-    ONNX Runtime, with as many layers float as the winner kept, ranked on the graph."""
+    ONNX Runtime, with the fewest layers float that keep the guard, ranked on the graph."""
     fix = {"quantization": "int8_dynamic", "int8_fallback": "auto"}
     autotune.optimize(
         FragileMLP(), vector_data(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=("onnx",),
@@ -147,7 +147,7 @@ def test_a_torch_fallback_winner_ships_onnx_with_as_many_layers_float(tmp_path):
     assert best["config"]["quantization"] == "int8_dynamic" and best["int8"]["kept_float"] == ["fc.2"]
     onnx_record = best["artifacts"]["onnx"]
     assert onnx_record["status"] == "ok", onnx_record.get("error")
-    assert len(onnx_record["quantized"]["kept_float"]) == 1
+    assert 1 <= len(onnx_record["quantized"]["kept_float"]) < 4
     ops = [n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node]
     assert "MatMulInteger" in ops and ("MatMul" in ops or "Gemm" in ops)
     assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"
