@@ -273,3 +273,23 @@ def test_a_code_path_that_failed_three_times_is_not_run_with_other_paddings_or_f
     why = _fault_rule({**path, "padding": "as_given", "int8_fallback": 4}, study.trials)
     assert why is not None and "trials 0, 1, 2 failed (runtime)" in why
     assert _fault_rule({**path, "runtime": "torch"}, study.trials) is None
+
+
+def test_a_failing_configuration_is_told_as_pruned_so_the_sampler_learns_from_it():
+    """TPE ignores failed trials and samples pruned ones as the worst: a configuration that
+    errs is pruned; a trial that was skipped or cut by the study's deadline is failed."""
+    import optuna
+
+    from autotune.search.study import _tell
+    from autotune.trial.spec import TrialResult
+
+    study = optuna.create_study(storage="sqlite:///:memory:", directions=["maximize"])
+    outcomes = {
+        "error": TrialResult("error", "runtime", "RuntimeError: no kernel", {}),
+        "oom": TrialResult("oom", "oom", "out of memory", {}),
+        "deadline": TrialResult("timeout", "deadline", "stopped at the study's deadline", {}),
+        "skipped": TrialResult("skipped", None, "not run: the budget is taken", {}),
+    }
+    states = {name: _tell(study, study.ask(), o, ["throughput"], 0.01).state for name, o in outcomes.items()}
+    pruned, failed = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
+    assert states == {"error": pruned, "oom": pruned, "deadline": failed, "skipped": failed}
