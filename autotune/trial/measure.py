@@ -3,7 +3,8 @@
 End to end: iterate the real DataLoader, move each batch to the device, run the model,
 synchronise the device before reading the clock. The first batches (and any compilation) are
 timed apart as ``compile_s``. Then several windows of at least ``window_s`` seconds each; the
-reported throughput is the median window, with min, max and coefficient of variation.
+reported throughput is the median window (for token sequences, whose batches differ in cost, all
+samples over all the windows' time), with min, max and coefficient of variation.
 """
 
 from __future__ import annotations
@@ -267,7 +268,8 @@ def measure(
             takes one here, so the build's memory is not counted.
 
     Returns:
-        ``samples_per_s`` (median window) with ``samples_per_s_min``/``_max`` and ``cov``;
+        ``samples_per_s`` (median window; token sequences: samples over time of all windows) with
+        ``samples_per_s_min``/``_max`` and ``cov``;
         ``latency_ms_p50``/``_p95`` per batch (device time from the copy to the outputs);
         ``others_cpu`` (mean share of the machine's CPU other processes used during the
         windows) and ``others_cpu_max``; ``peak_mem_mib`` (the trial's own: see
@@ -293,6 +295,7 @@ def measure(
     use_events = device.type == "cuda"
     latencies: list[float] = []
     windows: list[float] = []
+    totals = [0, 0.0]  # samples and seconds over every window
     others: list[float] = []
     probe = Interference()
     mark = memory_mark(device) if mem_mark is None else mem_mark
@@ -327,7 +330,9 @@ def measure(
                     if time.perf_counter() - w_start >= settings.window_s:
                         break
                 _sync(device)
-                windows.append(n_samples / (time.perf_counter() - w_start))
+                w_s = time.perf_counter() - w_start
+                windows.append(n_samples / w_s)
+                totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s
                 others.append(probe.stop())
                 latencies += [b.elapsed_time(e) for b, e in events]
             timed_s = time.perf_counter() - timed_start
@@ -335,8 +340,14 @@ def measure(
     finally:
         batches.close()  # shuts down the loader's workers
         del loader
+    stats = window_stats(windows, latencies)
+    if state.extras is not None and state.extras.lengths is not None:
+        # Text batches differ in cost: a window of short ones runs fast, so the median window
+        # overstates what an epoch gets (rates of unequal work do not average). All samples
+        # over all the time does not.
+        stats["samples_per_s"] = totals[0] / totals[1]
     return {
-        **window_stats(windows, latencies),
+        **stats,
         "others_cpu": statistics.fmean(others),
         "others_cpu_max": max(others),
         "gpu_others": sharing,
