@@ -286,7 +286,7 @@ _PATH_KNOBS = tuple(k for k in _CODE_KNOBS if k not in ("int8_fallback", "int8_p
 
 # What the configuration itself caused: the sampler should learn from it. (Not what befell the
 # trial: a skipped claim, an interruption, a dead worker's retry.)
-_BAD_CONFIG = frozenset({"error", "oom", "timeout", "crash"})
+_BAD_CONFIG = frozenset({"error", "oom", "timeout", "crash", "infeasible"})
 
 
 def _fault_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
@@ -333,7 +333,8 @@ def _tell(
     if result["status"] in _BAD_CONFIG and result.get("kind") != "deadline":
         # Told as pruned, not failed: TPE ignores failed trials, so it kept proposing the same
         # failing code path (measured: 250 of 300 proposals of a text search were TorchScript of
-        # static int8, every one ruled out), while pruned ones count against their region.
+        # static int8, every one ruled out), while pruned ones count against their region. An
+        # infeasible trial with its measurements was told above, as a constraint violation.
         return study.tell(trial, state=TrialState.PRUNED)
     return study.tell(trial, state=TrialState.FAIL)
 

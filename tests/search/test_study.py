@@ -287,9 +287,10 @@ def test_a_failing_configuration_is_told_as_pruned_so_the_sampler_learns_from_it
     outcomes = {
         "error": TrialResult("error", "runtime", "RuntimeError: no kernel", {}),
         "oom": TrialResult("oom", "oom", "out of memory", {}),
+        "unsupported": TrialResult("infeasible", "unsupported", "int8 fallback: keeping 2 layers float fails", {}),
         "deadline": TrialResult("timeout", "deadline", "stopped at the study's deadline", {}),
         "skipped": TrialResult("skipped", None, "not run: the budget is taken", {}),
     }
     states = {name: _tell(study, study.ask(), o, ["throughput"], 0.01).state for name, o in outcomes.items()}
     pruned, failed = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
-    assert states == {"error": pruned, "oom": pruned, "deadline": failed, "skipped": failed}
+    assert states == {"error": pruned, "oom": pruned, "unsupported": pruned, "deadline": failed, "skipped": failed}
