@@ -189,12 +189,30 @@ class Quantization(Knob):
 _INT8_ORT = ("int8_dynamic", "int8_static")
 
 
-@register
-class Int8Fallback(Knob):
-    name = "int8_fallback"
-    order = 74  # after quantization and ort_precision, whose values decide whether it applies
+class _Int8Setting(Knob):
+    """A setting of the int8 methods named in ``torch_methods`` and ``ort_methods``, read by
+    ``quantization`` (torch) and ``ort_precision`` (ONNX Runtime) when they quantize."""
+
     modes = ("inference",)
     stage = Stage.WEIGHTS
+    torch_methods: tuple[str, ...] = ()
+    ort_methods: tuple[str, ...] = ()
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        if config.get("runtime", "torch") == "onnxruntime":
+            return config.get("ort_precision") in self.ort_methods
+        return config.get("quantization", "none") in self.torch_methods
+
+    def apply(self, state: Any, value: Any) -> None:
+        pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize
+
+
+@register
+class Int8Fallback(_Int8Setting):
+    name = "int8_fallback"
+    order = 74  # after quantization and ort_precision, whose values decide whether it applies
+    torch_methods = ("int8_dynamic", "int8_weight_only", "int8_static")
+    ort_methods = _INT8_ORT
     choices = (0, 1, 2, 4, 8, "auto")
     default = 0
     help = (
@@ -203,21 +221,12 @@ class Int8Fallback(Knob):
         "and ONNX Runtime's."
     )
 
-    def applies(self, config: dict[str, Any]) -> bool:
-        if config.get("runtime", "torch") == "onnxruntime":
-            return config.get("ort_precision") in _INT8_ORT
-        return config.get("quantization", "none") != "none"
-
-    def apply(self, state: Any, value: Any) -> None:
-        pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize
-
 
 @register
-class Int8PerChannel(Knob):
+class Int8PerChannel(_Int8Setting):
     name = "int8_per_channel"
     order = 75  # after quantization and ort_precision, whose values decide whether it applies
-    modes = ("inference",)
-    stage = Stage.WEIGHTS
+    torch_methods = ort_methods = ("int8_dynamic",)
     choices = (False, True)
     default = False
     help = (
@@ -225,11 +234,3 @@ class Int8PerChannel(Knob):
         "for layers whose channels differ in range, at a small cost. torch's and ONNX Runtime's int8_dynamic "
         "(the other int8 methods, and torch's on CUDA, always have per-channel weights)."
     )
-
-    def applies(self, config: dict[str, Any]) -> bool:
-        if config.get("runtime", "torch") == "onnxruntime":
-            return config.get("ort_precision") == "int8_dynamic"
-        return config.get("quantization") == "int8_dynamic"
-
-    def apply(self, state: Any, value: bool) -> None:
-        pass  # read by quantization (torch) and runtime (ONNX Runtime) when they quantize

@@ -98,18 +98,19 @@ def apply(
 def _unloaded(dataset: Any, collate_fn: Any) -> tuple[Any, Any]:
     """The samples and collate of a DataLoader given where a dataset goes, as ``optimize`` reads
     one (its own collate unless ``collate_fn`` is given); anything else as it is."""
-    from torch.utils.data import DataLoader, RandomSampler, SequentialSampler, default_collate
+    from torch.utils.data import DataLoader
 
     from autotune.errors import InputError
+    from autotune.run.plan import loader_collate
 
     if not isinstance(dataset, DataLoader):
         return dataset, collate_fn
-    if dataset.batch_size is None or not isinstance(dataset.sampler, SequentialSampler | RandomSampler):
+    if dataset.batch_size is None:
         raise InputError(
-            "This DataLoader picks its own batches or samples (batch_size=None, a batch_sampler or a sampler): "
-            "pass its dataset (a torch.utils.data.Subset for some samples) and collate_fn instead."
+            "This DataLoader has batch_size=None (it yields single samples or uses a batch_sampler): pass its "
+            "dataset and collate_fn instead."
         )
-    own = None if dataset.collate_fn is default_collate else dataset.collate_fn
+    own = loader_collate(dataset)
     return dataset.dataset, collate_fn or own
 
 

@@ -39,6 +39,24 @@ class Inputs:
     loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+def loader_collate(loader: Any) -> Any:
+    """The collate of a DataLoader that reads every sample of its dataset (``None`` for the
+    default one).
+
+    Raises:
+        InputError: its sampler picks which samples it reads.
+    """
+    import torch
+    from torch.utils.data import default_collate
+
+    if not isinstance(loader.sampler, (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)):
+        raise InputError(
+            f"The DataLoader's sampler ({type(loader.sampler).__name__}) picks which samples it reads; autotune "
+            "tunes on every sample of its dataset. Pass torch.utils.data.Subset(dataset, indices) instead."
+        )
+    return None if loader.collate_fn is default_collate else loader.collate_fn
+
+
 def unpack(dataset: Any, collate_fn: Any = None, baseline_batch_size: int | None = None) -> Inputs:
     """The dataset (or a DataLoader, or a factory of either) as :class:`Inputs`.
 
@@ -47,7 +65,6 @@ def unpack(dataset: Any, collate_fn: Any = None, baseline_batch_size: int | None
     given, win over the loader's.
     """
     import torch
-    from torch.utils.data import default_collate
 
     dataset = materialize(dataset)
     if collate_fn is not None and not callable(collate_fn):
@@ -60,12 +77,7 @@ def unpack(dataset: Any, collate_fn: Any = None, baseline_batch_size: int | None
             "The DataLoader has batch_size=None (it yields single samples or uses a batch_sampler): give "
             "optimize() its dataset and baseline_batch_size instead."
         )
-    if not isinstance(loader.sampler, (torch.utils.data.SequentialSampler, torch.utils.data.RandomSampler)):
-        raise InputError(
-            f"The DataLoader's sampler ({type(loader.sampler).__name__}) picks which samples it reads; autotune "
-            "tunes on every sample of its dataset. Pass torch.utils.data.Subset(dataset, indices) instead."
-        )
-    own = None if loader.collate_fn is default_collate else loader.collate_fn
+    own = loader_collate(loader)
     settings = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory}
     if loader.num_workers:
         settings.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
