@@ -38,7 +38,9 @@ class Result:
             the winner, whether each was data- or compute-bound, and a one-sentence ``summary``
             (or an ``error`` when that measurement failed).
         verdict: ``"speedup"`` (confirmed: the interval excludes 1.0 on a quiet machine),
-            ``"none"`` (no measurable speedup: the baseline stands), ``"noisy"`` (the machine was
+            ``"none"`` (no measurable speedup: the baseline stands), ``"slower"`` (the pick was
+            measurably slower: with throughput the only objective the baseline stands; with others
+            the pick may still win on them), ``"noisy"`` (the machine was
             too busy, or the rounds too spread, to claim one) or ``"unconfirmed"`` (interrupted,
             or the confirmation failed: the trials' own ratio).
         claimed: Whether ``speedup`` is a claim that stands (verdict ``speedup``, or the
@@ -183,7 +185,8 @@ def claim_speedup(
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
         baseline stands, the finalists' table). When speed is the only objective, the baseline
         stands if no finalist beats it in selection or the confirmation finds no measurable
-        speedup, or ran beside busy processes (``noisy``); with other objectives (size, say) a slower winner can still be the right one.
+        speedup, finds the pick slower (``slower``), or ran beside busy processes (``noisy``); with
+        other objectives (size, say) a slower winner can still be the right one (verdict ``slower``).
         A failed measurement leaves the search's best trial, unconfirmed.
     """
     from autotune.errors import TrialError
@@ -200,9 +203,9 @@ def claim_speedup(
                             max_s=90.0 if half is None else half)  # fmt: skip
     except TrialError as exc:  # the study stands; its best trial is reported unconfirmed
         return finalists[0], None, [{"error": str(exc)}]
-    if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy"):
-        # Nothing measurable, or measured beside busy processes: a pick made under load (one
-        # thread, say) can be slower on a quiet machine, so the model as given stands.
+    if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy", "slower"):
+        # Nothing measurable, measurably slower, or measured beside busy processes: a pick made
+        # under load (one thread, say) can be slower on a quiet machine, so the model as given stands.
         confirmed["kept_baseline"] = pick["number"]
         return baseline, confirmed, table
     return pick, confirmed, table
@@ -221,6 +224,10 @@ def write_pareto(out: Path, records: list[dict[str, Any]], objectives: Sequence[
     return front
 
 
+# How the speedup entry names a confirmation that kept the baseline, by verdict.
+_KEPT_METHOD = {"noisy": "not claimed, baseline kept", "slower": "pick slower, baseline kept"}
+
+
 def _claim_fields(
     baseline: dict[str, Any],
     best: dict[str, Any],
@@ -232,11 +239,11 @@ def _claim_fields(
     if confirmed is not None:
         claim = dict(confirmed["claim"])
         if best["key"] == baseline["key"]:  # confirmation found nothing to claim: the baseline stands
-            noisy = claim["verdict"] == "noisy"
+            kept = claim["verdict"] in ("noisy", "slower")
             sentence = claim["sentence"] + (f"; the baseline is kept (trial {confirmed.get('kept_baseline')} was the "
-                                            "pick, see speedup.rejected)" if noisy else "")  # fmt: skip
-            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "sentence": sentence,
-                    "method": "not claimed, baseline kept" if noisy else "no measurable speedup",
+                                            "pick, see speedup.rejected)" if kept else "")  # fmt: skip
+            method = _KEPT_METHOD.get(claim["verdict"], "no measurable speedup")
+            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "sentence": sentence, "method": method,
                     "rejected_trial": confirmed.get("kept_baseline"), "rejected": confirmed["claim"]}  # fmt: skip
         return {**claim, "method": "confirmation rounds"}
     if best["key"] == baseline["key"]:
