@@ -26,7 +26,17 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Claim", "enough_rounds", "geomean", "half_width", "interval", "judge"]
+__all__ = [
+    "LEVEL",
+    "MAX_CLAIM_WIDTH",
+    "TARGET_HALF_WIDTH",
+    "Claim",
+    "enough_rounds",
+    "geomean",
+    "half_width",
+    "interval",
+    "judge",
+]
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T975 = (
@@ -37,6 +47,10 @@ _T975 = (
 
 # A claim whose interval is wider than this (relative, either side) is too noisy to stand.
 MAX_CLAIM_WIDTH = 0.25
+# Confirmation rounds continue until the interval is within this (relative, either side).
+TARGET_HALF_WIDTH = 0.05
+# The intervals' confidence level (the t quantiles below are its two-sided ones).
+LEVEL = 0.95
 
 Claim = dict[str, Any]
 
