@@ -144,7 +144,7 @@ def confirm(
     *,
     n_min: int = 5,
     n_max: int = 15,
-    target: float = 0.05,
+    target: float | None = None,
     max_s: float = 90.0,
     diagnose: bool = True,
 ) -> dict[str, Any]:
@@ -158,8 +158,9 @@ def confirm(
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
         :func:`autotune.search.claims.judge`.
     """
-    from autotune.search.claims import judge
+    from autotune.search.claims import TARGET_HALF_WIDTH, judge
 
+    target = TARGET_HALF_WIDTH if target is None else target
     rounds = _rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, target=target, max_s=max_s,
                      diagnose=diagnose)  # fmt: skip
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -191,6 +192,8 @@ def claim_speedup(
     """
     from autotune.errors import TrialError
 
+    if budget_s is not None and budget_s < 2.0:  # the run's timeout is spent: nothing can be confirmed
+        return finalists[0], None, [{"error": "no time was left for selection and confirmation rounds"}]
     try:
         half = None if budget_s is None else budget_s / 2
         pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
