@@ -206,6 +206,8 @@ def _result_title(result: Any) -> str:
             f"baseline vs best  (speedup {result.speedup:.2f}x, 95% CI {result.speedup_min:.2f}-"
             f"{result.speedup_max:.2f}x, confirmation rounds)"
         )
+    if result.verdict == "slower":
+        return "baseline vs best  (the pick was measurably slower than the baseline: no speedup)"
     if result.verdict == "noisy":
         return "baseline vs best  (no speedup claimed: the machine was too busy to measure one reliably)"
     if result.verdict == "unconfirmed":

@@ -236,3 +236,28 @@ def test_relative_links_resolve():
             if not path.exists() and path.name not in PENDING:
                 broken.append(f"{_rel(page)} -> {target}")
     assert not broken, f"broken links: {', '.join(broken)}"
+
+
+def _readme_section(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return " ".join(text[start : end if end != -1 else None].split())
+
+
+def test_readme_measurement_paragraph_matches_the_claims_code():
+    """The README's "How it measures" states what claims.py does, with its constants."""
+    from autotune.search import claims
+
+    text = _readme_section("How it measures")
+    assert f"{claims.LEVEL:.0%} interval" in text
+    assert f"within +-{claims.TARGET_HALF_WIDTH:.0%}" in text
+    assert f"wider than +-{claims.MAX_CLAIM_WIDTH:.0%}" in text
+    assert "geometric mean" in text and "Student-t" in text
+    for verdict in ("includes 1.0", "below 1.0"):
+        assert verdict in text
+    # What an earlier version of the protocol did, and the code no longer does.
+    for stale in ("median of baseline/best pair ratios", "fastest on re-measurement"):
+        assert stale not in text
+    # Fidelity is judged per output kind, not by relative error alone.
+    assert "relative error for other outputs" not in (ROOT / "README.md").read_text()

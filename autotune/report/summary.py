@@ -175,6 +175,7 @@ def claim_text(speedup: dict[str, Any]) -> tuple[str, str]:
         "speedup": f"{value:.2f}x",
         "none": "none measurable" if speedup.get("method") != "baseline is best" else "1.00x",
         "noisy": "not claimed (busy machine)",
+        "slower": "none (the pick was slower)",
         "unconfirmed": f"{value:.2f}x (unconfirmed)",
     }.get(verdict, f"{value:.2f}x")
     return headline, speedup.get("sentence", "")

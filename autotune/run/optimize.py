@@ -80,9 +80,12 @@ def optimize(
             ``size`` (compressed bytes, min), ``memory`` (peak, min) and ``metric`` (max); default
             the preset's own (``shrink`` declares size and latency), else ``("throughput",)``.
         n_trials: Measured trials in the study (a resumed study counts its earlier ones).
-        timeout: Seconds for this call's search; ``None`` for no limit. A trial still running at
-            the deadline is stopped; the rounds that confirm the winner then take about a quarter
-            of it (20 to 90 s), export and reports follow.
+        timeout: Seconds for the whole call, counted from its start; ``None`` for no limit. The
+            search ends a quarter of it (20 to 90 s, at most half) before the deadline, a trial
+            still running then is stopped; the rounds that confirm the winner and the held-out
+            scoring end at the deadline; the export may run past it by 10% of ``timeout`` (30 s
+            at least), then writing the result files. With ``isolation="inprocess"`` work is
+            interrupted between Python steps, so a native call that hangs is not.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         out_dir: Directory of the result files.
         storage: Optuna storage URL; default ``sqlite:///<out_dir>/study.db``.
@@ -105,7 +108,8 @@ def optimize(
             default) adapts it: 10 times the baseline trial's wall time, at least 30 s, plus
             120 s for a configuration that compiles, quantizes, prunes or changes the runtime.
             A trial still running at the ``timeout`` deadline is stopped then.
-        isolation: ``"subprocess"`` (a worker process, restarted after faults) or ``"inprocess"``.
+        isolation: ``"subprocess"`` (a worker process, restarted after faults) or ``"inprocess"``
+            (no protection from crashes; timeouts interrupt the work with an alarm).
         n_val: Samples in the fixed validation subset of the guard.
         measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``, and the noise
             limits ``max_cov`` (0.05), ``max_others_cpu`` (0.10) and ``n_remeasure`` (2); see

@@ -1,5 +1,11 @@
 """One run of :func:`autotune.optimize`, as four stages over a :class:`Run`.
 
+With a ``timeout`` the whole run has one deadline, counted from the call: the search ends
+:func:`finalize_reserve` seconds before it (so preparing and the trials, fine-tuning and int8
+included, share the rest), the selection, confirmation and held-out scoring end at it, and
+the export ends within :func:`overrun_margin` after it. Every wait on the worker (a trial, a
+round, a restart) is bounded by what is left.
+
 - :func:`prepare`: check the inputs, resolve the search space, open the study, start the workers.
 - :func:`search`: the trials, until ``n_trials`` or ``timeout``.
 - :func:`finalize`: pick among the finalists, confirm the claim on fresh rounds, diagnose,
@@ -17,7 +23,29 @@ from typing import Any
 from autotune.errors import ConfigError, InputError, TrialError
 from autotune.run.options import Options
 
-__all__ = ["Run", "execute", "finalize", "prepare", "search", "write"]
+__all__ = ["Run", "execute", "finalize", "finalize_reserve", "overrun_margin", "prepare", "search", "write"]
+
+
+def finalize_reserve(timeout: float) -> float:
+    """Seconds of a run's ``timeout`` kept for choosing and confirming the winner: a quarter of
+    it, between 20 and 90 s (at most half of a shorter timeout).
+
+    Example:
+        >>> finalize_reserve(600), finalize_reserve(120), finalize_reserve(10)
+        (90.0, 30.0, 5.0)
+    """
+    return min(90.0, max(timeout / 4, min(20.0, timeout / 2)))
+
+
+def overrun_margin(timeout: float) -> float:
+    """Seconds past a run's ``timeout`` the export of the winner may take: 10% of it, 30 s at
+    least (a run ends within ``timeout`` plus this, and the writing of its result files).
+
+    Example:
+        >>> overrun_margin(60), overrun_margin(1200)
+        (30.0, 120.0)
+    """
+    return max(30.0, 0.1 * timeout)
 
 
 @dataclasses.dataclass
@@ -35,10 +63,17 @@ class Run:
     timing: Any
     summary: dict[str, Any]
     stop_reason: str | None = None
+    deadline: float | None = None  # time.monotonic() at which the run's timeout ends
     baseline: dict[str, Any] | None = None
     best: dict[str, Any] | None = None
     confirmed: Any = None
     front: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+
+    def left_s(self) -> float | None:
+        """Seconds until the run's deadline (0 once past it), ``None`` without a timeout."""
+        import time
+
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
 
     @property
     def objectives(self) -> list[str]:
@@ -215,8 +250,11 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
     return summary
 
 
-def prepare(model: Any, dataset: Any, opts: Options) -> Run:
-    """Check everything, resolve the space, open the study and start the workers."""
+def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = None) -> Run:
+    """Check everything, resolve the space, open the study and start the workers (within what
+    is left until ``deadline``, a ``time.monotonic()`` instant)."""
+    import time
+
     from autotune.run.plan import materialize, plan, unpack
     from autotune.search.parallel import check_devices, start_runners, worker_ids
     from autotune.search.study import FIRST_TRIAL_TIMEOUT_S, open_study
@@ -255,8 +293,12 @@ def prepare(model: Any, dataset: Any, opts: Options) -> Run:
     spec.int8_rankings = _stored_rankings(study)
     summary = _summary(opts, env, space, study, storage, spec)
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
+    if deadline is not None:  # a worker (re)start never waits past the run's deadline
+        limit = max(1.0, min(limit, deadline - time.monotonic()))
     runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")
-    return Run(opts, out, env, space, study, runners, ids, timing, summary)
+    for runner in runners:
+        runner.deadline = deadline
+    return Run(opts, out, env, space, study, runners, ids, timing, summary, deadline=deadline)
 
 
 def search(run: Run) -> None:
@@ -279,7 +321,7 @@ def search(run: Run) -> None:
         seed=opts.seed,
         sampler=opts.sampler,
         n_trials=opts.n_trials,
-        timeout=opts.timeout,
+        timeout=None if run.deadline is None else max(1.0, run.left_s() - finalize_reserve(opts.timeout)),
         max_metric_drop=opts.loss_tolerance if opts.train and opts.metric is None else opts.max_metric_drop,
         objectives=run.objectives,
         extra_attrs={"hardware": run.env.hardware_key(), **owner_attrs()},
@@ -302,8 +344,10 @@ def finalize(run: Run) -> None:
     finalists = select.finalists(records, run.objectives, run.baseline["key"], opts.n_finalists, run.select)
     if finalists:
         speed_only = run.objectives == ["throughput"]
-        # With a timeout the search ended on time; the rounds after it take a bounded share.
-        budget_s = None if opts.timeout is None else max(20.0, min(90.0, opts.timeout / 4))
+        # With a timeout the rounds take what the search left (the worker is cut off at the
+        # deadline too); held-out scoring, when asked, keeps a fifth of it.
+        left = run.left_s()
+        budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
         run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
             runner,
             run.baseline,
@@ -317,12 +361,20 @@ def finalize(run: Run) -> None:
     # Why it won: the loader and the model timed apart, in the confirmation rounds.
     run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
     if opts.test_dataset is not None:
-        try:
-            held = runner.call("held_out", run.baseline["config"], run.best["config"], n_trials=2)
-        except TrialError as exc:  # the search's result stands without it
-            held = {"error": str(exc)}
-        run.summary["held_out"] = held
+        run.summary["held_out"] = _held_out(run, runner)
+    if run.deadline is not None:  # the export may run past the deadline by the stated margin
+        runner.deadline = run.deadline + overrun_margin(opts.timeout)
     run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+
+
+def _held_out(run: Run, runner: Any) -> dict[str, Any]:
+    """The baseline's and the winner's metric on ``test_dataset``, or why there is none."""
+    if run.left_s() == 0.0:
+        return {"error": f"not scored: the run's timeout ({run.options.timeout:g} s) was reached"}
+    try:
+        return runner.call("held_out", run.baseline["config"], run.best["config"], n_trials=2)
+    except TrialError as exc:  # the search's result stands without it
+        return {"error": str(exc)}
 
 
 def export_winner(runner: Any, best: dict[str, Any], out: Path, formats: tuple[str, ...], env: Any) -> dict[str, Any]:
@@ -382,9 +434,12 @@ def write(run: Run, *, interrupted: bool = False) -> Any:
 
 def execute(model: Any, dataset: Any, opts: Options) -> Any:
     """The stages in order; Ctrl-C writes what was found and re-raises; the workers always stop."""
+    import time
+
     from autotune.search.parallel import close_runners
 
-    run = prepare(model, dataset, opts)
+    deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
+    run = prepare(model, dataset, opts, deadline)
     try:
         search(run)
         finalize(run)

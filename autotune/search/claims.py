@@ -12,7 +12,8 @@ Each round's ratio (pick / baseline in that round) cancels drifts slower than a 
 claimed speedup is their geometric mean, which is exactly the ratio of the figures shown for
 the pick and the baseline (each the geometric mean of its rounds); the interval is a Student-t
 interval on the log-ratios. When the interval includes 1.0 there is no measurable speedup and
-the baseline is kept; when the rounds ran beside other busy processes, or the interval stays
+the baseline is kept; when it lies wholly below 1.0 the pick is measurably slower and the
+baseline is kept too; when the rounds ran beside other busy processes, or the interval stays
 wide, no speedup is claimed, the baseline is kept too (with throughput the only objective: a
 pick made under load can be slower on a quiet machine) and the report says the machine was
 too busy.
@@ -25,7 +26,17 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["Claim", "enough_rounds", "geomean", "half_width", "interval", "judge"]
+__all__ = [
+    "LEVEL",
+    "MAX_CLAIM_WIDTH",
+    "TARGET_HALF_WIDTH",
+    "Claim",
+    "enough_rounds",
+    "geomean",
+    "half_width",
+    "interval",
+    "judge",
+]
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
 _T975 = (
@@ -36,6 +47,10 @@ _T975 = (
 
 # A claim whose interval is wider than this (relative, either side) is too noisy to stand.
 MAX_CLAIM_WIDTH = 0.25
+# Confirmation rounds continue until the interval is within this (relative, either side).
+TARGET_HALF_WIDTH = 0.05
+# The intervals' confidence level (the t quantiles below are its two-sided ones).
+LEVEL = 0.95
 
 Claim = dict[str, Any]
 
@@ -106,14 +121,18 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> 
     Returns:
         ``{"verdict", "speedup", "low", "high", "median", "min", "max", "n_rounds",
         "others_cpu", "sentence"}``. ``verdict`` is ``"speedup"`` (the interval excludes 1.0
-        and the machine was quiet), ``"none"`` (the interval includes 1.0: no measurable
-        speedup) or ``"noisy"`` (busy machine or an interval wider than +-25%: no claim).
+        and the machine was quiet), ``"slower"`` (the whole interval lies below 1.0: the pick is
+        measurably slower, however busy the machine or wide the interval), ``"none"`` (the
+        interval includes 1.0: no measurable speedup) or ``"noisy"`` (busy machine or an interval
+        wider than +-25%: no claim).
 
     Example:
         >>> judge([1.5, 1.52, 1.49, 1.51, 1.5], 0.0, 0.1)["verdict"]
         'speedup'
         >>> judge([1.1, 0.9, 1.05, 0.95, 1.0], 0.0, 0.1)["verdict"]
         'none'
+        >>> judge([0.95, 0.94, 0.96, 0.95, 0.95], 0.0, 0.1)["verdict"]
+        'slower'
     """
     mid, lo, hi = interval(ratios)
     claim: Claim = {
@@ -132,6 +151,10 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> 
     if lo <= 1.0 <= hi:
         claim["verdict"] = "none"
         claim["sentence"] = f"no measurable speedup: {span} includes 1.0"
+    elif hi < 1.0:
+        # Load and spread widen an interval; they do not make a slower pick faster.
+        claim["verdict"] = "slower"
+        claim["sentence"] = f"the pick is slower than the baseline: {span} lies below 1.0"
     elif busy or wide:
         claim["verdict"] = "noisy"
         why = (

@@ -38,7 +38,9 @@ class Result:
             the winner, whether each was data- or compute-bound, and a one-sentence ``summary``
             (or an ``error`` when that measurement failed).
         verdict: ``"speedup"`` (confirmed: the interval excludes 1.0 on a quiet machine),
-            ``"none"`` (no measurable speedup: the baseline stands), ``"noisy"`` (the machine was
+            ``"none"`` (no measurable speedup: the baseline stands), ``"slower"`` (the pick was
+            measurably slower: with throughput the only objective the baseline stands; with others
+            the pick may still win on them), ``"noisy"`` (the machine was
             too busy, or the rounds too spread, to claim one) or ``"unconfirmed"`` (interrupted,
             or the confirmation failed: the trials' own ratio).
         claimed: Whether ``speedup`` is a claim that stands (verdict ``speedup``, or the
@@ -142,7 +144,7 @@ def confirm(
     *,
     n_min: int = 5,
     n_max: int = 15,
-    target: float = 0.05,
+    target: float | None = None,
     max_s: float = 90.0,
     diagnose: bool = True,
 ) -> dict[str, Any]:
@@ -156,8 +158,9 @@ def confirm(
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
         :func:`autotune.search.claims.judge`.
     """
-    from autotune.search.claims import judge
+    from autotune.search.claims import TARGET_HALF_WIDTH, judge
 
+    target = TARGET_HALF_WIDTH if target is None else target
     rounds = _rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, target=target, max_s=max_s,
                      diagnose=diagnose)  # fmt: skip
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -183,11 +186,14 @@ def claim_speedup(
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
         baseline stands, the finalists' table). When speed is the only objective, the baseline
         stands if no finalist beats it in selection or the confirmation finds no measurable
-        speedup, or ran beside busy processes (``noisy``); with other objectives (size, say) a slower winner can still be the right one.
+        speedup, finds the pick slower (``slower``), or ran beside busy processes (``noisy``); with
+        other objectives (size, say) a slower winner can still be the right one (verdict ``slower``).
         A failed measurement leaves the search's best trial, unconfirmed.
     """
     from autotune.errors import TrialError
 
+    if budget_s is not None and budget_s < 2.0:  # the run's timeout is spent: nothing can be confirmed
+        return finalists[0], None, [{"error": "no time was left for selection and confirmation rounds"}]
     try:
         half = None if budget_s is None else budget_s / 2
         pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
@@ -200,9 +206,9 @@ def claim_speedup(
                             max_s=90.0 if half is None else half)  # fmt: skip
     except TrialError as exc:  # the study stands; its best trial is reported unconfirmed
         return finalists[0], None, [{"error": str(exc)}]
-    if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy"):
-        # Nothing measurable, or measured beside busy processes: a pick made under load (one
-        # thread, say) can be slower on a quiet machine, so the model as given stands.
+    if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy", "slower"):
+        # Nothing measurable, measurably slower, or measured beside busy processes: a pick made
+        # under load (one thread, say) can be slower on a quiet machine, so the model as given stands.
         confirmed["kept_baseline"] = pick["number"]
         return baseline, confirmed, table
     return pick, confirmed, table
@@ -221,6 +227,10 @@ def write_pareto(out: Path, records: list[dict[str, Any]], objectives: Sequence[
     return front
 
 
+# How the speedup entry names a confirmation that kept the baseline, by verdict.
+_KEPT_METHOD = {"noisy": "not claimed, baseline kept", "slower": "pick slower, baseline kept"}
+
+
 def _claim_fields(
     baseline: dict[str, Any],
     best: dict[str, Any],
@@ -232,11 +242,11 @@ def _claim_fields(
     if confirmed is not None:
         claim = dict(confirmed["claim"])
         if best["key"] == baseline["key"]:  # confirmation found nothing to claim: the baseline stands
-            noisy = claim["verdict"] == "noisy"
+            kept = claim["verdict"] in ("noisy", "slower")
             sentence = claim["sentence"] + (f"; the baseline is kept (trial {confirmed.get('kept_baseline')} was the "
-                                            "pick, see speedup.rejected)" if noisy else "")  # fmt: skip
-            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "sentence": sentence,
-                    "method": "not claimed, baseline kept" if noisy else "no measurable speedup",
+                                            "pick, see speedup.rejected)" if kept else "")  # fmt: skip
+            method = _KEPT_METHOD.get(claim["verdict"], "no measurable speedup")
+            return {**claim, "speedup": 1.0, "low": 1.0, "high": 1.0, "sentence": sentence, "method": method,
                     "rejected_trial": confirmed.get("kept_baseline"), "rejected": confirmed["claim"]}  # fmt: skip
         return {**claim, "method": "confirmation rounds"}
     if best["key"] == baseline["key"]:

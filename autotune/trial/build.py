@@ -66,15 +66,19 @@ def _count_(state: BuildState) -> None:
             state.info["macs"] = None
 
 
-def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False, timing: bool = False) -> Any:
+def make_loader(
+    dataset: Any, state: BuildState, *, drop_last: bool = False, timing: bool = False, seed: int = 0
+) -> Any:
     """The DataLoader a built configuration reads from: its batch size, workers, collate and
     padding, and with ``length_grouping`` batches of similar lengths (each batch's samples in
     the order :meth:`autotune.batching.Batching.plan` gives).
 
-    With ``timing``, token sequences come in the same batches but in a shuffled order (fixed
-    seed): batches of different lengths cost different times, and a timed window reads only a
+    With ``timing``, token sequences come in the same batches but in an order shuffled by
+    ``seed``: batches of different lengths cost different times, and a timed window reads only a
     stretch of them, so in plan order (grouped batches run longest first) a window would see
-    the short end of the epoch and overstate the throughput."""
+    the short end of the epoch and overstate the throughput. Each measurement draws its own
+    ``seed``, so repeated measurements time different stretches and their spread shows what
+    one stretch's choice of batches costs."""
     import random
 
     batching = state.batching()
@@ -85,7 +89,7 @@ def make_loader(dataset: Any, state: BuildState, *, drop_last: bool = False, tim
         plan = batching.plan(len(dataset))
         if drop_last and len(plan) > 1 and len(plan[-1]) < state.batch_size:
             plan = plan[:-1]
-        random.Random(0).shuffle(plan)
+        random.Random(seed).shuffle(plan)
     if plan is not None:
         kwargs.pop("batch_size", None)
         return torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)

@@ -20,6 +20,7 @@ from autotune._pristine import restore, snapshot
 from autotune.errors import InputError
 from autotune.search.claims import enough_rounds
 from autotune.trial.faults import one_line, record_fault
+from autotune.trial.measure import draw_seed
 from autotune.trial.spec import TrialResult, WorkerSpec
 
 __all__ = ["Context", "instantiate_model"]
@@ -57,6 +58,7 @@ class Context:
         self.model = instantiate_model(spec)
         self.samples = [spec.dataset[i] for i in spec.val_indices]
         self.info: dict[str, Any] = {}
+        self.n_rounds = 0  # rounds timed so far: each draws its own batches
 
     def fresh_model(self) -> torch.nn.Module:
         """An untouched copy of the model for one build: a deep copy, or the factory's output
@@ -102,9 +104,10 @@ class Context:
         """What :meth:`time_round` times for each configuration, ready (built, warmed up)."""
         raise NotImplementedError
 
-    def time_round(self, prepared: Any, diagnose: bool) -> dict[str, Any]:
+    def time_round(self, prepared: Any, diagnose: bool, seed: int = 0) -> dict[str, Any]:
         """One timed window of a prepared configuration: ``samples_per_s``, latencies, ``cov``,
-        ``others_cpu`` (and, with ``diagnose``, its loader and model alone)."""
+        ``others_cpu`` (and, with ``diagnose``, its loader and model alone), reading the batches
+        ``seed`` draws (see :func:`~autotune.trial.measure.measure`)."""
         raise NotImplementedError
 
     def rounds(
@@ -133,10 +136,15 @@ class Context:
         started = time.perf_counter()
         rounds: list[list[dict[str, Any]]] = []
         for r in range(n_max):
+            # A fresh draw of batches per round (also across calls: confirmation rounds do not
+            # re-read selection's), the same for every configuration in the round, so each ratio
+            # compares the same work.
+            self.n_rounds += 1
+            seed = draw_seed(self.spec.seed, "round", self.n_rounds)
             row: list[dict[str, Any]] = [{} for _ in prepared]
             for i in range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared))):
                 restore(self.pristine)
-                row[i] = self.time_round(prepared[i], diagnose)
+                row[i] = self.time_round(prepared[i], diagnose, seed)
             rounds.append(row)
             if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
                 break

@@ -57,13 +57,15 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def loader_samples_per_s(dataset: Any, state: BuildState, window_s: float, warmup_batches: int = 1) -> float:
+def loader_samples_per_s(
+    dataset: Any, state: BuildState, window_s: float, warmup_batches: int = 1, seed: int = 0
+) -> float:
     """Samples/s of ``state``'s DataLoader over ``dataset``, batches moved to the device, no model.
 
     The first ``warmup_batches`` (worker start-up) are not timed.
     """
     device = torch.device(state.device)
-    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size, timing=True)
+    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size, timing=True, seed=seed)
     batches = _epochs(loader)
     try:
         with settings_active(state.settings):
@@ -117,7 +119,7 @@ def classify(loader_sps: float, model_sps: float, margin: float = BALANCED_MARGI
     return "data-bound" if loader_sps < model_sps else "compute-bound"
 
 
-def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings) -> dict[str, Any]:
+def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings, seed: int = 0) -> dict[str, Any]:
     """Time the loader and the model of a built configuration apart.
 
     Returns:
@@ -127,7 +129,7 @@ def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings) -
     from torch.utils.data import default_collate
 
     window = window_for(settings)
-    loader = loader_samples_per_s(dataset, state, window, settings.warmup_batches)
+    loader = loader_samples_per_s(dataset, state, window, settings.warmup_batches, seed)
     batch = default_collate([dataset[i] for i in range(min(state.batch_size, len(dataset)))])
     model = model_samples_per_s(state, batch, window, settings.warmup_batches)
     return {

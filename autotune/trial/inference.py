@@ -32,7 +32,7 @@ from autotune.trial.guard import (
     make_reference,
     per_sample,
 )
-from autotune.trial.measure import MeasureSettings, measure, memory_mark, noise_reason, size_bytes
+from autotune.trial.measure import MeasureSettings, draw_seed, measure, memory_mark, noise_reason, size_bytes
 from autotune.trial.spec import WorkerSpec
 
 __all__ = ["TrialContext", "finetune_dataset"]
@@ -142,7 +142,7 @@ class TrialContext(Context):
         # Timing first: compilation lands in its warm-up (compile_s), and the numbers of a
         # candidate the guard rejects are still recorded.
         result.update(state.info)
-        result.update(self._measure_clean(state, mark))
+        result.update(self._measure_clean(state, mark, draw_seed(self.spec.seed, "trial", config)))
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
         guard_start = time.perf_counter()
         outputs = collect_outputs(state, self.samples)
@@ -162,14 +162,17 @@ class TrialContext(Context):
         result["metric"] = value
         result["metric_drop"] = self.reference.metric - value
 
-    def _measure_clean(self, state: BuildState, mark: float) -> dict[str, Any]:
-        """Measure ``state``; measure again (a bounded number of times) while the windows disagree
-        or other processes used the CPU, keep the cleanest, and mark it ``noisy`` if none was clean."""
+    def _measure_clean(self, state: BuildState, mark: float, seed: int) -> dict[str, Any]:
+        """Measure ``state``; measure again (a bounded number of times, each on its own draw of
+        batches) while the windows disagree or other processes used the CPU, keep the cleanest,
+        and mark it ``noisy`` if none was clean."""
         settings = self.spec.measure
         best: dict[str, Any] | None = None
         for attempt in range(1 + settings.n_remeasure):
             restore(self.pristine)
-            result = measure(state, self.spec.dataset, settings, mem_mark=mark if attempt == 0 else None)
+            result = measure(
+                state, self.spec.dataset, settings, mem_mark=mark if attempt == 0 else None, seed=seed + attempt
+            )
             result["noise"] = noise_reason(result, settings)
             if best is None or _noise_rank(result) < _noise_rank(best):
                 best = {**result, "compile_s": best["compile_s"] if best else result["compile_s"]}
@@ -186,12 +189,12 @@ class TrialContext(Context):
         # first, each after a dynamo reset, is safe.
         return [self.build(c) for c in configs]
 
-    def time_round(self, prepared: BuildState, diagnose: bool) -> dict[str, Any]:
-        m = measure(prepared, self.spec.dataset, self.spec.measure)
+    def time_round(self, prepared: BuildState, diagnose: bool, seed: int = 0) -> dict[str, Any]:
+        m = measure(prepared, self.spec.dataset, self.spec.measure, seed=seed)
         row = {k: m[k] for k in _ROUND_KEYS}
         if diagnose:
             restore(self.pristine)
-            row.update(_halves(prepared, self.spec.dataset, self.spec.measure))
+            row.update(_halves(prepared, self.spec.dataset, self.spec.measure, seed))
         return row
 
     def export(self, config: dict[str, Any], out_dir: str, formats: list[str]) -> dict[str, Any]:
@@ -303,11 +306,11 @@ def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:
     return (result["noise"] is not None, result["cov"] + result["others_cpu"])
 
 
-def _halves(state: BuildState, dataset: Any, settings: MeasureSettings) -> dict[str, float]:
+def _halves(state: BuildState, dataset: Any, settings: MeasureSettings, seed: int) -> dict[str, float]:
     """The loader alone and the model alone of ``state``, timed for one short window each."""
     from autotune.trial.diagnose import diagnose_state
 
-    d = diagnose_state(state, dataset, settings)
+    d = diagnose_state(state, dataset, settings, seed)
     return {k: d[k] for k in ("loader_samples_per_s", "model_samples_per_s")}
 
 

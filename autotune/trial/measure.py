@@ -27,6 +27,7 @@ __all__ = [
     "MeasureSettings",
     "gpu_others",
     "call_model",
+    "draw_seed",
     "measure",
     "memory_mark",
     "noise_reason",
@@ -243,6 +244,19 @@ def window_stats(windows: list[float], latencies: list[float]) -> dict[str, floa
     }
 
 
+def draw_seed(seed: int, *names: Any) -> int:
+    """A reproducible seed for one measurement's draw of batches, from the run's ``seed`` and
+    what names the measurement (a trial's configuration, a round's number).
+
+    Example:
+        >>> draw_seed(0, "round", 1) == draw_seed(0, "round", 1) != draw_seed(0, "round", 2)
+        True
+    """
+    import json
+
+    return zlib.crc32(json.dumps([seed, *names], sort_keys=True, default=str).encode())
+
+
 def _compiled_frames() -> int:
     """Frames torch.compile has compiled in this process so far (0 before it is first used)."""
     import sys
@@ -257,6 +271,7 @@ def measure(
     settings: MeasureSettings = MeasureSettings(),
     *,
     mem_mark: float | None = None,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Time ``state`` end to end over ``dataset``.
 
@@ -266,6 +281,9 @@ def measure(
         settings: How long and how often to time.
         mem_mark: The reference of :func:`memory_mark` taken at the trial's start; ``None``
             takes one here, so the build's memory is not counted.
+        seed: Which shuffled order token sequences are read in (see
+            :func:`~autotune.trial.build.make_loader`): give each measurement its own, and
+            configurations compared in one round the same.
 
     Returns:
         ``samples_per_s`` (median window; token sequences: samples over time of all windows) with
@@ -290,7 +308,7 @@ def measure(
     device = torch.device(state.device)
     # Every timed batch has the same shape: no recompilation inside a window.
     drop_last = len(dataset) >= state.batch_size
-    loader = make_loader(dataset, state, drop_last=drop_last, timing=True)
+    loader = make_loader(dataset, state, drop_last=drop_last, timing=True, seed=seed)
     batches = _epochs(loader)
     use_events = device.type == "cuda"
     latencies: list[float] = []

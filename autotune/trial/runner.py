@@ -9,11 +9,14 @@ defined in a script or notebook work.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +58,15 @@ class Runner:
     info: dict[str, Any]
 
     timeout: float = 600.0
+    # A time.monotonic() instant no wait goes past (a run's ``timeout``): trials, calls and
+    # worker restarts get at most what is left of it (one second at least); ``None``: no limit.
+    deadline: float | None = None
+
+    def bounded(self, seconds: float) -> float:
+        """``seconds``, or less: no more than what is left until :attr:`deadline`."""
+        if self.deadline is None:
+            return seconds
+        return max(1.0, min(seconds, self.deadline - time.monotonic()))
 
     def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
         """Measure one configuration within ``timeout`` seconds (default :attr:`timeout`);
@@ -78,8 +90,35 @@ class Runner:
         """Stop the worker, if any."""
 
 
+class _Overrun(BaseException):
+    """Raised into in-process work by its alarm; a BaseException, so no ``except Exception`` in
+    the trial's code takes it for the trial's own fault."""
+
+
+@contextlib.contextmanager
+def _alarm(seconds: float) -> Iterator[None]:
+    """Raise :class:`_Overrun` in the block after ``seconds`` (a SIGALRM timer). Only the main
+    thread of a POSIX process receives it; elsewhere the block runs unbounded."""
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+
+    def fire(signum: int, frame: Any) -> None:
+        raise _Overrun
+
+    previous = signal.signal(signal.SIGALRM, fire)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 class InProcessRunner(Runner):
-    """Runs trials in this process: no timeout and no protection from crashes."""
+    """Runs trials in this process: no protection from crashes. Timeouts (a trial's, a call's,
+    the run's deadline) interrupt the work with an alarm, between Python steps: a single native
+    call that never returns (a hung kernel) is not interrupted; a worker process is."""
 
     def __init__(self, spec: Any) -> None:
         from autotune.trial.worker import make_context
@@ -88,11 +127,24 @@ class InProcessRunner(Runner):
         self.info = self._ctx.info
 
     def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
-        return self._ctx.run_trial(config)
+        started = time.perf_counter()
+        limit = self.bounded(self.timeout if timeout is None else timeout)
+        try:
+            with _alarm(limit):
+                result = self._ctx.run_trial(config)
+        except _Overrun:
+            reason = f"no result within {limit:g} s while running the trial; it was interrupted"
+            return TrialResult("timeout", "timeout", reason, {"trial_s": time.perf_counter() - started})
+        result.metrics["wall_s"] = time.perf_counter() - started
+        return result
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
+        limit = self.bounded(self.timeout * n_trials)
         try:
-            return getattr(self._ctx, name)(*args)
+            with _alarm(limit):
+                return getattr(self._ctx, name)(*args)
+        except _Overrun:
+            raise TrialError("timeout", f"{name} gave no result within {limit:g} s; it was interrupted") from None
         except Exception as exc:
             raise TrialError("error", f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -150,7 +202,7 @@ class SubprocessRunner(Runner):
         self._recv = Connection(from_child_r, writable=False)
         self.n_starts += 1
         self._send.send(("init", self._payload))
-        reply = self._wait(self._timeout, "starting the worker")
+        reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":
             return reply[1]
         self.close()
@@ -220,7 +272,7 @@ class SubprocessRunner(Runner):
             self._kill()
             self._ensure()
             self._send.send(("trial", config))
-        reply = self._wait(timeout, "running the trial")
+        reply = self._wait(self.bounded(timeout), "running the trial")
         if reply[0] == "fail":
             self._kill()
             return TrialResult(reply[1], reply[1], reply[2], {"trial_s": time.perf_counter() - started})
@@ -234,7 +286,7 @@ class SubprocessRunner(Runner):
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         self._ensure()
         self._send.send(("call", name, *args))
-        reply = self._wait(self.timeout * n_trials, f"running {name}")
+        reply = self._wait(self.bounded(self.timeout * n_trials), f"running {name}")
         if reply[0] == "fail" or "error" in reply[1]:
             self._kill()
             raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")

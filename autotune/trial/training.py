@@ -286,9 +286,12 @@ class TrainContext(Context):
             runs.append((setup, batches))
         return runs
 
-    def time_round(self, prepared: tuple[TrainingSetup, Iterator[Any]], diagnose: bool) -> dict[str, Any]:
+    def time_round(
+        self, prepared: tuple[TrainingSetup, Iterator[Any]], diagnose: bool, seed: int = 0
+    ) -> dict[str, Any]:
         """Training throughput of one warmed-up setup, continuing its training (no diagnosis in
-        training mode)."""
+        training mode). ``seed`` is unused: each round continues the setup's own epoch, so rounds
+        already read different batches."""
         setup, batches = prepared
         with settings_active(setup.settings):
             m = time_steps(setup, batches, self.spec.loss_fn, self.spec.measure)

@@ -57,6 +57,17 @@ def test_judge_says_speedup_none_or_noisy():
     assert wide["verdict"] == "noisy" and half_width([1.5, 4.0, 2.0, 6.0, 3.0]) > MAX_CLAIM_WIDTH
 
 
+def test_an_interval_wholly_below_one_is_slower_never_a_speedup():
+    slower = judge([0.95, 0.94, 0.96, 0.95, 0.95], 0.0, 0.10)
+    assert slower["verdict"] == "slower" and slower["high"] < 1.0
+    assert "slower than the baseline" in slower["sentence"]
+    # Load or spread do not turn a measured slowdown into "noisy": it stays slower.
+    assert judge([0.5, 0.52, 0.49, 0.5, 0.51], 0.45, 0.10)["verdict"] == "slower"
+    assert judge([0.2, 0.5, 0.3, 0.6, 0.25], 0.0, 0.10)["verdict"] == "slower"
+    # Just touching 1.0 is no measurable difference either way.
+    assert judge([0.9, 1.1, 0.95, 1.05, 1.0], 0.0, 0.10)["verdict"] == "none"
+
+
 def test_rounds_alternate_their_order():
     ctx = _context(StateProbe())
     StateProbe.log.clear()
@@ -207,3 +218,41 @@ def test_a_run_beside_busy_processes_claims_no_speedup_and_says_so(tmp_path):
     noisy = [t for t in result.study.trials if t.user_attrs.get("noisy")]
     assert noisy and all("other processes used" in t.user_attrs["noise"] for t in noisy)
     assert "The machine was busy" in (tmp_path / "report.md").read_text()
+
+
+class _SleepyMLP(MLP):
+    """An MLP that sleeps 2 ms per call: one sample per batch is then many times slower than 32,
+    however busy the machine (sleeping only lengthens, for both)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        time.sleep(0.002)
+        return super().forward(x)
+
+
+def test_a_single_finalist_measurably_slower_is_not_shipped(tmp_path):
+    """The only candidate (batch 1 of a model with a fixed cost per call) is about 30 times
+    slower than the baseline (batch 32): its confirmation must say ``slower`` and keep the
+    baseline, not claim a 0.03x "speedup"."""
+    import autotune
+
+    result = autotune.optimize(
+        _SleepyMLP(),
+        classification_data(128),
+        space={"base": None, "batch_size": [1]},
+        baseline_batch_size=32,
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
+        n_trials=2,
+        n_verify_pairs=3,
+        out_dir=tmp_path,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+    saved = json.loads((tmp_path / "best_config.json").read_text())
+    assert result.verdict == "slower", result.claim
+    assert result.best_config["batch_size"] == 32 and result.best_config == saved["baseline_config"]
+    assert result.speedup == 1.0 and not result.claimed
+    assert saved["speedup"]["rejected"]["high"] < 1.0 and saved["speedup"]["method"] == "pick slower, baseline kept"
+    assert "slower" in (tmp_path / "report.md").read_text()
