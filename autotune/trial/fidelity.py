@@ -10,11 +10,11 @@ worst leaf decides: one ruined output among many ruins the candidate.
 - ``"embedding"`` (every other floating output: embeddings, hidden states, regression values):
   judged about the baseline's mean over the samples, so a component all samples share (a
   regression head's offset, the massive activations of encoders) cannot hide damage to the part
-  that tells the samples apart. Per sample: the cosine similarity of the centred vectors, the
-  change of the centred vector's length over the typical centred length (outputs pulled toward
-  their mean keep every direction), and the relative change of the whole vector's length. The
-  score is the smallest of the lowest cosine and ``1 -`` each mean change of length (the relative
-  L2 error is reported too). Outputs with one value per sample (or per real token) score ``1 -``
+  that tells the samples apart: the lowest cosine similarity of a sample's centred vectors, the
+  change of the centred vectors' RMS length (``spread``: outputs pulled toward their mean keep
+  every direction), and the mean relative change of each whole vector's length. The score is the
+  smallest of the lowest cosine and ``1 -`` each change of length (the relative L2 error is
+  reported too). Outputs with one value per sample (or per real token) score ``1 -``
   their L2 error over the L2 spread of the baseline's values about their mean.
 - ``"integer"``: the share of exactly equal values.
 
@@ -252,19 +252,20 @@ def _judge_embedding(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | 
     cos = (out_c * ref_c).sum(-1) / (n_ref.clamp_min(floor) * n_out.clamp_min(floor))
     cos = torch.where((n_ref <= floor) & (n_out <= floor), torch.ones_like(cos), cos)
     rel = (out - ref).norm(dim=-1) / norm_ref.clamp_min(floor)
-    # Length judged apart from direction: the change of each centred vector's length over the
-    # typical centred length (outputs pulled toward their mean keep every direction), and the
-    # relative change of each whole vector's length. A relative L2 error would mix length and
-    # direction and, at 1%, demand a cosine of 0.99995, which no int8 or bfloat16 model keeps.
+    # Length judged apart from direction: the RMS length of the centred vectors against the
+    # baseline's (outputs pulled toward their mean keep every direction; random noise changes it
+    # only to second order, so int8 and bfloat16 keep it), and the relative change of each whole
+    # vector's length. A relative L2 error would mix length and direction and, at 1%, demand a
+    # cosine of 0.99995, which no int8 or bfloat16 model keeps.
     typical = max(float(n_ref.square().mean().sqrt()), floor)
-    spread = ((n_out - n_ref).abs() / typical).clamp_max(1.0)
+    spread = min(1.0, abs(float(n_out.square().mean().sqrt()) / typical - 1.0))
     scale = ((norm_out - norm_ref).abs() / norm_ref.clamp_min(floor)).clamp_max(1.0)
-    cos_min, spread_mean, scale_mean = float(cos.min()), float(spread.mean()), float(scale.mean())
+    cos_min, scale_mean = float(cos.min()), float(scale.mean())
     return {
-        "score": max(0.0, min(cos_min, 1.0 - spread_mean, 1.0 - scale_mean)),
+        "score": max(0.0, min(cos_min, 1.0 - spread, 1.0 - scale_mean)),
         "cos_min": cos_min,
         "cos_mean": float(cos.mean()),
-        "spread_mean": spread_mean,
+        "spread": spread,
         "scale_mean": scale_mean,
         "rel_mean": float(rel.mean()),
         "rel_max": float(rel.max()),
@@ -295,7 +296,7 @@ def fidelity_report(
     Returns:
         One dict per leaf: ``name``, ``kind``, ``score`` in [0, 1] and the kind's figures
         (logits: ``top1``, ``tv_mean``, ``tv_max``; embedding: ``cos_min``, ``cos_mean``,
-        ``scale_mean``, ``rel_mean``, ``rel_max``); a structure that changed is one leaf scoring 0.
+        ``spread``, ``scale_mean``, ``rel_mean``, ``rel_max``); a structure that changed is one leaf scoring 0.
     """
     outs, refs, names = _leaves(outputs), _leaves(reference), leaf_names(reference)
     if len(outs) != len(refs):
