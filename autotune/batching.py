@@ -40,6 +40,7 @@ __all__ = [
     "pad_collate",
     "sequence_info",
     "split_samples",
+    "token_outputs",
     "trim_batch",
 ]
 
@@ -59,14 +60,18 @@ def lengths_of(dataset: Any) -> list[int]:
     return out
 
 
-def fit_width(outputs: Any, width: int, like: Any) -> Any:
+def fit_width(outputs: Any, width: int, like: Any, tokens: Sequence[int] = ()) -> Any:
     """Token-level leaves of ``outputs`` cut or zero-padded to ``width`` positions, so they line
     up with a batch of that width (``like``: a leaf-for-leaf reference of which leaves are
-    token-level, as :func:`join_samples` made them)."""
+    token-level, as :func:`join_samples` made them; ``tokens``: the float ``(batch, seq)`` leaves
+    that are token-level too, as :func:`token_outputs` found them)."""
     import torch
 
+    index = iter(range(1 << 62))
+
     def fit(t: Any) -> Any:
-        token_level = isinstance(t, torch.Tensor) and (t.dim() >= 3 or (t.dim() == 2 and not t.is_floating_point()))
+        i = next(index)
+        token_level = t.dim() >= 3 or (t.dim() == 2 and (not t.is_floating_point() or i in tokens))
         if not token_level or t.shape[1] == width:
             return t
         if t.shape[1] > width:
@@ -149,6 +154,42 @@ def trim_batch(batch: Any, multiple: int = 1) -> Any:
     return cut(batch)
 
 
+def token_outputs(call: Callable[[Any], Any], batch: Any) -> tuple[int, ...]:
+    """The float ``(batch, seq)`` outputs that hold one value per token (the start and end logits
+    of question answering), as indices in ``tensor_leaves`` order: those whose width follows the
+    batch's when ``call`` runs on ``batch`` with its last column dropped. A width that merely
+    equals the batch's (a 128-wide embedding of 128-token batches) does not follow it; a model
+    that cannot run one column narrower has none."""
+    import torch
+
+    from autotune.data import tensor_leaves
+
+    inputs = sample_inputs(batch)
+    mask = None if inputs is None else inputs.get(MASK_KEY)
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 2 or mask.shape[1] < 2:
+        return ()
+    n, width = mask.shape
+    leaves = tensor_leaves(call(batch))
+    maybe = [i for i, t in enumerate(leaves) if t.dim() == 2 and t.is_floating_point() and t.shape[1] == width]
+    if not maybe:
+        return ()
+
+    def cut(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[:2] == (n, width):
+            return value[:, : width - 1]
+        if isinstance(value, Mapping):
+            return {k: cut(v) for k, v in value.items()}
+        if isinstance(value, (tuple, list)):
+            return type(value)(cut(v) for v in value)
+        return value
+
+    try:
+        narrow = tensor_leaves(call(cut(batch)))
+    except Exception:  # a model bound to one width: its outputs are judged as vectors
+        return ()
+    return tuple(i for i in maybe if i < len(narrow) and tuple(narrow[i].shape) == (n, width - 1))
+
+
 @dataclasses.dataclass
 class Batching:
     """How a configuration batches samples.
@@ -159,6 +200,7 @@ class Batching:
         padding: One of :data:`PADDINGS`.
         grouping: One of :data:`GROUPINGS` (0: dataset order).
         lengths: Real length of every sample, needed for ``grouping``.
+        tokens: The float ``(batch, seq)`` outputs that are token-level (:func:`token_outputs`).
     """
 
     batch_size: int
@@ -166,6 +208,7 @@ class Batching:
     padding: str = "as_given"
     grouping: int = 0
     lengths: Sequence[int] | None = None
+    tokens: Sequence[int] = ()
 
     def collate(self, samples: list[Any]) -> Any:
         """One batch of ``samples``, padded as this batching says."""
@@ -201,10 +244,11 @@ class Batching:
             yield ids, self.collate([samples[i] for i in ids])
 
 
-def split_samples(outputs: Any, batch: Any) -> list[Any]:
+def split_samples(outputs: Any, batch: Any, tokens: Sequence[int] = ()) -> list[Any]:
     """A batch's outputs as one output per sample. A token-level tensor (``(batch, seq, ...)``
-    with the batch's sequence width) keeps each sample's real tokens only, so the same sample
-    gives the same output whatever it was batched with."""
+    with the batch's sequence width, or a float ``(batch, seq)`` leaf whose index in
+    ``tensor_leaves`` order is in ``tokens``, see :func:`token_outputs`) keeps each sample's real
+    tokens only, so the same sample gives the same output whatever it was batched with."""
     import torch
 
     from autotune.data import map_tensors, slice_batch
@@ -217,10 +261,12 @@ def split_samples(outputs: Any, batch: Any) -> list[Any]:
     for i in range(count):
         one = slice_batch(outputs, i + 1, i)
         if isinstance(mask, torch.Tensor) and mask.dim() == 2:
-            real = mask[i].bool()
+            real, index = mask[i].bool(), iter(range(1 << 62))
 
-            def keep(t: Any, real: Any = real) -> Any:
-                return t[:, real.to(t.device)] if _token_level(t, real.shape[0]) else t
+            def keep(t: Any, real: Any = real, index: Any = index) -> Any:
+                listed = next(index) in tokens and t.dim() == 2
+                token_level = listed or _token_level(t, real.shape[0])
+                return t[:, real.to(t.device)] if token_level and t.shape[1] == real.shape[0] else t
 
             one = map_tensors(keep, one)
         pieces.append(one)

@@ -77,7 +77,8 @@ def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any
         pieces: list[Any] = [None] * len(samples)
         for entry in data["batches"]:
             out = cpu(predict(_named_inputs(entry["batch"])))
-            for i, piece in zip(entry["ids"], split_samples(out, entry["batch"]), strict=False):
+            tokens = data.get("tokens") or ()
+            for i, piece in zip(entry["ids"], split_samples(out, entry["batch"], tokens), strict=False):
                 pieces[i] = piece
         outputs, mask = join_samples(pieces)[0], data.get("mask")
     else:

@@ -178,7 +178,7 @@ def _run_per_sample(
             # Padded to a full batch: an artifact traced at one batch size sees only it.
             full = to_device(pad_batch(batch, batch_size), device)
             out = outputs_to_cpu(slice_batch(call_model(fn, full), len(ids)))
-            for i, piece in zip(ids, split_samples(out, batch), strict=False):
+            for i, piece in zip(ids, split_samples(out, batch, batching.tokens), strict=False):
                 pieces[i] = piece
     return join_samples(pieces)[0]
 
@@ -302,9 +302,12 @@ def check_parity(
     if metric is not None:
         chunk = metric_chunk or batch_size
         collate = None if batching is None else batching.collate_fn
-        value = evaluate(outputs, samples, chunk, str(device), metric, None, collate=collate)
+        tokens = () if batching is None else batching.tokens
+        value = evaluate(outputs, samples, chunk, str(device), metric, None, collate=collate, tokens=tokens)
         if baseline_metric is None:
-            baseline_metric = evaluate(expected, samples, chunk, str(device), metric, None, collate=collate)
+            baseline_metric = evaluate(
+                expected, samples, chunk, str(device), metric, None, collate=collate, tokens=tokens
+            )
         drop = baseline_metric - value
         result.update(metric=_finite(value), metric_drop=_finite(drop))
         if reason is None and not drop <= max_metric_drop:  # `not <=` so that NaN fails too

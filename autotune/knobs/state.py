@@ -97,6 +97,8 @@ class BuildExtras:
         lengths: The real length of every sample of the measured dataset (token sequences), for
             ``length_grouping``.
         int8: How ``int8_fallback`` ranks and judges layers (:class:`autotune.compress.fallback.Int8Plan`).
+        token_outputs: The float ``(batch, seq)`` outputs that hold one value per token, found on
+            the baseline (:func:`autotune.batching.token_outputs`).
     """
 
     example: Any = None
@@ -110,6 +112,7 @@ class BuildExtras:
     collate_fn: Any = None
     lengths: list[int] | None = None
     int8: Any = None
+    token_outputs: tuple[int, ...] = ()
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""
@@ -180,6 +183,7 @@ class BuildState:
             padding=self.padding,
             grouping=self.grouping,
             lengths=lengths if lengths is not None else None if extras is None else extras.lengths,
+            tokens=() if extras is None else extras.token_outputs,
         )
 
 

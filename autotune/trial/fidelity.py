@@ -8,15 +8,21 @@ worst leaf decides: one ruined output among many ruins the candidate.
   within :data:`TIE` of each other is a tie, not a changed decision), and ``1 -`` the mean total
   variation distance between the two softmax distributions. The score is the smaller.
 - ``"embedding"`` (every other floating output: embeddings, hidden states, regression values):
-  per sample, the cosine similarity to the baseline's vector, both taken about the baseline's
-  mean vector over the samples (so a component all samples share cannot hide damage to the
-  rest), and the relative change of the vector's length. The score is the smaller of the lowest
-  cosine and ``1 -`` the mean relative change of length (the relative L2 error is reported too).
-  Outputs with one value per sample score ``1 -`` their relative L2 error over all samples.
+  judged about the baseline's mean over the samples, so a component all samples share (a
+  regression head's offset, the massive activations of encoders) cannot hide damage to the part
+  that tells the samples apart: the lowest cosine similarity of a sample's centred vectors, the
+  change of the centred vectors' RMS length (``spread``: outputs pulled toward their mean keep
+  every direction), and the mean relative change of each whole vector's length. The score is the
+  smallest of the lowest cosine and ``1 -`` each change of length (the relative L2 error is
+  reported too). Outputs with one value per sample (or per real token) score ``1 -``
+  their L2 error over the L2 spread of the baseline's values about their mean.
 - ``"integer"``: the share of exactly equal values.
 
-Token-level outputs (``(batch, seq, ...)``) are judged on real positions only when the batch has
-an ``attention_mask`` input of shape ``(batch, seq)`` (1 = real token, 0 = padding).
+Token-level outputs (``(batch, seq, ...)``, and float ``(batch, seq)`` ones such as question
+answering's start and end logits, found on the baseline by
+:func:`autotune.batching.token_outputs`) are judged on real positions only when the batch has an
+``attention_mask`` input of shape ``(batch, seq)`` (1 = real token, 0 = padding); as logits, a
+``(batch, seq)`` output scores positions, padding excluded.
 
 Leaves are logits only when the user says so (``output_kind``) or the evidence is strong: a
 cross-entropy ``loss_fn``, or integer targets (``(inputs, target)`` samples, or a ``labels`` /
@@ -197,7 +203,12 @@ def _rows(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None, keep_
 
 
 def _judge_logits(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
-    out, ref = _rows(out.double(), ref.double(), mask, keep_last=True)
+    out, ref = out.double(), ref.double()
+    if mask is not None and out.dim() == 2 and tuple(out.shape) == tuple(mask.shape):
+        # Scores over positions (question answering's start logits): padding is no choice.
+        out, ref = out.masked_fill(~mask, -1e300), ref.masked_fill(~mask, -1e300)
+        mask = None
+    out, ref = _rows(out, ref, mask, keep_last=True)
     p, q = out.softmax(-1), ref.softmax(-1)
     tv = 0.5 * (p - q).abs().sum(-1)
     top_out, top_ref = out.argmax(-1), ref.argmax(-1)
@@ -213,33 +224,48 @@ def _judge_logits(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | Non
     }
 
 
+def _judge_values(out: torch.Tensor, ref: torch.Tensor) -> dict[str, Any]:
+    """One value per sample (or per real token): the L2 error over the spread of the reference
+    about its mean, not over its magnitude, so a shared offset cannot hide damage to the part that
+    tells the samples apart. A reference with no spread is judged against its magnitude."""
+    size, spread = ref.norm(), (ref - ref.mean()).norm()
+    scale = spread if spread > 1e-4 * size else size
+    err = float((out - ref).norm() / scale.clamp_min(1e-12))
+    return {"score": 1.0 - min(1.0, err), "rel_mean": err}
+
+
 def _judge_embedding(out: torch.Tensor, ref: torch.Tensor, mask: torch.Tensor | None) -> dict[str, Any]:
-    out, ref = out.double(), ref.double()
-    if ref.dim() == 0 or ref[0].numel() == 1:  # one value per sample: errors pooled over samples
-        err = float(torch.linalg.vector_norm(out - ref) / torch.linalg.vector_norm(ref).clamp_min(1e-12))
-        return {"score": 1.0 - min(1.0, err), "rel_mean": err}
-    out, ref = _rows(out, ref, mask, keep_last=False)
+    if ref.dim() == 0:  # one value for the whole output: a batch of one
+        out, ref = out.reshape(1), ref.reshape(1)
+    out, ref = _rows(out.double(), ref.double(), mask, keep_last=False)
+    if ref.shape[1] == 1:  # one value per sample, or per real token under the mask
+        return _judge_values(out[:, 0], ref[:, 0])
     norm_ref, norm_out = ref.norm(dim=-1), out.norm(dim=-1)
     # A row of zeros in both is identical; a floor keeps near-zero rows from dividing by nothing.
     floor = max(float(norm_ref.mean()) * 1e-6, 1e-12)
-    # Directions are compared about the baseline's mean vector: a component every sample shares
-    # (the "massive activations" of transformer encoders) would otherwise hold the cosine near 1
-    # while the part that tells samples apart is ruined.
+    # Vectors are judged about the baseline's mean vector: a component every sample shares (the
+    # "massive activations" of transformer encoders, a regression head's offset) would otherwise
+    # hold the cosine and the length near 1 while the part that tells samples apart is ruined.
     center = ref.mean(0, keepdim=True) if ref.shape[0] > 1 else torch.zeros_like(ref[:1])
     out_c, ref_c = out - center, ref - center
     n_ref, n_out = ref_c.norm(dim=-1), out_c.norm(dim=-1)
     cos = (out_c * ref_c).sum(-1) / (n_ref.clamp_min(floor) * n_out.clamp_min(floor))
     cos = torch.where((n_ref <= floor) & (n_out <= floor), torch.ones_like(cos), cos)
     rel = (out - ref).norm(dim=-1) / norm_ref.clamp_min(floor)
-    # Length judged apart from direction: the relative change of each vector's length (hidden
-    # states, regression values). A relative L2 error would mix the two and, at 1%, demand a
+    # Length judged apart from direction: the RMS length of the centred vectors against the
+    # baseline's (outputs pulled toward their mean keep every direction; random noise changes it
+    # only to second order, so int8 and bfloat16 keep it), and the relative change of each whole
+    # vector's length. A relative L2 error would mix length and direction and, at 1%, demand a
     # cosine of 0.99995, which no int8 or bfloat16 model keeps.
+    typical = max(float(n_ref.square().mean().sqrt()), floor)
+    spread = min(1.0, abs(float(n_out.square().mean().sqrt()) / typical - 1.0))
     scale = ((norm_out - norm_ref).abs() / norm_ref.clamp_min(floor)).clamp_max(1.0)
     cos_min, scale_mean = float(cos.min()), float(scale.mean())
     return {
-        "score": max(0.0, min(cos_min, 1.0 - scale_mean)),
+        "score": max(0.0, min(cos_min, 1.0 - spread, 1.0 - scale_mean)),
         "cos_min": cos_min,
         "cos_mean": float(cos.mean()),
+        "spread": spread,
         "scale_mean": scale_mean,
         "rel_mean": float(rel.mean()),
         "rel_max": float(rel.max()),
@@ -270,7 +296,7 @@ def fidelity_report(
     Returns:
         One dict per leaf: ``name``, ``kind``, ``score`` in [0, 1] and the kind's figures
         (logits: ``top1``, ``tv_mean``, ``tv_max``; embedding: ``cos_min``, ``cos_mean``,
-        ``scale_mean``, ``rel_mean``, ``rel_max``); a structure that changed is one leaf scoring 0.
+        ``spread``, ``scale_mean``, ``rel_mean``, ``rel_max``); a structure that changed is one leaf scoring 0.
     """
     outs, refs, names = _leaves(outputs), _leaves(reference), leaf_names(reference)
     if len(outs) != len(refs):
@@ -321,12 +347,15 @@ def evaluate(
     kinds: Sequence[str] | None = None,
     mask: Any = None,
     collate: Callable[[list[Any]], Any] | None = None,
+    tokens: Sequence[int] = (),
 ) -> float:
     """The metric of ``outputs``: the user's metric over fixed batches, each weighted by its
     size (a short last batch counts as its samples, not as a whole batch), or fidelity to
     ``reference`` judged with ``kinds`` and ``mask`` (see :func:`fidelity`). ``collate`` makes
-    the metric's batches (default ``default_collate``); token-level outputs are fitted to each
-    batch's width."""
+    the metric's batches (default ``default_collate``); token-level outputs (with the float
+    ``(batch, seq)`` ones listed in ``tokens``) are fitted to each batch's width, zero-padded
+    where the batch is wider than the real tokens, so the metric gets outputs aligned with the
+    batch it is given."""
     from torch.utils.data import default_collate
 
     from autotune.batching import fit_width
@@ -341,7 +370,7 @@ def evaluate(
         out = slice_batch(outputs, start + len(part), start)
         batch_mask = (sample_inputs(batch) or {}).get(MASK_KEY)
         if isinstance(batch_mask, torch.Tensor) and batch_mask.dim() == 2:
-            out = fit_width(out, batch_mask.shape[1], out)
+            out = fit_width(out, batch_mask.shape[1], out, tokens)
         out = to_device(out, torch.device(device))
         try:
             value = float(metric(out, batch))

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autotune.batching import join_samples, lengths_of, split_samples
+from autotune.batching import join_samples, lengths_of, split_samples, token_outputs
 from autotune.data import call_model, concat_outputs, outputs_to_cpu, pad_batch, slice_batch, tensor_leaves, to_device
 from autotune.errors import InputError, TrialError
 from autotune.knobs.state import BuildState
@@ -68,7 +68,7 @@ def collect_per_sample(state: BuildState, samples: Sequence[Any]) -> tuple[Any, 
     with settings_active(state.settings), torch.inference_mode():
         for ids, batch in batching.batches(samples):
             out = outputs_to_cpu(call_model(state.model, to_device(batch, device)))
-            for i, piece in zip(ids, split_samples(out, batch), strict=False):
+            for i, piece in zip(ids, split_samples(out, batch, batching.tokens), strict=False):
                 pieces[i] = piece
     return join_samples(pieces)
 
@@ -112,6 +112,7 @@ def make_reference(
     """Run the baseline on the validation samples, score it and tell the kind of each output."""
     mask = attention_mask(samples)
     if per_sample(state):
+        _find_token_outputs(state, samples)
         outputs, mask = collect_per_sample(state, samples)
     else:
         outputs = collect_outputs(state, samples)
@@ -122,7 +123,16 @@ def make_reference(
             f"The model's own (baseline) outputs are not finite: {exc}. Fix the model or its inputs."
         ) from None
     try:
-        value = evaluate(outputs, samples, state.batch_size, state.device, metric, None, collate=_collate(state))
+        value = evaluate(
+            outputs,
+            samples,
+            state.batch_size,
+            state.device,
+            metric,
+            None,
+            collate=_collate(state),
+            tokens=_tokens(state),
+        )
     except TrialError as exc:
         raise InputError(f"Your metric failed on the baseline's outputs: {exc}") from None
     if value != value:  # NaN
@@ -140,3 +150,21 @@ def make_reference(
 
 def _collate(state: BuildState) -> Any:
     return None if state.extras is None else state.extras.collate_fn
+
+
+def _tokens(state: BuildState) -> tuple[int, ...]:
+    return () if state.extras is None else state.extras.token_outputs
+
+
+def _find_token_outputs(state: BuildState, samples: Sequence[Any]) -> None:
+    """Tell, on the baseline's first batch, which float ``(batch, seq)`` outputs hold one value per
+    token (question answering's start and end logits), so every configuration cuts them to real
+    tokens as it cuts ``(batch, seq, hidden)`` ones; the build extras carry the answer."""
+    if state.extras is None or not samples:
+        return
+    batching = state.batching(lengths_of(samples))
+    _, batch = next(batching.batches(samples))
+    device = torch.device(state.device)
+    with settings_active(state.settings), torch.inference_mode():
+        found = token_outputs(lambda b: outputs_to_cpu(call_model(state.model, to_device(b, device))), batch)
+    state.extras.token_outputs = found

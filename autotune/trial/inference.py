@@ -157,6 +157,7 @@ class TrialContext(Context):
             self.reference.kinds,
             self.reference.mask,
             collate=self.extras.collate_fn,
+            tokens=self.extras.token_outputs,
         )
         result["guard_s"] = time.perf_counter() - guard_start
         result["metric"] = value
@@ -275,6 +276,7 @@ class TrialContext(Context):
             batching = state.batching(lengths_of(self.samples))
             parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
             parity["mask"] = self.reference.mask
+            parity["tokens"] = list(self.extras.token_outputs)
         torch.save(parity, out / "parity.pt")
         return {"artifacts": artifacts}
 
@@ -289,6 +291,7 @@ class TrialContext(Context):
             outputs, mask = [collect_outputs(s, samples) for s in states], attention_mask(samples)
         chunk, device, metric = self.reference.chunk, self.spec.device, self.spec.metric
         judge = {"kinds": self.reference.kinds, "mask": mask, "collate": self.extras.collate_fn}
+        judge["tokens"] = self.extras.token_outputs
         base = evaluate(outputs[0], samples, chunk, device, metric, outputs[0], **judge)
         value = evaluate(outputs[1], samples, chunk, device, metric, outputs[0], **judge)
         return {"n_samples": len(samples), "baseline": base, "best": value, "drop": base - value}

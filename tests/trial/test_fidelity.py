@@ -21,8 +21,43 @@ def test_an_embedding_with_large_relative_error_is_rejected_though_its_argmax_ho
     assert fidelity(noisy, ref) < 0.8  # its direction moved: rejected whatever the tolerance
     leaf = fidelity_report(noisy, ref)[0]
     assert leaf["kind"] == "embedding" and leaf["rel_mean"] == pytest.approx(0.97, abs=1e-3)
-    assert fidelity(ref * 1.001, ref) == pytest.approx(0.999, abs=1e-6)  # the length is judged too
-    assert fidelity(ref * 1.5, ref) <= 0.5
+    assert fidelity(ref * 1.001, ref) > 0.99  # a tiny change of length is kept
+    assert fidelity(ref * 1.5, ref) <= 0.5  # the length is judged too
+
+
+def _regression(n: int, seed: int = 0) -> torch.Tensor:
+    return 300.0 + 5.0 * torch.randn(n, generator=_gen(seed))  # a big offset every sample shares
+
+
+def test_scalar_outputs_pulled_toward_their_mean_are_rejected_despite_a_big_shared_offset():
+    ref = _regression(128)
+    center = ref.mean()
+    shrunk = center + 0.5 * (ref - center)  # half of what tells the samples apart is gone
+    assert fidelity(shrunk, ref) < 0.6
+    assert fidelity(shrunk[:, None], ref[:, None]) < 0.6  # (n, 1) is one value per sample too
+    leaf = fidelity_report(shrunk, ref)[0]
+    assert leaf["rel_mean"] == pytest.approx(0.5, rel=1e-6)  # error over the spread, not the magnitude
+
+
+def test_scalar_outputs_with_small_noise_are_kept():
+    ref = _regression(128)
+    noisy = ref + 0.002 * ref.std() * torch.randn(128, generator=_gen(1))  # bf16-sized noise on the spread
+    assert fidelity(noisy, ref) > 0.99
+    assert fidelity(ref + 0.01, ref) > 0.99  # a shift far below the spread
+
+
+def test_vectors_pulled_toward_their_mean_are_rejected_despite_a_big_shared_offset():
+    ref = torch.randn(128, 16, generator=_gen()) + 1000.0 * torch.randn(16, generator=_gen(1))
+    center = ref.mean(0, keepdim=True)
+    shrunk = center + 0.5 * (ref - center)  # every centred direction kept, half its length gone
+    assert fidelity(shrunk, ref) < 0.6
+    assert fidelity_report(shrunk, ref)[0]["spread"] == pytest.approx(0.5)
+
+
+def test_vectors_with_small_noise_and_a_big_shared_offset_are_kept():
+    ref = torch.randn(128, 16, generator=_gen()) + 1000.0 * torch.randn(16, generator=_gen(1))
+    noisy = ref + 1e-3 * torch.randn(128, 16, generator=_gen(2))
+    assert fidelity(noisy, ref) > 0.99
 
 
 def test_a_two_class_output_with_small_noise_near_ties_is_kept():

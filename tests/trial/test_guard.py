@@ -34,6 +34,45 @@ def test_an_int8_embedding_model_that_loses_its_geometry_is_infeasible_under_the
     assert result.best_config["runtime"] == "torch"
 
 
+class ShrinksAtLargeBatches(torch.nn.Module):
+    """A regression model with a big shared offset, ``300 + 5 * linear(x)``, whose outputs are
+    pulled halfway to the batch's mean at batch sizes above 8 (as a stray batch statistic does)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(16, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = 300.0 + 5.0 * self.linear(x)[:, 0]
+        if x.shape[0] > 8:
+            y = y.mean() + 0.5 * (y - y.mean())
+        return y
+
+
+def test_a_regression_candidate_that_shrinks_its_outputs_toward_their_mean_is_infeasible(tmp_path):
+    torch.manual_seed(0)
+    data = [(x, torch.tensor(0.0)) for x in torch.randn(128, 16, generator=torch.Generator().manual_seed(0))]
+    result = autotune.optimize(
+        ShrinksAtLargeBatches(),
+        data,
+        space={"base": None},
+        fix={"batch_size": 32},
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure=FAST,
+        n_verify_pairs=1,
+        n_trials=2,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+    shrunk = next(t for t in result.study.trials if t.user_attrs["config"]["batch_size"] == 32).user_attrs
+    # Its values keep the shared offset to within 1%: judged against their magnitude, it passed.
+    assert shrunk["status"] == "infeasible" and shrunk["kind"] == "guard", shrunk
+    assert shrunk["metric_drop"] > 0.3
+    assert result.best_config["batch_size"] == 8
+
+
 def test_fidelity_scores_top1_agreement_for_logits():
     ref = torch.tensor([[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     assert fidelity(ref.clone(), ref, ["logits"]) == 1.0
@@ -98,3 +137,101 @@ def test_baseline_metric_is_the_users_metric(tmp_path):
         expected = sum(int(model(x[None]).argmax(1) == y) for x, y in data) / len(data)
     assert result.baseline["metric"] == pytest.approx(expected, abs=1e-6)
     assert result.baseline["metric_drop"] == 0.0
+
+
+class TinyQA(torch.nn.Module):
+    """Question answering's shape: ``(start_logits, end_logits)``, each ``(batch, seq)``, from
+    tokens mixed with the mean of the real ones (so padding changes nothing)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(100, 8)
+        self.head = torch.nn.Linear(8, 2)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden = self.embed(input_ids)
+        keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * keep).sum(1, keepdim=True) / keep.sum(1, keepdim=True).clamp_min(1.0)
+        logits = self.head(torch.tanh(hidden + pooled))
+        return logits[..., 0], logits[..., 1]
+
+
+def qa_data(n: int = 96, padded: bool = True) -> list:
+    """Token samples of 3 to 24 real tokens, right-padded to 24 positions or at their own length."""
+    gen = torch.Generator().manual_seed(0)
+    samples = []
+    for i in range(n):
+        mask = torch.zeros(24, dtype=torch.long)
+        mask[: 3 + (i * 7) % 22] = 1
+        ids = torch.randint(1, 100, (24,), generator=gen) * mask
+        width = 24 if padded else int(mask.sum())
+        samples.append({"input_ids": ids[:width], "attention_mask": mask[:width]})
+    return samples
+
+
+def _qa_run(tmp_path, metric=None, padded=True):
+    return autotune.optimize(
+        TinyQA(),
+        qa_data(padded=padded),
+        space={"base": None},
+        fix={"padding": "trim", "length_grouping": 4},
+        metric=metric,
+        out_dir=tmp_path,
+        baseline_batch_size=8,
+        measure=FAST,
+        n_verify_pairs=1,
+        n_trials=2,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+    )
+
+
+def _trimmed(result):
+    return next(t for t in result.study.trials if t.user_attrs["config"]["padding"] == "trim").user_attrs
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded", "own-length"])
+def test_per_token_start_and_end_logits_of_a_trimmed_and_grouped_candidate_keep_the_guard(tmp_path, padded):
+    result = _qa_run(tmp_path, padded=padded)
+    trimmed = _trimmed(result)
+    # Cut to each sample's real tokens, its logits are the baseline's; judged as whole rows of the
+    # batch's width, every trimmed or reordered batch failed.
+    assert trimmed["status"] == "ok", trimmed
+    assert trimmed["metric_drop"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_metric_gets_per_token_outputs_as_wide_as_the_batch_it_is_given(tmp_path):
+    widths = []
+
+    def start_confidence(outputs, batch):
+        start, end = outputs
+        mask = batch["attention_mask"].bool()
+        if start.shape != mask.shape or end.shape != mask.shape:
+            raise ValueError(f"outputs {tuple(start.shape)} for a batch of {tuple(mask.shape)}")
+        widths.append(start.shape[1])
+        probs = start.masked_fill(~mask, float("-inf")).softmax(1)
+        return probs.max(1).values.mean().item()
+
+    # Samples at their own lengths: each metric batch is padded to its own longest sample.
+    result = _qa_run(tmp_path, start_confidence, padded=False)
+    trimmed = _trimmed(result)
+    assert trimmed["status"] == "ok", trimmed
+    assert trimmed["metric_drop"] == pytest.approx(0.0, abs=1e-6)
+    assert len(set(widths)) > 1
+
+
+def test_only_outputs_whose_width_follows_the_batch_are_per_token():
+    from autotune.batching import pad_collate, token_outputs
+
+    batch = pad_collate(qa_data(8))
+    assert batch["attention_mask"].shape == (8, 24)
+    qa, pooled = TinyQA().eval(), torch.nn.Linear(8, 24)
+
+    def both(b):  # start and end logits, and a 24-wide vector of the same width as the batch
+        start, end = qa(**b)
+        return {"start": start, "vector": pooled(qa.embed(b["input_ids"]).mean(1)), "end": end}
+
+    with torch.inference_mode():
+        assert token_outputs(both, batch) == (0, 2)
