@@ -289,7 +289,26 @@ def load(
         if len(passed) > 1:
             return _fastest(out_dir, passed, device, allow_modified)
     fmt, record = _choose(artifacts, format, out_dir)
-    return _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
+    predictor = _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
+    if format is None:
+        predictor.chosen = f"{fmt}: the only one that passed its checks"
+    predictor.chosen += _not_the_winner(record)
+    return predictor
+
+
+def _is_winner(record: dict[str, Any]) -> bool:
+    """Whether an artifact is the measured winner: marked so, and not TorchScript's fallback form
+    (the float model written when the tuned one cannot be traced), which an export before that
+    form was labelled may have marked the winner all the same."""
+    return bool(record.get("winner")) and record.get("form") != "fallback"
+
+
+def _not_the_winner(record: dict[str, Any]) -> str:
+    """What :attr:`Predictor.chosen` adds for an artifact that is another model than the winner."""
+    if _is_winner(record) or ("winner" not in record and record.get("form") != "fallback"):
+        return ""  # the winner, or an export that recorded neither
+    note = record.get("form_note") or record.get("reason") or "another form of the model"
+    return f"; NOT the measured winner, its speed is its own ({note})"
 
 
 def _load_one(
@@ -349,10 +368,12 @@ def _fastest(out_dir: Path, formats: list[str], device: str, allow_modified: boo
         names, tensors, _ = flat_inputs(default_collate(part))
         rates = {p.format: _rate(p, dict(zip(names, tensors, strict=True))) for p in loaded}
     except Exception as exc:  # no validation samples to time on: the measured winner's own file
-        pick = next((p for p in loaded if p.record.get("winner")), loaded[0])
-        pick.chosen = f"{pick.format}: the measured winner's file (could not time the artifacts here: {exc})"
+        pick = next((p for p in loaded if _is_winner(p.record)), loaded[0])
+        which = "the measured winner's file" if _is_winner(pick.record) else "the first that passed its checks"
+        pick.chosen = f"{pick.format}: {which} (could not time the artifacts here: {exc}){_not_the_winner(pick.record)}"
         return pick
     pick = max(loaded, key=lambda p: rates[p.format])
     timing = ", ".join(f"{f} {r:,.0f}/s" for f, r in sorted(rates.items(), key=lambda kv: -kv[1]))
     pick.chosen = f"{pick.format}: the fastest here of those that passed their checks ({timing})"
+    pick.chosen += _not_the_winner(pick.record)
     return pick

@@ -345,6 +345,11 @@ def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[s
     if record.get("winner"):
         return
     why = record.get("form_note")
+    if why is None and record.get("form") == "fallback":  # TorchScript of the float model, not the winner
+        why = (
+            f"not the tuned model: {record.get('reason') or 'TorchScript could not trace it'}; this is its pruned "
+            f"float model, before quantization ({state.quantization}) and the other weight settings"
+        )
     if why is None and measured is not None:
         why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
     if why is None and state.runtime != "torch":

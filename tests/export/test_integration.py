@@ -150,3 +150,53 @@ def test_an_artifact_of_a_compiled_winner_is_labelled_as_another_model():
     record = {"status": "ok"}
     _label(record, "torchscript", eager, None)
     assert record["winner"] is True and "form_note" not in record
+
+
+class ExportsACond(torch.nn.Module):
+    """A classifier that, as export-aware library code does, takes another path under
+    torch.export: a ``torch.cond`` (both branches the same here). Eager, it traces; its int8_static
+    form, a PT2E graph holding that ``cond``, is one TorchScript cannot trace."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(16, 64)
+        self.head = torch.nn.Linear(64, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = torch.relu(self.fc(x))
+        if torch.compiler.is_exporting():
+            hidden = torch.cond(hidden.sum() > 0, lambda h: h * 2, lambda h: h * 2, (hidden,))
+        else:
+            hidden = hidden * 2
+        return self.head(hidden)
+
+
+def test_a_float_torchscript_written_for_an_untraceable_int8_winner_is_not_labelled_the_winner(tmp_path):
+    result = autotune.optimize(
+        ExportsACond(),
+        classification_data(128),
+        space={"base": None},
+        fix={"quantization": "int8_static"},
+        objectives=("size",),  # int8 wins by construction: this is about what ships
+        out_dir=tmp_path,
+        device="cpu",
+        n_trials=2,
+        measure={**FAST, "max_others_cpu": 1.0},
+        n_verify_pairs=1,
+        max_metric_drop=1.0,
+        export=("torchscript",),
+        isolation="inprocess",
+    )
+    assert result.best_config["quantization"] == "int8_static"
+    path = tmp_path / "best_config.json"
+    saved = json.loads(path.read_text())
+    script = saved["artifacts"]["torchscript"]
+    assert script["form"] == "fallback" and "cond" in script["reason"]
+    assert script["winner"] is False and "pruned float model" in script["form_note"]
+    # load() never presents it as the measured winner, even from a record that says it is one.
+    assert "NOT the measured winner" in autotune.load(tmp_path, format="torchscript").chosen
+    saved["artifacts"]["torchscript"].update(winner=True, status="ok")
+    del saved["artifacts"]["torchscript"]["form_note"]
+    path.write_text(json.dumps(saved))
+    assert "NOT the measured winner" in autotune.load(tmp_path).chosen

@@ -10,10 +10,29 @@ from tests.models import MLP, TinyEmbedder, WrongButFastUnderAutocast, classific
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
+class SinkEmbedder(TinyEmbedder):
+    """A :class:`TinyEmbedder` whose output projection reads a hidden state with one massive
+    channel that carries no meaning (an attention sink, as real encoders have): the projection
+    ignores it, but ONNX Runtime's dynamic int8 quantizes the projection's input with one scale
+    per tensor, set by that channel, which rounds every other channel to a few steps. The damage
+    is in the quantized inputs, so it is the same on every CPU (AVX2's u8 x s8 saturation only
+    adds to it, VNNI and AMX do not take it away)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.project = torch.nn.Linear(64, 64)
+        with torch.no_grad():
+            self.project.weight[:, 0] = 0.0
+        self.register_buffer("sink", torch.eye(64)[0] * 100.0)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        return self.project(super().forward(input_ids, attention_mask) + self.sink) + self.outlier
+
+
 def test_an_int8_embedding_model_that_loses_its_geometry_is_infeasible_under_the_default_guard(tmp_path):
     pytest.importorskip("onnxruntime")
     result = autotune.optimize(
-        TinyEmbedder(),
+        SinkEmbedder(),
         sentence_data(),
         space={"base": None},
         fix={"runtime": "onnxruntime", "ort_precision": "int8_dynamic"},
