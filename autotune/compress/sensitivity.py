@@ -233,7 +233,7 @@ def _refine(candidates: list[str], measure: Callable[[str], float], budget_s: fl
 
 
 def _search(n: int, k: int | str, threshold: float, try_k: Callable[[int], float]) -> dict[str, Any]:
-    """The number of most sensitive layers to keep float: ``k`` itself, or the fewest that pass.
+    """The number of most sensitive layers to keep float: ``k`` itself (at most ``n``), or the fewest that pass.
 
     ``"auto"`` bisects k over [0, n] assuming that keeping more layers float never scores lower;
     k = n (the float model) passes by the caller's check. The result's ``tries`` hold k and k - 1
@@ -247,11 +247,12 @@ def _search(n: int, k: int | str, threshold: float, try_k: Callable[[int], float
         return s >= threshold
 
     if k != "auto":
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
-            raise ConfigError(f"`k` must be 'auto' or an int in [0, {n}], but got {k!r}.")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"`k` must be 'auto' or an int >= 0, but got {k!r}.")
+        k = min(k, n)  # more layers than the model has: all of them, the float model (infeasible, not an error)
         if k < n:
             passes(k)
-        return {"k": k, "tries": tries}
+        return {"k": k, "tries": tries, "asked": k}
     if passes(0):
         return {"k": 0, "tries": tries}
     lo, hi = 0, n  # lo fails, hi passes
@@ -277,7 +278,9 @@ def _outcome(found: dict[str, Any], layers: list[str], ranking: Ranking, thresho
         "reason": None,
         "tries": found["tries"],
     }
-    if k == n:
+    if k == n and "asked" in found:
+        result["reason"] = f"keeping {k} layers float leaves none of the {n} quantizable layers in int8"
+    elif k == n:
         result["reason"] = (
             f"only the float model passes: every one of the {n} layers would stay float, so no int8 at all"
         )
