@@ -79,14 +79,18 @@ def test_the_onnx_winner_ships_the_mixed_graph_it_was_measured_as(tmp_path):
 def test_a_resumed_study_reuses_the_ranking(tmp_path):
     args = {"space": {"base": None}, "out_dir": tmp_path, "export": (), **COMMON}
     first = autotune.optimize(
-        FragileMLP(), vector_data(), fix={"quantization": "int8_dynamic", "int8_fallback": 1}, n_trials=2, **args
+        FragileMLP(),
+        vector_data(),
+        fix={"quantization": "int8_dynamic", "int8_fallback": 1, "int8_per_channel": False},
+        n_trials=2,
+        **args,
     )
     ranked = _trials(first)
     assert len(ranked) == 1 and "int8_ranking" in ranked[0] and ranked[0]["int8_kept"] == ["fc.2"]
     again = autotune.optimize(
         FragileMLP(),
         vector_data(),
-        fix={"quantization": "int8_dynamic", "int8_fallback": 2},
+        fix={"quantization": "int8_dynamic", "int8_fallback": 2, "int8_per_channel": False},
         n_trials=3,
         resume=True,
         **args,
