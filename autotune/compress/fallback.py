@@ -3,8 +3,9 @@
 A trial that quantizes (torch's ``int8_dynamic``, ``int8_weight_only`` or ``int8_static``, or
 ONNX Runtime's ``int8_dynamic`` / ``int8_static``) with ``int8_fallback`` other than 0 ranks the model's quantizable layers by
 their int8 sensitivity (:mod:`autotune.compress.sensitivity`), judged by the guard's own
-criterion (fidelity to the float model's outputs, each output by its kind, on the calibration
-batches, which the guard never scores), then keeps the most sensitive float: a fixed number,
+criterion (the user's metric and its ``max_metric_drop``, or fidelity to the float model's
+outputs, each output by its kind on real tokens, on the calibration batches, which the guard
+never scores), then keeps the most sensitive float: a fixed number,
 or with ``"auto"`` the fewest that pass. A ranking is computed once per method and model form
 and kept: in the worker for the next trials, and in the study (the trial's ``int8_ranking``) for
 resumed runs and other workers.
@@ -32,7 +33,8 @@ class Int8Plan:
 
     Attributes:
         kinds: The kind of each output, as the guard judges it.
-        threshold: The fidelity a quantized model must keep (``1 - max_metric_drop``).
+        max_drop: The guard's ``max_metric_drop``: on fidelity, or on ``metric`` when given.
+        metric: The user's ``metric(outputs, batch)``, or ``None`` for fidelity.
         budget_s: Seconds the exact refinement of one ranking may take.
         rankings: Ranking JSON by :func:`ranking_key`: those stored in the study, and those
             computed in this worker.
@@ -41,7 +43,8 @@ class Int8Plan:
     """
 
     kinds: list[str] | None = None
-    threshold: float = 0.99
+    max_drop: float = 0.01
+    metric: Callable[[Any, Any], float] | None = None
     budget_s: float = _DEFAULT_BUDGET_S
     rankings: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: list[str] | None = None
@@ -55,17 +58,48 @@ def ranking_key(backend: str, method: str, config: Any) -> str:
     return ":".join(parts)
 
 
-def _score(kinds: list[str] | None) -> Callable[[list, list], float]:
-    """The guard's fidelity over all calibration batches: ``score(reference, candidate)``, each a
-    list of one batch's outputs (arrays or tensors, alone or in a tuple or dict)."""
+def _judge(plan: Int8Plan, batches: list) -> tuple[Callable[[list, list], float], float]:
+    """``(score, threshold)`` on the calibration batches meaning what the guard's check means on
+    the validation samples: ``score(reference, candidate) >= threshold`` where the guard's drop
+    would be ``<= plan.max_drop``. ``reference`` and ``candidate`` hold one batch's outputs each
+    (arrays or tensors, alone or in a tuple or dict).
+
+    With the user's metric, the score is minus its drop, the metric averaged over the batches as
+    the guard averages it, so ``max_metric_drop`` keeps the metric's own scale. With fidelity, it
+    is the worst batch's fidelity against ``1 - max_drop`` (token sequences make each batch as wide
+    as its own longest). Either way token-level outputs count on real tokens only (the batch's
+    ``attention_mask``), as the guard counts them.
+    """
+    from autotune.data import MASK_KEY, sample_inputs
     from autotune.trial.fidelity import fidelity
 
-    def score(reference: list, candidate: list) -> float:
-        # Batch by batch (token sequences make each batch as wide as its own longest), the worst
-        # batch deciding, as the worst output does.
-        return min(fidelity(_to_torch(c), _to_torch(r), kinds) for r, c in zip(reference, candidate, strict=True))
+    masks = [(sample_inputs(b) or {}).get(MASK_KEY) for b in batches]
+    masks = [m.bool() if hasattr(m, "bool") and m.dim() == 2 else None for m in masks]
+    if plan.metric is not None:
+        metric = plan.metric
 
-    return score
+        def drop(reference: list, candidate: list) -> float:
+            ref = [float(metric(_model_output(r), b)) for r, b in zip(reference, batches, strict=True)]
+            cand = [float(metric(_model_output(c), b)) for c, b in zip(candidate, batches, strict=True)]
+            return -(sum(ref) / len(ref) - sum(cand) / len(cand))
+
+        return drop, -plan.max_drop
+
+    def score(reference: list, candidate: list) -> float:
+        pairs = zip(reference, candidate, masks, strict=True)
+        return min(fidelity(_to_torch(c), _to_torch(r), plan.kinds, m) for r, c, m in pairs)
+
+    return score, 1.0 - plan.max_drop
+
+
+def _model_output(value: Any) -> Any:
+    """One batch's outputs as the guard hands them to a metric: tensors, sequences as tuples."""
+    value = _to_torch(value)
+    if isinstance(value, dict):
+        return {k: _model_output(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return tuple(_model_output(v) for v in value)
+    return value
 
 
 def _to_torch(value: Any) -> Any:
@@ -112,7 +146,7 @@ def onnx_with_fallback(
     src: Path, dst: Path, method: str, value: Any, calibration: list, plan: Int8Plan | None, config: Any
 ) -> dict[str, Any]:
     """Write ``src`` quantized by ONNX Runtime's ``method`` to ``dst`` with the ``value`` most
-    sensitive layers kept float (``"auto"``: the fewest that keep ``plan.threshold``).
+    sensitive layers kept float (``"auto"``: the fewest that keep the guard (:func:`_judge`)).
 
     Returns:
         The trial's record of it (:func:`_info`).
@@ -127,12 +161,12 @@ def onnx_with_fallback(
     if plan.keep is not None:
         quantize_onnx_except(src, dst, method, plan.keep, calibration, per_channel=per_channel)
         return {"int8_kept": list(plan.keep)}
-    score = _score(plan.kinds)
+    score, threshold = _judge(plan, calibration)
     key = ranking_key("onnxruntime", method, config)
     ranking, fresh = _ranking(
         plan, key, lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s, per_channel=per_channel)
     )
-    out = fallback_onnx(src, dst, method, ranking, calibration, score, plan.threshold, k=value, per_channel=per_channel)
+    out = fallback_onnx(src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel)
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return _info(out, ranking, key, fresh)
@@ -142,7 +176,7 @@ def torch_with_fallback(
     model: Any, method: str, value: Any, calibration: list, plan: Int8Plan | None, config: Any
 ) -> tuple[Any, dict]:
     """``model`` with torch's ``method`` int8 on every layer it takes but the ``value`` most
-    sensitive (``"auto"``: the fewest that keep ``plan.threshold``).
+    sensitive (``"auto"``: the fewest that keep the guard (:func:`_judge`)).
 
     Raises:
         TrialError: ``unsupported`` when no layer quantizes or only the float model passes.
@@ -154,16 +188,14 @@ def torch_with_fallback(
     if plan.keep is not None:
         kept = quantize_torch_except(model, plan.keep, method, calibration=calibration, per_channel=per_channel)
         return kept, {"int8_kept": list(plan.keep)}
-    score = _score(plan.kinds)
+    score, threshold = _judge(plan, calibration)
     key = ranking_key("torch", method, config)
     ranking, fresh = _ranking(
         plan,
         key,
         lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s, method=method, per_channel=per_channel),
     )
-    quantized, out = fallback_torch(
-        model, ranking, calibration, score, plan.threshold, k=value, per_channel=per_channel
-    )
+    quantized, out = fallback_torch(model, ranking, calibration, score, threshold, k=value, per_channel=per_channel)
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return quantized, _info(out, ranking, key, fresh)

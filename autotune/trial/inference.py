@@ -69,7 +69,8 @@ class TrialContext(Context):
         one_trial = time.perf_counter() - started + spec.measure.n_windows * spec.measure.window_s
         self.extras.int8 = Int8Plan(
             kinds=self.reference.kinds,
-            threshold=1.0 - spec.max_metric_drop,
+            max_drop=spec.max_metric_drop,
+            metric=spec.metric,
             budget_s=max(10.0, 2 * one_trial),
             rankings=dict(spec.int8_rankings),
         )

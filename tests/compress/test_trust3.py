@@ -4,6 +4,8 @@ own terms and on real tokens only, and a ranking that streams, keeps to its budg
 from __future__ import annotations
 
 import pytest
+import torch
+from torch import nn
 
 from autotune.compress.fallback import Int8Plan, torch_with_fallback
 from autotune.errors import TrialError
@@ -25,3 +27,64 @@ def test_a_fallback_beyond_the_layer_count_is_infeasible_not_an_error(k):
         torch_with_fallback(model, "int8_dynamic", k, _batches(classification_data(64)), Int8Plan(), {})
     assert caught.value.kind == "unsupported"
     assert "keeping 2 layers float leaves none of the 2" in str(caught.value)
+
+
+class _Percent:
+    """A user metric in percent: 100 x the mean cosine of each sample's output to the float
+    FragileMLP's (higher is better; ``max_metric_drop=1.0`` means one point)."""
+
+    def __init__(self) -> None:
+        from tests.models import FragileMLP
+
+        self.float_model = FragileMLP().eval()
+
+    def __call__(self, outputs: torch.Tensor, batch: torch.Tensor) -> float:
+        with torch.no_grad():
+            expected = self.float_model(batch)
+        return 100.0 * float(nn.functional.cosine_similarity(outputs, expected).mean())
+
+
+def test_auto_holds_the_users_metric_on_its_own_scale():
+    # With a metric in percent and max_metric_drop=1.0 (one point), the old threshold was a
+    # fidelity of 1 - 1.0 = 0: every candidate passed and auto kept nothing float, ruining the
+    # model. The metric's own drop on the calibration batches must decide.
+    from tests.models import FragileMLP, vector_data
+
+    batches = _batches(vector_data(64), 16)
+    plan = Int8Plan(max_drop=1.0, metric=_Percent())
+    _, info = torch_with_fallback(FragileMLP().eval(), "int8_dynamic", "auto", batches, plan, {})
+    assert "fc.2" in info["int8_kept"] and info["int8_fallback_score"] >= -1.0
+
+
+class _NoisyPadding(nn.Module):
+    """Per-token outputs (B, S, 16). At padding positions (``attention_mask`` 0) the output is
+    layer ``a``'s int8 rounding error magnified: zero in float, large once ``a`` is int8, as the
+    garbage a real encoder leaves at positions no one reads. Real tokens quantize well."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = nn.Embedding(50, 16)
+        self.a, self.b = nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False)
+        self.shadow = nn.Parameter(self.a.weight.detach().clone())  # a float copy int8 leaves alone
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        x = self.embed(input_ids)
+        hidden = self.a(x)
+        noise = 1000.0 * (hidden - nn.functional.linear(x, self.shadow))
+        pad = (attention_mask == 0).unsqueeze(-1).to(x.dtype)
+        return self.b(hidden) * (1 - pad) + noise * pad
+
+
+def test_auto_scores_real_tokens_only_as_the_guard_does():
+    gen = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(3):
+        ids = torch.randint(1, 50, (8, 12), generator=gen)
+        mask = torch.ones(8, 12, dtype=torch.long)
+        ids[:, 8:], mask[:, 8:] = 0, 0  # four padding positions per sample
+        batches.append({"input_ids": ids, "attention_mask": mask})
+    plan = Int8Plan(kinds=["embedding"], max_drop=0.05)
+    _, info = torch_with_fallback(_NoisyPadding().eval(), "int8_dynamic", "auto", batches, plan, {})
+    # With padding counted, int8 of layer a ruins the padding rows and auto keeps it float.
+    assert info["int8_k"] == 0 and info["int8_fallback_score"] >= 0.95
