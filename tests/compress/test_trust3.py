@@ -88,3 +88,45 @@ def test_auto_scores_real_tokens_only_as_the_guard_does():
     _, info = torch_with_fallback(_NoisyPadding().eval(), "int8_dynamic", "auto", batches, plan, {})
     # With padding counted, int8 of layer a ruins the padding rows and auto keeps it float.
     assert info["int8_k"] == 0 and info["int8_fallback_score"] >= 0.95
+
+
+def test_a_small_dataset_holds_calibration_out_of_validation():
+    from autotune.data import calibration_split
+
+    assert calibration_split(1000, 512) == (512, None)
+    assert calibration_split(40, 512) == (30, None)  # a quarter held out for calibration
+    assert calibration_split(20, 512) == (12, None)  # at least 8
+    n_val, why = calibration_split(12, 512)
+    assert n_val == 12 and "train_dataset=" in why and "12" in why
+    assert calibration_split(12, 512, has_train_dataset=True) == (12, None)
+
+
+def test_too_few_samples_leave_calibrating_int8_out_or_refuse_when_fixed():
+    import autotune
+    from autotune.errors import ConfigError
+    from tests.models import FragileMLP, vector_data
+
+    space = {"base": None, "quantization": "all"}
+    _, _, few = autotune.plan(FragileMLP(), vector_data(12), space=space, device="cpu")
+    assert few.values["int8_fallback"] == [0] and "int8_static" not in few.values["quantization"]
+    assert "train_dataset=" in few.excluded["int8_fallback"]["auto"]
+    assert "train_dataset=" in few.excluded["quantization"]["int8_static"]
+    with pytest.raises(ConfigError, match=r"Cannot fix int8_fallback=.*train_dataset="):
+        autotune.plan(FragileMLP(), vector_data(12), space=space, fix={"int8_fallback": "auto"}, device="cpu")
+    _, _, more = autotune.plan(FragileMLP(), vector_data(12), space=space, device="cpu", train_dataset=vector_data(64))
+    assert "auto" in more.values["int8_fallback"] and "int8_static" in more.values["quantization"]
+
+
+def test_the_run_validates_on_samples_calibration_never_sees(tmp_path):
+    import json
+
+    import autotune
+    from tests.models import FragileMLP, vector_data
+
+    fast = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0}
+    autotune.optimize(
+        FragileMLP(), vector_data(40), space={"base": None}, n_trials=1, out_dir=tmp_path, export=(), device="cpu",
+        isolation="inprocess", measure={**fast, "max_cov": 1.0}, n_verify_pairs=2,
+    )  # fmt: skip
+    guard = json.loads((tmp_path / "best_config.json").read_text())["guard"]
+    assert guard["n_val"] == 30 and guard["calibration"] == "dataset samples outside the validation subset"
