@@ -7,8 +7,10 @@ criterion (the user's metric and its ``max_metric_drop``, or fidelity to the flo
 outputs, each output by its kind on real tokens, on the calibration batches, which the guard
 never scores), then keeps the most sensitive float: a fixed number,
 or with ``"auto"`` the fewest that pass. A ranking is computed once per method and model form
-and kept: in the worker for the next trials, and in the study (the trial's ``int8_ranking``) for
-resumed runs and other workers.
+and kept: in the worker for the next trials, and in the study's user attributes the moment it
+is computed (:class:`StudyRankings`), for resumed runs, other workers and a worker replaced
+after a fault. The ranking's cheap pass, its refinement and ``auto``'s search each keep to the
+plan's time budget.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["Int8Plan", "ranking_key", "onnx_with_fallback", "torch_with_fallback"]
+__all__ = ["Int8Plan", "StudyRankings", "ranking_key", "onnx_with_fallback", "torch_with_fallback"]
 
 # What a ranking may cost by default when the plan does not say: two short trials' worth.
 _DEFAULT_BUDGET_S = 60.0
@@ -40,6 +42,7 @@ class Int8Plan:
             computed in this worker.
         keep: Layer names to keep float, as a run recorded them (``apply`` from a run's
             ``best_config.json``): no ranking, no search.
+        store: Where each ranking is written once computed and read before ranking again.
     """
 
     kinds: list[str] | None = None
@@ -48,6 +51,7 @@ class Int8Plan:
     budget_s: float = _DEFAULT_BUDGET_S
     rankings: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: list[str] | None = None
+    store: StudyRankings | None = None
 
 
 def ranking_key(backend: str, method: str, config: Any) -> str:
@@ -117,13 +121,57 @@ def _to_torch(value: Any) -> Any:
     return value
 
 
+class StudyRankings:
+    """Rankings kept in a study's user attributes, through its storage, as soon as each is
+    computed: a worker replaced after a fault, or another worker of a shared study, reads them
+    there instead of ranking again (perhaps differently).
+
+    Args:
+        storage: The study's storage URL.
+        study_name: The study's name in it.
+    """
+
+    PREFIX = "int8_ranking:"
+
+    def __init__(self, storage: str, study_name: str) -> None:
+        self.storage, self.study_name = storage, study_name
+        self._opened: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"storage": self.storage, "study_name": self.study_name, "_opened": None}
+
+    def _open(self) -> tuple[Any, int]:
+        if self._opened is None:
+            import optuna
+
+            storage = optuna.storages.get_storage(self.storage)
+            self._opened = storage, storage.get_study_id_from_name(self.study_name)
+        return self._opened
+
+    def get(self, key: str) -> str | None:
+        """The ranking stored under ``key``, or ``None``."""
+        storage, study_id = self._open()
+        return storage.get_study_user_attrs(study_id).get(self.PREFIX + key)
+
+    def put(self, key: str, ranking: str) -> None:
+        """Store ``ranking`` (JSON) under ``key``."""
+        storage, study_id = self._open()
+        storage.set_study_user_attr(study_id, self.PREFIX + key, ranking)
+
+
 def _ranking(plan: Int8Plan, key: str, rank: Callable[[], Any]) -> tuple[Any, bool]:
     from autotune.compress.sensitivity import Ranking
 
+    if key not in plan.rankings and plan.store is not None:
+        stored = plan.store.get(key)  # another worker, or this one before a fault, ranked already
+        if stored is not None:
+            plan.rankings[key] = stored
     if key in plan.rankings:
         return Ranking.from_json(plan.rankings[key]), False
     ranking = rank()
     plan.rankings[key] = ranking.to_json()
+    if plan.store is not None:
+        plan.store.put(key, plan.rankings[key])  # now, not when the trial ends: it may not end well
     return ranking, True
 
 
@@ -166,7 +214,10 @@ def onnx_with_fallback(
     ranking, fresh = _ranking(
         plan, key, lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s, per_channel=per_channel)
     )
-    out = fallback_onnx(src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel)
+    out = fallback_onnx(
+        src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel,
+        budget_s=plan.budget_s,
+    )  # fmt: skip
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return _info(out, ranking, key, fresh)
@@ -195,7 +246,9 @@ def torch_with_fallback(
         key,
         lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s, method=method, per_channel=per_channel),
     )
-    quantized, out = fallback_torch(model, ranking, calibration, score, threshold, k=value, per_channel=per_channel)
+    quantized, out = fallback_torch(
+        model, ranking, calibration, score, threshold, k=value, per_channel=per_channel, budget_s=plan.budget_s
+    )
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return quantized, _info(out, ranking, key, fresh)

@@ -167,6 +167,8 @@ def _stored_rankings(study: Any) -> dict[str, str]:
         key, ranking = trial.user_attrs.get("int8_ranking_key"), trial.user_attrs.get("int8_ranking")
         if key and ranking:
             found[key] = ranking
+    prefix = "int8_ranking:"  # as StudyRankings stores them, the moment each is computed
+    found.update({k[len(prefix) :]: v for k, v in study.user_attrs.items() if k.startswith(prefix)})
     return found
 
 
@@ -263,6 +265,10 @@ def prepare(model: Any, dataset: Any, opts: Options) -> Run:
     timing = opts.timing()
     spec = _worker_spec(model, inputs.dataset, opts, env, space, data, timing)
     spec.int8_rankings = _stored_rankings(study)
+    if isinstance(storage, str):  # each ranking stored as soon as computed, read before ranking again
+        from autotune.compress.fallback import StudyRankings
+
+        spec.int8_store = StudyRankings(storage, study.study_name)
     summary = _summary(opts, env, space, study, storage, spec)
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")

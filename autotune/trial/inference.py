@@ -73,6 +73,7 @@ class TrialContext(Context):
             metric=spec.metric,
             budget_s=max(10.0, 2 * one_trial),
             rankings=dict(spec.int8_rankings),
+            store=spec.int8_store,
         )
         self.info = {
             "n_params": sum(p.numel() for p in self.model.parameters()),

@@ -130,3 +130,63 @@ def test_the_run_validates_on_samples_calibration_never_sees(tmp_path):
     )  # fmt: skip
     guard = json.loads((tmp_path / "best_config.json").read_text())["guard"]
     assert guard["n_val"] == 30 and guard["calibration"] == "dataset samples outside the validation subset"
+
+
+def test_the_cheap_pass_holds_one_layers_activations_at_a_time():
+    # Count the layer outputs alive while the ranking runs: each Linear's output is watched by a
+    # weak reference. Kept for later (all layers, all batches), they would all stay alive.
+    import weakref
+
+    from autotune.compress.sensitivity import worst_cosine
+    from autotune.compress.sensitivity_torch import rank_torch
+    from tests.models import FragileMLP, vector_data
+
+    model = FragileMLP().eval()
+    alive: list = []
+    most = [0]
+
+    def watch(module: nn.Module, args: tuple, out: torch.Tensor) -> None:
+        alive[:] = [ref for ref in alive if ref() is not None]
+        most[0] = max(most[0], len(alive))
+        alive.append(weakref.ref(out))
+
+    for layer in model.fc:
+        if isinstance(layer, nn.Linear):
+            layer.register_forward_hook(watch)
+    batches = _batches(vector_data(64), 16)
+    for method in ("int8_dynamic", "int8_static"):
+        most[0] = 0
+        ranking = rank_torch(model, batches, worst_cosine, refine=False, method=method)
+        assert ranking.layers[0] == "fc.2"  # still finds the fragile layer
+        assert most[0] <= 1, method  # the previous Linear's output, consumed by its ReLU, is gone
+
+
+def test_the_cheap_pass_and_the_auto_search_keep_to_the_budget():
+    from autotune.compress.sensitivity import worst_cosine
+    from autotune.compress.sensitivity_torch import fallback_torch, rank_torch
+    from tests.models import FragileMLP, vector_data
+
+    model, batches = FragileMLP().eval(), _batches(vector_data(128), 16)
+    ranking = rank_torch(model, batches, worst_cosine, budget_s=0.0)
+    assert ranking.n_batches == 1 and not ranking.exact_score  # one batch, then out of time
+    full = rank_torch(model, batches, worst_cosine, refine=False)
+    _, found = fallback_torch(model, full, batches, worst_cosine, 0.99, k="auto", budget_s=0.0)
+    assert len(found["tries"]) == 1 and "time budget" in found["reason"]  # k = 0 measured, then stopped
+
+
+def test_a_ranking_is_in_the_study_the_moment_it_is_computed(tmp_path):
+    import optuna
+
+    from autotune.compress.fallback import StudyRankings
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(storage=storage, study_name="s")
+    model, batches = MLP().eval(), _batches(classification_data(64))
+    plan = Int8Plan(store=StudyRankings(storage, "s"))
+    with pytest.raises(TrialError):  # the trial fails after ranking (keeping 4 of 2 float) ...
+        torch_with_fallback(model, "int8_dynamic", 4, batches, plan, {})
+    stored = optuna.load_study(study_name="s", storage=storage).user_attrs
+    assert [k for k in stored if k.startswith("int8_ranking:torch:int8_dynamic")]  # ... its ranking kept
+    # A fresh worker (no rankings of its own) reads it instead of ranking again.
+    _, info = torch_with_fallback(model, "int8_dynamic", 1, batches, Int8Plan(store=StudyRankings(storage, "s")), {})
+    assert "int8_ranking" not in info and info["int8_k"] == 1
