@@ -350,6 +350,32 @@ def validation_indices(n_samples: int, n_val: int, seed: int = 0) -> list[int]:
     return sorted(int(i) for i in rng.choice(n_samples, size=n_val, replace=False))
 
 
+# Samples calibration (static int8, int8_fallback's ranking and auto) needs outside what the
+# guard scores: fewer, and calibrating would fit what the guard then judges.
+MIN_CALIBRATION = 8
+
+
+def calibration_split(n_samples: int, n_val: int, has_train_dataset: bool = False) -> tuple[int, str | None]:
+    """How many samples the guard validates on, and why calibration has none of its own, if so.
+
+    A dataset no larger than ``n_val`` would leave nothing outside validation: a quarter of it
+    (at least :data:`MIN_CALIBRATION` samples) is then held out for calibration. With fewer than
+    twice that, validation keeps them all and calibration needs ``train_dataset``.
+
+    Example:
+        >>> calibration_split(1000, 512), calibration_split(100, 512)
+        ((512, None), (75, None))
+    """
+    if n_samples - n_val >= MIN_CALIBRATION or has_train_dataset:
+        return min(n_val, n_samples), None
+    if n_samples >= 2 * MIN_CALIBRATION:
+        return min(n_val, n_samples - max(MIN_CALIBRATION, n_samples // 4)), None
+    return n_samples, (
+        f"calibration needs {MIN_CALIBRATION} samples the guard does not score, but the dataset has {n_samples} "
+        f"and validation needs them all; pass at least {2 * MIN_CALIBRATION} samples or train_dataset="
+    )
+
+
 def call_model(model: Any, batch: Any) -> Any:
     """Run ``model`` on a batch already on its device."""
     args, kwargs = model_inputs(batch)

@@ -3,11 +3,14 @@
 A trial that quantizes (torch's ``int8_dynamic``, ``int8_weight_only`` or ``int8_static``, or
 ONNX Runtime's ``int8_dynamic`` / ``int8_static``) with ``int8_fallback`` other than 0 ranks the model's quantizable layers by
 their int8 sensitivity (:mod:`autotune.compress.sensitivity`), judged by the guard's own
-criterion (fidelity to the float model's outputs, each output by its kind, on the calibration
-batches, which the guard never scores), then keeps the most sensitive float: a fixed number,
+criterion (the user's metric and its ``max_metric_drop``, or fidelity to the float model's
+outputs, each output by its kind on real tokens, on the calibration batches, which the guard
+never scores), then keeps the most sensitive float: a fixed number,
 or with ``"auto"`` the fewest that pass. A ranking is computed once per method and model form
-and kept: in the worker for the next trials, and in the study (the trial's ``int8_ranking``) for
-resumed runs and other workers.
+and kept: in the worker for the next trials, and in the study's user attributes the moment it
+is computed (:class:`StudyRankings`), for resumed runs, other workers and a worker replaced
+after a fault. The ranking's cheap pass, its refinement and ``auto``'s search each keep to the
+plan's time budget.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["Int8Plan", "ranking_key", "onnx_with_fallback", "torch_with_fallback"]
+__all__ = ["Int8Plan", "StudyRankings", "ranking_key", "onnx_with_fallback", "torch_with_fallback"]
 
 # What a ranking may cost by default when the plan does not say: two short trials' worth.
 _DEFAULT_BUDGET_S = 60.0
@@ -32,19 +35,23 @@ class Int8Plan:
 
     Attributes:
         kinds: The kind of each output, as the guard judges it.
-        threshold: The fidelity a quantized model must keep (``1 - max_metric_drop``).
+        max_drop: The guard's ``max_metric_drop``: on fidelity, or on ``metric`` when given.
+        metric: The user's ``metric(outputs, batch)``, or ``None`` for fidelity.
         budget_s: Seconds the exact refinement of one ranking may take.
         rankings: Ranking JSON by :func:`ranking_key`: those stored in the study, and those
             computed in this worker.
         keep: Layer names to keep float, as a run recorded them (``apply`` from a run's
             ``best_config.json``): no ranking, no search.
+        store: Where each ranking is written once computed and read before ranking again.
     """
 
     kinds: list[str] | None = None
-    threshold: float = 0.99
+    max_drop: float = 0.01
+    metric: Callable[[Any, Any], float] | None = None
     budget_s: float = _DEFAULT_BUDGET_S
     rankings: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: list[str] | None = None
+    store: StudyRankings | None = None
 
 
 def ranking_key(backend: str, method: str, config: Any) -> str:
@@ -55,17 +62,48 @@ def ranking_key(backend: str, method: str, config: Any) -> str:
     return ":".join(parts)
 
 
-def _score(kinds: list[str] | None) -> Callable[[list, list], float]:
-    """The guard's fidelity over all calibration batches: ``score(reference, candidate)``, each a
-    list of one batch's outputs (arrays or tensors, alone or in a tuple or dict)."""
+def _judge(plan: Int8Plan, batches: list) -> tuple[Callable[[list, list], float], float]:
+    """``(score, threshold)`` on the calibration batches meaning what the guard's check means on
+    the validation samples: ``score(reference, candidate) >= threshold`` where the guard's drop
+    would be ``<= plan.max_drop``. ``reference`` and ``candidate`` hold one batch's outputs each
+    (arrays or tensors, alone or in a tuple or dict).
+
+    With the user's metric, the score is minus its drop, the metric averaged over the batches as
+    the guard averages it, so ``max_metric_drop`` keeps the metric's own scale. With fidelity, it
+    is the worst batch's fidelity against ``1 - max_drop`` (token sequences make each batch as wide
+    as its own longest). Either way token-level outputs count on real tokens only (the batch's
+    ``attention_mask``), as the guard counts them.
+    """
+    from autotune.data import MASK_KEY, sample_inputs
     from autotune.trial.fidelity import fidelity
 
-    def score(reference: list, candidate: list) -> float:
-        # Batch by batch (token sequences make each batch as wide as its own longest), the worst
-        # batch deciding, as the worst output does.
-        return min(fidelity(_to_torch(c), _to_torch(r), kinds) for r, c in zip(reference, candidate, strict=True))
+    masks = [(sample_inputs(b) or {}).get(MASK_KEY) for b in batches]
+    masks = [m.bool() if hasattr(m, "bool") and m.dim() == 2 else None for m in masks]
+    if plan.metric is not None:
+        metric = plan.metric
 
-    return score
+        def drop(reference: list, candidate: list) -> float:
+            ref = [float(metric(_model_output(r), b)) for r, b in zip(reference, batches, strict=True)]
+            cand = [float(metric(_model_output(c), b)) for c, b in zip(candidate, batches, strict=True)]
+            return -(sum(ref) / len(ref) - sum(cand) / len(cand))
+
+        return drop, -plan.max_drop
+
+    def score(reference: list, candidate: list) -> float:
+        pairs = zip(reference, candidate, masks, strict=True)
+        return min(fidelity(_to_torch(c), _to_torch(r), plan.kinds, m) for r, c, m in pairs)
+
+    return score, 1.0 - plan.max_drop
+
+
+def _model_output(value: Any) -> Any:
+    """One batch's outputs as the guard hands them to a metric: tensors, sequences as tuples."""
+    value = _to_torch(value)
+    if isinstance(value, dict):
+        return {k: _model_output(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return tuple(_model_output(v) for v in value)
+    return value
 
 
 def _to_torch(value: Any) -> Any:
@@ -83,13 +121,57 @@ def _to_torch(value: Any) -> Any:
     return value
 
 
+class StudyRankings:
+    """Rankings kept in a study's user attributes, through its storage, as soon as each is
+    computed: a worker replaced after a fault, or another worker of a shared study, reads them
+    there instead of ranking again (perhaps differently).
+
+    Args:
+        storage: The study's storage URL.
+        study_name: The study's name in it.
+    """
+
+    PREFIX = "int8_ranking:"
+
+    def __init__(self, storage: str, study_name: str) -> None:
+        self.storage, self.study_name = storage, study_name
+        self._opened: Any = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"storage": self.storage, "study_name": self.study_name, "_opened": None}
+
+    def _open(self) -> tuple[Any, int]:
+        if self._opened is None:
+            import optuna
+
+            storage = optuna.storages.get_storage(self.storage)
+            self._opened = storage, storage.get_study_id_from_name(self.study_name)
+        return self._opened
+
+    def get(self, key: str) -> str | None:
+        """The ranking stored under ``key``, or ``None``."""
+        storage, study_id = self._open()
+        return storage.get_study_user_attrs(study_id).get(self.PREFIX + key)
+
+    def put(self, key: str, ranking: str) -> None:
+        """Store ``ranking`` (JSON) under ``key``."""
+        storage, study_id = self._open()
+        storage.set_study_user_attr(study_id, self.PREFIX + key, ranking)
+
+
 def _ranking(plan: Int8Plan, key: str, rank: Callable[[], Any]) -> tuple[Any, bool]:
     from autotune.compress.sensitivity import Ranking
 
+    if key not in plan.rankings and plan.store is not None:
+        stored = plan.store.get(key)  # another worker, or this one before a fault, ranked already
+        if stored is not None:
+            plan.rankings[key] = stored
     if key in plan.rankings:
         return Ranking.from_json(plan.rankings[key]), False
     ranking = rank()
     plan.rankings[key] = ranking.to_json()
+    if plan.store is not None:
+        plan.store.put(key, plan.rankings[key])  # now, not when the trial ends: it may not end well
     return ranking, True
 
 
@@ -112,7 +194,7 @@ def onnx_with_fallback(
     src: Path, dst: Path, method: str, value: Any, calibration: list, plan: Int8Plan | None, config: Any
 ) -> dict[str, Any]:
     """Write ``src`` quantized by ONNX Runtime's ``method`` to ``dst`` with the ``value`` most
-    sensitive layers kept float (``"auto"``: the fewest that keep ``plan.threshold``).
+    sensitive layers kept float (``"auto"``: the fewest that keep the guard (:func:`_judge`)).
 
     Returns:
         The trial's record of it (:func:`_info`).
@@ -127,12 +209,15 @@ def onnx_with_fallback(
     if plan.keep is not None:
         quantize_onnx_except(src, dst, method, plan.keep, calibration, per_channel=per_channel)
         return {"int8_kept": list(plan.keep)}
-    score = _score(plan.kinds)
+    score, threshold = _judge(plan, calibration)
     key = ranking_key("onnxruntime", method, config)
     ranking, fresh = _ranking(
         plan, key, lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s, per_channel=per_channel)
     )
-    out = fallback_onnx(src, dst, method, ranking, calibration, score, plan.threshold, k=value, per_channel=per_channel)
+    out = fallback_onnx(
+        src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel,
+        budget_s=plan.budget_s,
+    )  # fmt: skip
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return _info(out, ranking, key, fresh)
@@ -142,7 +227,7 @@ def torch_with_fallback(
     model: Any, method: str, value: Any, calibration: list, plan: Int8Plan | None, config: Any
 ) -> tuple[Any, dict]:
     """``model`` with torch's ``method`` int8 on every layer it takes but the ``value`` most
-    sensitive (``"auto"``: the fewest that keep ``plan.threshold``).
+    sensitive (``"auto"``: the fewest that keep the guard (:func:`_judge`)).
 
     Raises:
         TrialError: ``unsupported`` when no layer quantizes or only the float model passes.
@@ -154,7 +239,7 @@ def torch_with_fallback(
     if plan.keep is not None:
         kept = quantize_torch_except(model, plan.keep, method, calibration=calibration, per_channel=per_channel)
         return kept, {"int8_kept": list(plan.keep)}
-    score = _score(plan.kinds)
+    score, threshold = _judge(plan, calibration)
     key = ranking_key("torch", method, config)
     ranking, fresh = _ranking(
         plan,
@@ -162,7 +247,7 @@ def torch_with_fallback(
         lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s, method=method, per_channel=per_channel),
     )
     quantized, out = fallback_torch(
-        model, ranking, calibration, score, plan.threshold, k=value, per_channel=per_channel
+        model, ranking, calibration, score, threshold, k=value, per_channel=per_channel, budget_s=plan.budget_s
     )
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")

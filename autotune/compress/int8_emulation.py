@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import math
 import platform
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -202,8 +204,9 @@ def _node_session(node: Any, example: list[np.ndarray], model: Any) -> Any:
     return _session(proto.SerializeToString())
 
 
-def _capture(model: Any, nodes: list[Any], feeds: list[dict]) -> list[dict[str, np.ndarray]]:
-    """Per batch, every tensor the layers read or write, from one run of the float graph."""
+def _capturer(model: Any, nodes: list[Any]) -> Callable[[int, dict], dict[str, np.ndarray]]:
+    """``capture(i, feed)``: every tensor the layers read or write on one batch, from one run of
+    the float graph; one batch at a time, so only that batch's tensors are held."""
     import onnx
 
     inits = {t.name for t in model.graph.initializer}
@@ -216,8 +219,26 @@ def _capture(model: Any, nodes: list[Any], feeds: list[dict]) -> list[dict[str, 
             augmented.graph.output.append(onnx.ValueInfoProto(name=name))  # ONNX Runtime infers the type
     session = _session(augmented.SerializeToString())
     names = [o.name for o in session.get_outputs()]
-    runs = _run_all(session, feeds, "The float graph")
-    return [{**feed, **dict(zip(names, outs, strict=True))} for feed, outs in zip(feeds, runs, strict=True)]
+
+    def capture(i: int, feed: dict) -> dict[str, np.ndarray]:
+        try:
+            outs = session.run(None, feed)
+        except Exception as exc:
+            text = " ".join(str(exc).split())[:300]
+            raise InputError(f"The float graph fails on calibration batch {i}: {type(exc).__name__}: {text}") from exc
+        return {**feed, **dict(zip(names, outs, strict=True))}
+
+    return capture
+
+
+def _each(feeds: list[dict], capture: Callable, use: Callable[[dict], None], deadline: float | None) -> int:
+    """``use`` each batch's captured tensors in turn, then drop them; stop after the batch that
+    passes ``deadline`` (at least one runs). Returns the number of batches used."""
+    for i, feed in enumerate(feeds):
+        use(capture(i, feed))
+        if deadline is not None and time.perf_counter() >= deadline:
+            return i + 1
+    return len(feeds)
 
 
 def _layer_error(node: Any, inputs: list, y_q: np.ndarray, y: np.ndarray, job: dict) -> tuple[float, float]:
@@ -237,35 +258,51 @@ def _layer_error(node: Any, inputs: list, y_q: np.ndarray, y: np.ndarray, job: d
 
 
 def _cheap_onnx(
-    model: Any, nodes: list[Any], feeds: list[dict], method: str, *, per_channel: bool = False
-) -> dict[str, float]:
+    model: Any,
+    nodes: list[Any],
+    feeds: list[dict],
+    method: str,
+    *,
+    per_channel: bool = False,
+    deadline: float | None = None,
+) -> tuple[dict[str, float], int]:
+    """Each layer's relative int8 error alone, streamed batch by batch (a batch's tensors are
+    dropped before the next is captured); ``int8_static`` first takes each activation's range
+    over the batches, two numbers each. Returns ``(errors, batches used)``."""
     from onnx import numpy_helper
 
-    captured = _capture(model, nodes, feeds)
+    capture = _capturer(model, nodes)
     weights = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
-    ranges = {}  # static int8: each activation's range over all calibration batches
-    for name in {n for node in nodes for n in [*node.input, node.output[0]] if n and n not in weights}:
-        ranges[name] = (min(float(c[name].min()) for c in captured), max(float(c[name].max()) for c in captured))
+    acts = {n for node in nodes for n in [*node.input, node.output[0]] if n and n not in weights}
+    ranges: dict[str, tuple[float, float]] = {}  # static int8: each activation's range over the batches
+
+    def widen(c: dict) -> None:
+        for name in acts:
+            lo, hi = ranges.get(name, (math.inf, -math.inf))
+            ranges[name] = (min(lo, float(c[name].min())), max(hi, float(c[name].max())))
+
+    if method == "int8_static":
+        feeds = feeds[: _each(feeds, capture, widen, deadline)]
     per_channel = per_channel or method == "int8_static"
-    job = {
-        "method": method,
-        "ranges": ranges,
-        "inits": set(weights),
-        "saturate": _u8s8_saturates(),
-        "per_channel": per_channel,
-    }
-    errors = {}
-    for node in nodes:
-        arrays = [[c[n] if n in c else weights.get(n) for n in node.input] for c in captured]
-        quantized = _quantized_inputs(node, arrays, set(weights), method, ranges, per_channel)
-        session = _node_session(node, arrays[0], model)
-        num = den = 0.0
-        for c, inputs, row in zip(captured, arrays, quantized, strict=True):
-            y_q = session.run(None, {f"in_{i}": a for i, a in enumerate(row) if node.input[i]})[0]
+    job = {"method": method, "ranges": ranges, "inits": set(weights), "saturate": _u8s8_saturates()}
+    job["per_channel"] = per_channel
+    sessions: dict[str, Any] = {}
+    sums = {node.name: [0.0, 0.0] for node in nodes}
+
+    def compare(c: dict) -> None:
+        for node in nodes:
+            inputs = [c[n] if n in c else weights.get(n) for n in node.input]
+            row = _quantized_inputs(node, [inputs], set(weights), method, ranges, per_channel)[0]
+            if node.name not in sessions:
+                sessions[node.name] = _node_session(node, inputs, model)
+            y_q = sessions[node.name].run(None, {f"in_{i}": a for i, a in enumerate(row) if node.input[i]})[0]
             d_num, d_den = _layer_error(node, inputs, y_q, c[node.output[0]], job)
-            num, den = num + d_num, den + d_den
-        errors[node.name] = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
-    return errors
+            sums[node.name][0] += d_num
+            sums[node.name][1] += d_den
+
+    used = _each(feeds, capture, compare, deadline)
+    errors = {name: math.sqrt(n / d) if d > 0 else (0.0 if n == 0 else math.inf) for name, (n, d) in sums.items()}
+    return errors, used
 
 
 def _session(model: Any) -> Any:

@@ -6,9 +6,10 @@ per-tensor activation scale. This module ranks the quantizable layers (ONNX Runt
 static int8; PyTorch dynamic, weight-only and static int8), then finds the fewest of the most sensitive ones to keep in
 float so that a caller's criterion holds.
 
-Ranking has two passes. The cheap one runs the float model once, captures each layer's input and
-output, and measures the relative error int8 causes at that layer alone
-(``||y_int8 - y|| / ||y||``), emulating the int8 arithmetic as the runtime does it on this CPU.
+Ranking has two passes. The cheap one runs the float model batch by batch and, as each layer is
+called, measures the relative error int8 causes at that layer alone (``||y_int8 - y|| / ||y||``),
+emulating the int8 arithmetic as the runtime does it on this CPU; nothing is kept from one call
+to the next (ONNX Runtime: from one batch to the next), and it stops when its budget is spent.
 The exact one quantizes a single layer of the whole model and scores the model's outputs with
 the caller's criterion; it runs only for the layers the cheap pass puts at the top, within a
 time budget.
@@ -232,12 +233,16 @@ def _refine(candidates: list[str], measure: Callable[[str], float], budget_s: fl
 # --- the search for k -------------------------------------------------------------------------
 
 
-def _search(n: int, k: int | str, threshold: float, try_k: Callable[[int], float]) -> dict[str, Any]:
-    """The number of most sensitive layers to keep float: ``k`` itself, or the fewest that pass.
+def _search(
+    n: int, k: int | str, threshold: float, try_k: Callable[[int], float], deadline: float | None = None
+) -> dict[str, Any]:
+    """The number of most sensitive layers to keep float: ``k`` itself (at most ``n``), or the fewest that pass.
 
     ``"auto"`` bisects k over [0, n] assuming that keeping more layers float never scores lower;
     k = n (the float model) passes by the caller's check. The result's ``tries`` hold k and k - 1
-    measured, the first passing and the second not, which is the bisection's invariant.
+    measured, the first passing and the second not, which is the bisection's invariant. Past
+    ``deadline`` (a ``time.perf_counter()`` value) it stops at the fewest measured to pass
+    (``"stopped"`` in the result).
     """
     tries: list[dict[str, Any]] = []
 
@@ -247,15 +252,18 @@ def _search(n: int, k: int | str, threshold: float, try_k: Callable[[int], float
         return s >= threshold
 
     if k != "auto":
-        if isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= n:
-            raise ConfigError(f"`k` must be 'auto' or an int in [0, {n}], but got {k!r}.")
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"`k` must be 'auto' or an int >= 0, but got {k!r}.")
+        k = min(k, n)  # more layers than the model has: all of them, the float model (infeasible, not an error)
         if k < n:
             passes(k)
-        return {"k": k, "tries": tries}
+        return {"k": k, "tries": tries, "asked": k}
     if passes(0):
         return {"k": 0, "tries": tries}
     lo, hi = 0, n  # lo fails, hi passes
     while hi - lo > 1:
+        if deadline is not None and time.perf_counter() >= deadline:
+            return {"k": hi, "tries": tries, "stopped": True}
         mid = (lo + hi) // 2
         if passes(mid):
             hi = mid
@@ -277,7 +285,9 @@ def _outcome(found: dict[str, Any], layers: list[str], ranking: Ranking, thresho
         "reason": None,
         "tries": found["tries"],
     }
-    if k == n:
+    if k == n and "asked" in found:
+        result["reason"] = f"keeping {k} layers float leaves none of the {n} quantizable layers in int8"
+    elif k == n:
         result["reason"] = (
             f"only the float model passes: every one of the {n} layers would stay float, so no int8 at all"
         )
@@ -285,6 +295,8 @@ def _outcome(found: dict[str, Any], layers: list[str], ranking: Ranking, thresho
             result["reason"] += f" (keeping {n - 1} float scores {measured[n - 1]['score']:.6g} < {threshold:.6g})"
     elif not result["feasible"]:
         result["reason"] = f"keeping {k} layers float scores {result['score']:.6g} < {threshold:.6g}"
+    if found.get("stopped"):
+        result["reason"] = (result["reason"] or f"kept {k} float") + " (auto stopped at its time budget)"
     return result
 
 

@@ -312,7 +312,10 @@ def rank_onnx(
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="autotune-int8-") as tmp:
         job = _OnnxJob(path, method, batches, Path(tmp), per_channel)
-        cheap = _cheap_onnx(job.model, job.nodes, job.feeds, method, per_channel=job.per_channel)
+        deadline = None if budget_s is None else start + budget_s
+        cheap, used = _cheap_onnx(
+            job.model, job.nodes, job.feeds, method, per_channel=job.per_channel, deadline=deadline
+        )
 
         def measure(name: str) -> float:
             single = Path(tmp) / "single.onnx"
@@ -320,7 +323,7 @@ def rank_onnx(
             return score(job.reference, job.outputs(single))
 
         exact = _refine(_candidates(cheap, refine), measure, budget_s, start)
-    return Ranking(method, "onnxruntime", _order(cheap, exact), cheap, exact, time.perf_counter() - start, len(batches))
+    return Ranking(method, "onnxruntime", _order(cheap, exact), cheap, exact, time.perf_counter() - start, used)
 
 
 def quantize_onnx_except(
@@ -382,6 +385,7 @@ def fallback_onnx(
     *,
     k: int | str = "auto",
     per_channel: bool = False,
+    budget_s: float | None = None,
 ) -> dict[str, Any]:
     """Write ``src`` in int8 with its ``k`` most sensitive layers float, the fewest that pass.
 
@@ -414,7 +418,8 @@ def fallback_onnx(
             job.quantize(Path(tmp) / f"k{j}.onnx", exclude=ranking.top(j))
             return score(job.reference, job.outputs(Path(tmp) / f"k{j}.onnx"))
 
-        result = _outcome(_search(len(job.layers), k, threshold, try_k), job.layers, ranking, threshold)
+        deadline = None if budget_s is None else time.perf_counter() + budget_s
+        result = _outcome(_search(len(job.layers), k, threshold, try_k, deadline), job.layers, ranking, threshold)
         written = result["k"] < len(job.layers)
         if written:
             dst.parent.mkdir(parents=True, exist_ok=True)

@@ -163,25 +163,38 @@ def quantize_torch_except(
     return quantized
 
 
-def _capture(model: nn.Module, layers: list[str], batches: list) -> dict[str, list]:
-    """Every call of each layer in one float run on the batches: ``((args, kwargs), output)``;
-    a layer the forward pass never calls has none."""
-    modules = dict(model.named_modules())
-    seen: dict[str, list] = {name: [] for name in layers}
+def _stream(model: nn.Module, layers: list[str], batches: list, on_call: Callable, deadline: float | None) -> int:
+    """Run the float model on ``batches`` calling ``on_call(name, module, args, kwargs, output)``
+    at each call of each layer, as it happens: nothing is kept, so at most the layer being
+    called holds activations. Stops after the batch that passes ``deadline`` (at least one runs).
 
-    def keep(name: str) -> Callable:
+    Returns:
+        The number of batches run.
+    """
+    modules = dict(model.named_modules())
+    busy = []  # on_call may run the layer itself (functional_call): its own call is not a layer call
+
+    def hook_for(name: str) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
-            seen[name].append(((args, kwargs), _main(out)))
+            if not busy:
+                busy.append(name)
+                try:
+                    on_call(name, module, args, kwargs, out)
+                finally:
+                    busy.pop()
 
         return hook
 
-    hooks = [modules[name].register_forward_hook(keep(name), with_kwargs=True) for name in layers]
+    hooks = [modules[name].register_forward_hook(hook_for(name), with_kwargs=True) for name in layers]
     try:
-        _torch_outputs(model, batches, "The float model")
+        for i, batch in enumerate(batches):
+            _torch_outputs(model, [batch], "The float model")
+            if deadline is not None and time.perf_counter() >= deadline:
+                return i + 1
     finally:
         for hook in hooks:
             hook.remove()
-    return seen
+    return len(batches)
 
 
 def _main(out: Any) -> torch.Tensor:
@@ -205,15 +218,12 @@ def _fake_activation(x: torch.Tensor, lo: float, hi: float) -> torch.Tensor:
     return (torch.clamp(torch.round(x / scale) + zero, 0, 255) - zero) * scale
 
 
-def _emulated(module: nn.Module, pairs: list, method: str) -> Callable[..., torch.Tensor]:
+def _emulated(module: nn.Module, method: str, lo: float = 0.0, hi: float = 0.0) -> Callable[..., torch.Tensor]:
     """``module`` (a Linear or Conv2d) as int8 would compute it (weights symmetric per channel;
-    for ``int8_static`` its input uint8 on its range over all ``pairs``), in float arithmetic."""
+    for ``int8_static`` its input uint8 on [lo, hi], its range over the batches), in float arithmetic."""
     from torch.func import functional_call
 
     params = {**dict(module.named_parameters()), "weight": _fake_weight(module.weight.detach())}
-    if method == "int8_static":
-        lo = min(float(args[0].min()) for (args, _), _ in pairs)
-        hi = max(float(args[0].max()) for (args, _), _ in pairs)
 
     def run(x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         x = _fake_activation(x, lo, hi) if method == "int8_static" else x
@@ -233,37 +243,55 @@ class _One(nn.Module):
         return self.layer(*args, **kwargs)
 
 
-def _cheap_torch(
-    model: nn.Module, layers: list[str], batches: list, method: str, per_channel: bool
-) -> tuple[dict[str, float], set[str]]:
-    """Each layer's relative output error when it alone goes int8 on its own captured inputs:
-    through torch's dynamic int8 kernel for ``int8_dynamic``; emulated for the others (weights
-    symmetric per channel; ``int8_static`` activations uint8 on their range over all batches)."""
+def _single(module: nn.Module, method: str, per_channel: bool, bounds: tuple[float, float] | None) -> Callable:
+    """``module`` alone in int8: torch's dynamic int8 kernel, or the others emulated."""
     from autotune.compress.quantize import quantize
 
+    if method != "int8_dynamic":
+        return _emulated(module, method, *(bounds or (0.0, 0.0)))
+    single, _ = quantize(
+        _One(copy.deepcopy(module)), method, "cpu", [], example=None, layers={"layer"}, per_channel=per_channel
+    )
+    return single
+
+
+def _cheap_torch(
+    model: nn.Module, layers: list[str], batches: list, method: str, per_channel: bool, deadline: float | None = None
+) -> tuple[dict[str, float], set[str], int]:
+    """Each layer's relative output error when it alone goes int8 on its own inputs, streamed:
+    each call of a layer is compared as it happens, then dropped (see :func:`_stream`). Through
+    torch's dynamic int8 kernel for ``int8_dynamic``; emulated for the others (weights symmetric
+    per channel; ``int8_static`` activations uint8 on their range over the batches, taken by a
+    first pass that keeps two numbers per layer).
+
+    Returns:
+        ``(errors, layers never called, batches used)``.
+    """
     modules = dict(model.named_modules())
-    seen = _capture(model, layers, batches)
-    errors, uncalled = {}, set()
-    with torch.inference_mode():
-        for name in layers:
-            pairs, module = seen.pop(name), modules[name]
-            if not pairs:  # never called: int8 cannot change the outputs through it
-                errors[name] = 0.0
-                uncalled.add(name)
-                continue
-            if method == "int8_dynamic":
-                single, _ = quantize(
-                    _One(copy.deepcopy(module)), method, "cpu", [], example=None, layers={"layer"},
-                    per_channel=per_channel,
-                )  # fmt: skip
-            else:
-                single = _emulated(module, pairs, method)
-            num = den = 0.0
-            for (args, kwargs), y in pairs:
-                num += float(torch.sum((_main(single(*args, **kwargs)).double() - y.double()) ** 2))
-                den += float(torch.sum(y.double() ** 2))
-            errors[name] = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
-    return errors, uncalled
+    bounds: dict[str, tuple[float, float]] = {}
+    if method == "int8_static":
+
+        def observe(name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+            lo, hi = bounds.get(name, (math.inf, -math.inf))
+            bounds[name] = (min(lo, float(args[0].min())), max(hi, float(args[0].max())))
+
+        batches = batches[: _stream(model, layers, batches, observe, deadline)]
+    # Built before the hooks are on: a copy of a hooked module would carry the hook.
+    singles = {name: _single(modules[name], method, per_channel, bounds.get(name)) for name in layers}
+    sums = {name: [0.0, 0.0] for name in layers}
+    called: set[str] = set()
+
+    def compare(name: str, module: nn.Module, args: tuple, kwargs: dict, out: Any) -> None:
+        y, y_q = _main(out).double(), _main(singles[name](*args, **kwargs)).double()
+        sums[name][0] += float(torch.sum((y_q - y) ** 2))
+        sums[name][1] += float(torch.sum(y**2))
+        called.add(name)
+
+    used = _stream(model, layers, batches, compare, deadline)
+    errors = {}
+    for name, (num, den) in sums.items():  # never called: int8 cannot change the outputs through it
+        errors[name] = math.sqrt(num / den) if den > 0 else (0.0 if num == 0 else math.inf)
+    return errors, set(layers) - called, used
 
 
 def rank_torch(
@@ -278,17 +306,18 @@ def rank_torch(
 ) -> Ranking:
     """Rank a model's quantizable layers by how much PyTorch's ``method`` int8 hurts each alone.
 
-    Cheap pass: forward hooks capture every layer's input and output on the batches; each
-    layer, quantized alone, runs on its captured inputs (:func:`_cheap_torch`). Exact pass: the
-    top layers are quantized one at a time in a copy of the model and scored with ``score``,
-    until ``budget_s``.
+    Cheap pass: forward hooks run each layer, quantized alone, on its inputs as the float model
+    calls it, one call at a time (:func:`_cheap_torch`), batch by batch until ``budget_s``. Exact
+    pass: the top layers are quantized one at a time in a copy of the model and scored with
+    ``score``, while the budget lasts.
 
     Args:
         model: A float model on the CPU, in eval mode; it is not changed.
         batches: Collated batches (a tensor, ``(inputs, target)``, or a dict of keyword inputs);
             ``int8_static`` also calibrates on them.
         score: ``score(reference_outputs, candidate_outputs) -> float``, higher is better.
-        budget_s: Seconds after which no further layer is refined.
+        budget_s: Seconds the ranking may take: the cheap pass stops after the batch that
+            passes it (at least one), and no layer is refined after it.
         refine: ``True``, an int, or ``False``, as in :func:`rank_onnx`.
         method: ``"int8_dynamic"``, ``"int8_weight_only"`` or ``"int8_static"``.
         per_channel: ``int8_dynamic`` with per-channel weights.
@@ -303,7 +332,8 @@ def rank_torch(
     start = time.perf_counter()
     layers = _check_torch(model, batches, method)
     reference = _torch_outputs(model, batches, "The float model")
-    cheap, uncalled = _cheap_torch(model, layers, batches, method, per_channel)
+    deadline = None if budget_s is None else start + budget_s
+    cheap, uncalled, used = _cheap_torch(model, layers, batches, method, per_channel, deadline)
 
     def measure(name: str) -> float:
         single = _int8_copy(model, {name}, method, per_channel, batches)
@@ -311,7 +341,7 @@ def rank_torch(
 
     called = {name: error for name, error in cheap.items() if name not in uncalled}
     exact = _refine(_candidates(called, refine), measure, budget_s, start)
-    return Ranking(method, "torch", _order(cheap, exact), cheap, exact, time.perf_counter() - start, len(batches))
+    return Ranking(method, "torch", _order(cheap, exact), cheap, exact, time.perf_counter() - start, used)
 
 
 def fallback_torch(
@@ -323,6 +353,7 @@ def fallback_torch(
     *,
     k: int | str = "auto",
     per_channel: bool = False,
+    budget_s: float | None = None,
 ) -> tuple[nn.Module | None, dict[str, Any]]:
     """An int8 copy of ``model`` (``ranking``'s method) with its ``k`` most sensitive layers float.
 
@@ -351,7 +382,8 @@ def fallback_torch(
     def try_k(j: int) -> float:
         return score(reference, _torch_outputs(mixed(ranking.top(j)), batches, "The int8 model"))
 
-    result = _outcome(_search(len(layers), k, threshold, try_k), layers, ranking, threshold)
+    deadline = None if budget_s is None else time.perf_counter() + budget_s
+    result = _outcome(_search(len(layers), k, threshold, try_k, deadline), layers, ranking, threshold)
     # Quantized again rather than kept from the search: one copy of the model alive at a time.
     chosen = mixed(result["kept"]) if result["k"] < len(layers) else None
     return chosen, result

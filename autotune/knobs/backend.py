@@ -161,9 +161,12 @@ class OrtPrecision(_OrtKnob):
     help = "The ONNX graph's precision: float32, float16 (CUDA), or INT8 by onnxruntime.quantization (dynamic for MatMul-heavy models, static QDQ calibrated on dataset batches for convolutional ones)."
 
     def offer(self, ctx: SpaceContext) -> Offer:
-        if ctx.env.is_cuda:
-            return Offer(list(self.choices))
-        return Offer(["fp32", "int8_dynamic", "int8_static"], {"fp16": "float16 ONNX pays off on CUDA only"})
+        values = list(self.choices) if ctx.env.is_cuda else ["fp32", "int8_dynamic", "int8_static"]
+        excluded = {} if ctx.env.is_cuda else {"fp16": "float16 ONNX pays off on CUDA only"}
+        if ctx.no_calibration:  # static int8 observes activation ranges on calibration batches
+            values.remove("int8_static")
+            excluded["int8_static"] = ctx.no_calibration
+        return Offer(values, excluded)
 
 
 @register

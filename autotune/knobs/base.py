@@ -49,6 +49,8 @@ class SpaceContext:
     effective_batch_size: int | None = None
     # The loader settings of a DataLoader the user gave: the baseline's num_workers and the like.
     loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    # Why calibration (static int8, int8_fallback) has no samples outside validation, if so.
+    no_calibration: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -146,6 +146,8 @@ class Quantization(Knob):
         values, excluded = ["none"], {}
         for method in self.choices[1:]:
             reason = _quantize.offered(method, ctx.env, ctx.objectives)
+            if reason is None and method == "int8_static" and ctx.no_calibration:
+                reason = ctx.no_calibration
             if reason is None:
                 values.append(method)
             else:
@@ -220,6 +222,11 @@ class Int8Fallback(_Int8Setting):
         "a number, or auto (the fewest that keep the guard). For every int8 method, torch's on the CPU "
         "and ONNX Runtime's."
     )
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.no_calibration:  # the ranking and auto run on calibration batches
+            return Offer([0], {str(c): ctx.no_calibration for c in self.choices[1:]})
+        return Offer(list(self.choices))
 
 
 @register

@@ -186,7 +186,7 @@ class Options:
     def plan_args(self) -> dict[str, Any]:
         """The keywords of :func:`autotune.plan` these options set."""
         names = ("space", "fix", "device", "baseline_batch_size", "objectives", "loss_fn", "mode", "collate_fn")
-        names += ("pad_values",)
+        names += ("pad_values", "n_val", "train_dataset")
         return {
             **{n: getattr(self, n) for n in names},
             "effective_batch_size": self.effective_batch_size,

@@ -95,6 +95,14 @@ def _check_model(model: Any) -> None:
         )
 
 
+def _no_calibration(n_samples: int, n_val: int, loss_fn: Any, train_dataset: Any) -> str | None:
+    from autotune.data import calibration_split
+
+    if loss_fn is not None and train_dataset is None:
+        n_val = min(n_val, n_samples // 2)  # fine-tuning holds half out already
+    return calibration_split(n_samples, n_val, train_dataset is not None)[1]
+
+
 def plan(
     model: Any,
     dataset: Any,
@@ -110,6 +118,8 @@ def plan(
     allow_batch_change: bool = False,
     collate_fn: Any = None,
     pad_values: Mapping[str, int] | None = None,
+    n_val: int = 512,
+    train_dataset: Any = None,
 ) -> tuple[Any, Any, Any]:
     """Check the inputs and resolve the search space without measuring anything.
 
@@ -147,6 +157,7 @@ def plan(
         has_loss_fn=loss_fn is not None,
         mode=mode,
         loader=dict(inputs.loader),
+        no_calibration=_no_calibration(data.n_samples, n_val, loss_fn, train_dataset),
         effective_batch_size=None
         if mode != "train" or allow_batch_change
         else (effective_batch_size or baseline_batch_size),

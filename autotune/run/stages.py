@@ -147,13 +147,14 @@ def _check_space(opts: Options, space: Any, data: Any) -> Options:
 
 
 def _worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, data: Any, timing: Any) -> Any:
-    from autotune.data import validation_indices
+    from autotune.data import calibration_split, validation_indices
     from autotune.trial.spec import WorkerSpec
 
     n_val = opts.n_val
     if opts.loss_fn is not None and opts.train_dataset is None and not opts.train:
         # Fine-tuning trains on the samples the guard does not score: at most half are held out.
         n_val = min(n_val, data.n_samples // 2)
+    n_val = calibration_split(data.n_samples, n_val, opts.train_dataset is not None)[0]
     return WorkerSpec(
         model=model,
         dataset=dataset,
@@ -201,7 +202,18 @@ def _stored_rankings(study: Any) -> dict[str, str]:
         key, ranking = trial.user_attrs.get("int8_ranking_key"), trial.user_attrs.get("int8_ranking")
         if key and ranking:
             found[key] = ranking
+    prefix = "int8_ranking:"  # as StudyRankings stores them, the moment each is computed
+    found.update({k[len(prefix) :]: v for k, v in study.user_attrs.items() if k.startswith(prefix)})
     return found
+
+
+def _calibration_source(opts: Options, spec: Any) -> str:
+    """Where calibration batches come from, as ``TrialContext`` draws them."""
+    from autotune.data import MIN_CALIBRATION
+
+    if len(spec.dataset) - len(spec.val_indices) >= MIN_CALIBRATION:
+        return "dataset samples outside the validation subset"
+    return "train_dataset" if opts.train_dataset is not None else "none: int8_static and int8_fallback left out"
 
 
 def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec: Any) -> dict[str, Any]:
@@ -216,7 +228,7 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
     else:
         guard = {"metric": "fidelity", "max_metric_drop": opts.max_metric_drop}
     if not opts.train:  # calibration (static int8, int8_fallback's ranking) never sees what the guard scores
-        guard.update(n_val=len(spec.val_indices), calibration="dataset samples outside the validation subset")
+        guard.update(n_val=len(spec.val_indices), calibration=_calibration_source(opts, spec))
     if opts.loss_fn is not None and not opts.train:  # the split between what fine-tunes and what the guard scores
         source = "train_dataset" if opts.train_dataset is not None else "dataset samples outside the validation subset"
         guard.update(n_val=len(spec.val_indices), finetune_data=source)
@@ -291,6 +303,10 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     timing = opts.timing()
     spec = _worker_spec(model, inputs.dataset, opts, env, space, data, timing)
     spec.int8_rankings = _stored_rankings(study)
+    if isinstance(storage, str):  # each ranking stored as soon as computed, read before ranking again
+        from autotune.compress.fallback import StudyRankings
+
+        spec.int8_store = StudyRankings(storage, study.study_name)
     summary = _summary(opts, env, space, study, storage, spec)
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     if deadline is not None:  # a worker (re)start never waits past the run's deadline

@@ -184,7 +184,8 @@ def resolve_space(
             values[name] = [value]
             excluded[name] = reasons
             continue
-        wanted = _wanted(name, specs.get(name), offer.values, where)
+        spec = specs.get(name, "all" if name in _INT8_SETTINGS and _int8_searched(values) else None)
+        wanted = _wanted(name, spec, offer.values, where)
         if wanted is None:
             chosen = [base_value]
         else:
@@ -203,6 +204,16 @@ def resolve_space(
     # A fixed knob does not move the baseline: the baseline stays the untuned pipeline, the
     # fixed value is what every other trial uses.
     return SearchSpace(values=values, baseline=baseline, excluded=excluded)
+
+
+# The settings of int8 that decide whether it holds the guard: searched wherever int8 is (fixed
+# or offered) unless the space or ``fix`` says otherwise. They apply only to int8 trials.
+_INT8_SETTINGS = ("int8_fallback", "int8_per_channel")
+
+
+def _int8_searched(values: Mapping[str, list[Any]]) -> bool:
+    methods = [*values.get("quantization", ()), *values.get("ort_precision", ())]
+    return any(str(m).startswith("int8") for m in methods)
 
 
 def _nearest(values: list[Any], target: float) -> Any:

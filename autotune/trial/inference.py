@@ -16,7 +16,7 @@ from autotune._pristine import restore
 from autotune.batching import lengths_of
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
-from autotune.data import call_model, to_device
+from autotune.data import MIN_CALIBRATION, call_model, to_device
 from autotune.errors import InputError
 from autotune.knobs.state import BuildExtras, BuildState, TunedModule, wrap
 from autotune.trial.build import build
@@ -69,9 +69,11 @@ class TrialContext(Context):
         one_trial = time.perf_counter() - started + spec.measure.n_windows * spec.measure.window_s
         self.extras.int8 = Int8Plan(
             kinds=self.reference.kinds,
-            threshold=1.0 - spec.max_metric_drop,
+            max_drop=spec.max_metric_drop,
+            metric=spec.metric,
             budget_s=max(10.0, 2 * one_trial),
             rankings=dict(spec.int8_rankings),
+            store=spec.int8_store,
         )
         self.info = {
             "n_params": sum(p.numel() for p in self.model.parameters()),
@@ -88,10 +90,16 @@ class TrialContext(Context):
         spec = self.spec
         collate = self.collate
         size = spec.baseline["batch_size"]
+        # Never a sample the guard scores: the dataset's others, else train_dataset, else none
+        # (the space then offers nothing that calibrates, see autotune.data.calibration_split).
         held = set(spec.val_indices)
-        pool = [i for i in range(len(spec.dataset)) if i not in held] or list(range(len(spec.dataset)))
+        source = spec.dataset
+        pool = [i for i in range(len(source)) if i not in held]
+        if len(pool) < MIN_CALIBRATION and spec.train_dataset is not None:
+            source = spec.train_dataset
+            pool = list(range(len(source)))
         picked = np.random.default_rng(spec.seed + 1).permutation(pool)[: size * spec.n_calibration].tolist()
-        calibration = [collate([spec.dataset[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)]
+        calibration = [collate([source[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)]
         return BuildExtras(
             # At least two samples: an export traced at batch 1 would specialise the batch size.
             example=collate(self.samples[: max(2, min(8, len(self.samples)))]),

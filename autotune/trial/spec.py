@@ -54,6 +54,8 @@ class WorkerSpec:
             ``length_grouping`` knobs and compared sample by sample.
         int8_rankings: INT8 sensitivity rankings the study holds already, by their key
             (:func:`autotune.compress.fallback.ranking_key`).
+        int8_store: Where a worker writes each ranking once computed and reads before ranking
+            (:class:`autotune.compress.fallback.StudyRankings`), or ``None``.
     """
 
     model: Any
@@ -79,6 +81,7 @@ class WorkerSpec:
     collate_fn: Callable[[list[Any]], Any] | None = None
     sequence: bool = False
     int8_rankings: dict[str, str] = dataclasses.field(default_factory=dict)
+    int8_store: Any = None
 
 
 @dataclasses.dataclass

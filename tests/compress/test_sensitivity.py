@@ -201,6 +201,18 @@ def test_budget_stops_refinement(one_outlier):
     assert ranking.exact_score == {} and ranking.layers[0] == "fc1"
 
 
+@pytest.mark.parametrize("method", ["int8_dynamic", "int8_static"])
+def test_the_onnx_cheap_pass_and_auto_keep_to_the_budget(two_outliers, tmp_path, method):
+    # The cheap pass streams batch by batch and stops after the one that ends the budget; so
+    # does auto's bisection, at the fewest measured to pass.
+    ranking = sens.rank_onnx(two_outliers, method, _batches(), sens.worst_cosine, budget_s=0)
+    assert ranking.n_batches == 1 and ranking.layers[0] == "fc1"
+    full = sens.rank_onnx(two_outliers, method, _batches(), sens.worst_cosine, refine=False)
+    args = (two_outliers, tmp_path / "q.onnx", method, full, _batches(), sens.worst_cosine, 0.999)
+    found = sens.fallback_onnx(*args, budget_s=0)
+    assert len(found["tries"]) == 1 and "time budget" in found["reason"]
+
+
 def test_ranking_round_trips_through_json(one_outlier):
     ranking = sens.rank_onnx(one_outlier, "int8_dynamic", _batches(), sens.worst_cosine, refine=2)
     assert len(ranking.exact_score) >= 2
