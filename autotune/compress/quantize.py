@@ -24,6 +24,7 @@ from typing import Any, Literal, overload
 import torch
 from torch import nn
 
+from autotune._quiet import quiet_torchao
 from autotune.data import map_tensors, model_inputs
 from autotune.errors import ConfigError, TrialError
 
@@ -241,8 +242,9 @@ class WithoutFastPath(nn.Module):
 
 
 def _torchao_(model: nn.Module, method: str, names: set[str] | None, keep: set[str]) -> tuple[nn.Module, str, int]:
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
-    from torchao.quantization.quant_api import _is_linear
+    with quiet_torchao():  # its import-time messages are noise here
+        from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
+        from torchao.quantization.quant_api import _is_linear
 
     # set_inductor_config=False: torchao would otherwise tune inductor process-wide, changing how
     # every later candidate (the baseline included) compiles.
@@ -292,9 +294,10 @@ def _export(model: nn.Module, example: Any) -> Any:
 def _static_cpu(
     model: nn.Module, calibration: list, example: Any, names: set[str] | None, keep: set[str]
 ) -> tuple[nn.Module, str, int]:
-    import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
-    from torchao.quantization.pt2e import allow_exported_model_train_eval
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    with quiet_torchao():  # its import-time messages are noise here
+        import torchao.quantization.pt2e.quantizer.x86_inductor_quantizer as xiq
+        from torchao.quantization.pt2e import allow_exported_model_train_eval
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
 
     graph = _export(model.eval(), example)
     config = xiq.get_default_x86_inductor_quantization_config()

@@ -56,7 +56,7 @@ def optimize(
     allow_batch_change: bool = False,
     loss_tolerance: float = 0.05,
     n_train_steps: int = 20,
-    progress: Callable[[dict[str, Any], int, int], None] | None = None,
+    progress: bool | Callable[[dict[str, Any], int, int], None] | None = True,
     output_kind: Any = "auto",
     collate_fn: Callable[[list[Any]], Any] | None = None,
     pad_values: Mapping[str, int] | None = None,
@@ -133,7 +133,11 @@ def optimize(
             (``model.onnx``), ``"torchscript"`` (``model.pt``); ``()`` for none. Default both
             in inference mode, none in training mode.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
-        progress: Called after each trial with (trial record, trials measured, n_trials).
+        progress: ``True`` (the default) shows the search on stderr: a live display on a
+            terminal, one plain line per trial anywhere else (a log file, a pipe, a notebook),
+            each naming the knobs that differ from the baseline; a resumed run first says how
+            many trials it kept. ``False`` shows nothing. A function is called after each trial
+            with (trial record, trials measured, n_trials) instead.
         optimizer: Training mode: an optimizer class (``torch.optim.AdamW``), a pair
             ``(class, kwargs)`` or a function ``params -> optimizer``; its hyper-parameters are
             never tuned, only its implementation (``optimizer_impl``).
@@ -165,8 +169,15 @@ def optimize(
         >>> result = autotune.optimize(torch.nn.Linear(16, 4), data, space="quick", n_trials=3,
         ...                            out_dir="/tmp/autotune-doc")  # doctest: +SKIP
     """
+    options = {k: v for k, v in locals().items() if k not in ("model", "dataset")}
+    import contextlib
+
     from autotune.run.options import Options
+    from autotune.run.progress import display
     from autotune.run.stages import execute
 
-    options = {k: v for k, v in locals().items() if k not in ("model", "dataset", "Options", "execute")}
-    return execute(model, dataset, Options(**options))
+    options["progress"] = display(progress, timeout=timeout, n_trials=n_trials)
+    shown = options["progress"] if hasattr(options["progress"], "__enter__") else contextlib.nullcontext()
+    opts = Options(**options)  # checked before the display starts
+    with shown:
+        return execute(model, dataset, opts)

@@ -2,7 +2,8 @@
 per trial anywhere else (a pipe, a log file, CI).
 
 Both are context managers and are called by :func:`autotune.optimize` after each trial with
-``(trial record, trials measured, n_trials)``.
+``(trial record, trials measured, n_trials)``; :meth:`PlainProgress.begin` first takes in the
+trials a resumed or joined study already holds.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-__all__ = ["LiveProgress", "PlainProgress", "make_progress"]
+__all__ = ["LiveProgress", "PlainProgress", "display", "make_progress"]
 
 
 def _clock(seconds: float) -> str:
@@ -62,16 +63,35 @@ class PlainProgress:
             left += f", {_clock(self.timeout - (time.monotonic() - self.start))} of {_clock(self.timeout)} left"
         return left
 
-    def _update(self, rec: dict[str, Any], n_done: int, n_total: int) -> str:
-        """Fold one trial into the state; return what it changed or why it failed."""
+    def begin(self, study: Any, n_trials: int, *, resume: bool = False) -> None:
+        """Take in the trials ``study`` holds before this run measures any: the baseline (whose
+        knobs the lines leave out), the best so far and the count; say what was kept, if any."""
+        from autotune.search.study import n_measured, trial_record
+
+        for rec in (trial_record(t) for t in study.get_trials(deepcopy=False)):
+            if rec.get("status") and "config" in rec:  # a finished trial, not one queued
+                self._fold(rec)
+        self.n_done, self.n_total = n_measured(study), n_trials
+        if self.n_done:
+            verb, what = ("resuming", "kept") if resume else ("joining", "measured so far")
+            n_left = max(0, n_trials - self.n_done)
+            self.last = f"{verb}: {self.n_done} trial{'' if self.n_done == 1 else 's'} {what}, {n_left} to go"
+            self.console.print(self.last, highlight=False, soft_wrap=True, markup=False)
+
+    def _fold(self, rec: dict[str, Any]) -> None:
+        """Take the baseline's configuration and speed, and the best speed, from one record."""
         sps = rec.get("samples_per_s")
-        self.n_done, self.n_total = n_done, n_total
         if rec.get("baseline"):
             self.baseline_config = dict(rec.get("config", {}))
             if rec.get("status") == "ok":
                 self.baseline = sps
         if rec.get("status") == "ok" and sps:
             self.best = max(self.best, sps)
+
+    def _update(self, rec: dict[str, Any], n_done: int, n_total: int) -> str:
+        """Fold one trial into the state; return what it changed or why it failed."""
+        self.n_done, self.n_total = n_done, n_total
+        self._fold(rec)
         changed = " ".join(f"{k}={v}" for k, v in rec.get("config", {}).items() if self.baseline_config.get(k) != v)
         noisy = f" [noisy: {rec['noise']}]" if rec.get("noisy") else ""
         if rec.get("status") == "ok":
@@ -80,15 +100,18 @@ class PlainProgress:
 
     def line(self, rec: dict[str, Any], detail: str) -> str:
         """The trial's line, with rich markup for its status."""
+        from rich.markup import escape
+
         status = rec.get("status", "?")
         style = {"ok": "green", "infeasible": "yellow", "skipped": "dim"}.get(status, "red")
         sps = rec.get("samples_per_s")
         speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
         elapsed = time.monotonic() - self.start
         left = f"  {_clock(self.timeout - elapsed)} left" if self.timeout is not None else ""
+        # escape: the detail's "[noisy: ...]" and reasons are text, not rich markup to drop
         return (
             f"[{self.n_done:>3}/{self.n_total}] {elapsed:6.0f}s{left}  trial {rec['number']:>3}  "
-            f"[{style}]{status:<10}[/{style}] {speed}  {self.best_text}  {detail}"
+            f"[{style}]{status:<10}[/{style}] {speed}  {self.best_text}  {escape(detail)}"
         )
 
     def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
@@ -151,3 +174,27 @@ def make_progress(
     if console.is_terminal and not console.is_dumb_terminal:
         return LiveProgress(console, timeout, n_trials)
     return PlainProgress(console, timeout, n_trials)
+
+
+def display(progress: Any, *, timeout: float | None = None, n_trials: int = 0) -> Any:
+    """What ``optimize(progress=...)`` shows: for ``True`` the display of :func:`make_progress`
+    on stderr (plain lines when it is a file or a pipe), for ``False`` or ``None`` nothing, and
+    a function is called as it is.
+
+    Raises:
+        ConfigError: ``progress`` is none of these.
+    """
+    from autotune.errors import ConfigError
+
+    if progress is None or progress is False:
+        return None
+    if progress is True:
+        from rich.console import Console
+
+        return make_progress(Console(stderr=True), timeout=timeout, n_trials=n_trials)
+    if not callable(progress):
+        raise ConfigError(
+            f"`progress` must be True (show it), False (show nothing) or a function(record, n_done, n_trials), "
+            f"but got {progress!r}."
+        )
+    return progress

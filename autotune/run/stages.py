@@ -323,6 +323,8 @@ def search(run: Run) -> None:
     from autotune.search.storage import owner_attrs
 
     opts = run.options
+    if hasattr(opts.progress, "begin"):  # a display: what a resumed or joined study holds
+        opts.progress.begin(run.study, opts.n_trials, resume=opts.resume)
 
     def after_trial(record: dict[str, Any], n_done: int) -> None:
         run.write_trials()

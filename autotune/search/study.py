@@ -183,6 +183,11 @@ def trial_record(trial: FrozenTrial) -> dict[str, Any]:
     return attrs
 
 
+def n_measured(study: optuna.Study) -> int:
+    """Trials of ``study`` measured so far: what counts against ``n_trials``."""
+    return _View(study.get_trials(deepcopy=False), "").n_measured
+
+
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and "status" in t.user_attrs]
 

@@ -3,6 +3,7 @@
 import io
 import re
 
+import pytest
 from rich.console import Console
 
 from autotune.run.progress import LiveProgress, PlainProgress, make_progress
@@ -47,6 +48,17 @@ def test_plain_progress_prints_one_line_per_trial():
     )
 
 
+def test_a_noisy_trial_and_a_bracketed_reason_keep_their_text():
+    console = _console()
+    with PlainProgress(console, n_trials=4) as progress:
+        progress(_records()[0][0], 1, 4)
+        progress({**_records()[1][0], "noisy": True, "noise": "cov 0.12 > 0.05"}, 2, 4)
+        progress({"number": 3, "status": "error", "reason": "[bold] is not markup", "config": BASE}, 3, 4)
+    lines = console.file.getvalue().splitlines()
+    assert lines[1].endswith("  batch_size=32 [noisy: cov 0.12 > 0.05]")
+    assert lines[2].endswith("  [bold] is not markup")
+
+
 def test_with_a_timeout_each_line_says_the_time_left():
     console = _console()
     with PlainProgress(console, timeout=600, n_trials=4) as progress:
@@ -70,3 +82,60 @@ def test_quiet_shows_nothing_and_a_terminal_gets_the_live_display():
     out = footer.file.getvalue()
     assert "trial 3/4" in out and "1 trial left" in out and "of 1:00 left" in out and "best trial 2.50x" in out
     assert "trial   1  ok" in console.file.getvalue()  # the trial lines scroll above the footer
+
+
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
+NOISY = r"( \[noisy: [^]]*\])?"  # a shared machine can make any measurement noisy
+TRIAL_LINE = re.compile(r"\[ *(\d+)/(\d+)\] +\d+s  trial +\d+  (\w+) .*  (best trial [\d.]+x|best -)  (.*)$")
+
+
+def _tiny(out_dir, **kwargs):
+    import autotune
+    from tests.models import MLP, classification_data
+
+    args = dict(
+        space={"base": None, "batch_size": [8, 16, 32]},
+        out_dir=out_dir,
+        baseline_batch_size=8,
+        measure=FAST,
+        device="cpu",
+        isolation="inprocess",
+        n_verify_pairs=2,
+        n_finalists=1,
+        export=(),
+    )
+    return autotune.optimize(MLP(), classification_data(), **{**args, **kwargs})
+
+
+def _trial_lines(text):
+    return [m for m in map(TRIAL_LINE.match, text.splitlines()) if m]
+
+
+def test_optimize_off_a_terminal_prints_plain_lines_and_a_resumed_run_says_what_it_kept(tmp_path, capsys):
+    _tiny(tmp_path, n_trials=2)
+    err = capsys.readouterr().err  # captured: not a terminal
+    lines = _trial_lines(err)
+    assert [m.group(1, 2) for m in lines] == [("1", "2"), ("2", "2")], err
+    assert re.fullmatch(rf"\(baseline\){NOISY}", lines[0].group(5)), err
+    # Only the knobs that differ from the baseline: the other 26 stay out of the line.
+    assert re.fullmatch(rf"batch_size=(16|32){NOISY}", lines[1].group(5)), err
+    assert "resuming" not in err
+
+    _tiny(tmp_path, n_trials=3, resume=True)
+    err = capsys.readouterr().err
+    assert "resuming: 2 trials kept, 1 to go" in err.splitlines(), err
+    lines = _trial_lines(err)
+    assert [m.group(1, 2) for m in lines] == [("3", "3")], err
+    # The kept baseline is the reference: the best so far is known, one knob is named.
+    assert lines[0].group(4).startswith("best trial ")
+    assert re.fullmatch(rf"batch_size=(16|32){NOISY}", lines[0].group(5)), err
+
+
+def test_progress_false_prints_nothing_and_a_wrong_value_is_refused(tmp_path, capsys):
+    import autotune
+
+    _tiny(tmp_path, n_trials=2, progress=False)
+    out, err = capsys.readouterr()
+    assert not _trial_lines(out + err) and "samples/s" not in out + err
+    with pytest.raises(autotune.ConfigError, match=r"`progress` must be True .* but got 'yes'"):
+        _tiny(tmp_path / "b", progress="yes")
