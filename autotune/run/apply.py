@@ -9,7 +9,10 @@ from typing import Any
 from autotune.config import Config
 from autotune.errors import ConfigError, TrialError
 
-__all__ = ["apply", "dataloader", "predict", "training"]
+__all__ = ["applied_as", "apply", "dataloader", "training"]
+
+# Set on what apply() returns: the config and device it was built with, so it is not tuned twice.
+_MARK = "_autotune_applied"
 
 
 def _read_config(config: Any) -> Config:
@@ -66,6 +69,11 @@ def apply(
     from autotune.trial.build import apply_settings, build
 
     _check_model(model)
+    if applied_as(model) is not None:
+        raise ConfigError(
+            "`model` is already what autotune.apply returned; tuning it again would stack a second build on the first: "
+            "pass the original model."
+        )
     if not isinstance(model, torch.nn.Module):
         model = model()
     cfg = _read_config(config)
@@ -90,9 +98,18 @@ def apply(
         from autotune.compress.fallback import Int8Plan
 
         extras.int8 = Int8Plan(keep=kept)  # the run's own layers kept float, not a new ranking
-    state = build(model, cfg, resolve_device(device), extras=extras)
+    where = resolve_device(device)
+    state = build(model, cfg, where, extras=extras)
     apply_settings(state.settings)
+    setattr(state.model, _MARK, {"config": cfg.to_dict(), "device": where})
     return state.model
+
+
+def applied_as(model: Any) -> dict[str, Any] | None:
+    """How :func:`apply` built ``model`` (``{"config": ..., "device": ...}``), or ``None`` when
+    ``model`` is not something it returned."""
+    mark = getattr(model, _MARK, None) if not isinstance(model, type) else None
+    return mark if isinstance(mark, dict) else None
 
 
 def _unloaded(dataset: Any, collate_fn: Any) -> tuple[Any, Any]:
@@ -159,57 +176,6 @@ def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[st
         grouping=cfg["length_grouping"],
         lengths=lengths_of(dataset) if sequence and cfg["length_grouping"] else None,
     )
-
-
-def predict(
-    model: Any,
-    dataset: Any,
-    config: Any,
-    *,
-    collate_fn: Any = None,
-    pad_values: Mapping[str, int] | None = None,
-    device: str = "auto",
-) -> list[Any]:
-    """Every sample's output, in dataset order, from ``model`` tuned and batched as ``config``
-    says (its batch size, padding and length grouping, whatever order the batches run in).
-
-    Each output is the sample's own, without a batch axis; a token-level output (one row per
-    position) keeps the sample's real tokens only.
-
-    Args:
-        model: The model (an ``nn.Module`` or a factory), as given to :func:`~autotune.optimize`.
-        dataset: The samples, or a DataLoader over them (its dataset and collate are used; the
-            batches are the tuned ones).
-        config: A dict, :class:`Config`, ``best_config.json`` or its directory.
-        collate_fn: The collate the run used, if it needed one.
-        pad_values: As for :func:`~autotune.optimize`.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-
-    Example:
-        >>> import torch
-        >>> out = predict(torch.nn.Linear(4, 2), [torch.ones(4)] * 5, {"batch_size": 2}, device="cpu")
-        >>> len(out), tuple(out[0].shape)
-        (5, (2,))
-    """
-    import torch
-
-    from autotune.batching import split_samples
-    from autotune.data import call_model, map_tensors, outputs_to_cpu, to_device
-    from autotune.env import resolve_device
-
-    cfg = _read_config(config)
-    dataset, collate_fn = _unloaded(dataset, collate_fn)
-    where = torch.device(resolve_device(device))
-    # The config as given: a run's directory also brings the int8 layers it kept float.
-    tuned = apply(model, config, device=str(where), dataset=dataset, collate_fn=collate_fn, pad_values=pad_values)
-    batching = _batching(dataset, cfg, collate_fn, pad_values)
-    outputs: list[Any] = [None] * len(dataset)
-    with torch.inference_mode():
-        for ids, batch in batching.batches([dataset[i] for i in range(len(dataset))]):
-            out = outputs_to_cpu(call_model(tuned, to_device(batch, where)))
-            for i, piece in zip(ids, split_samples(out, batch), strict=False):
-                outputs[i] = map_tensors(lambda t: t[0], piece)
-    return outputs
 
 
 def dataloader(
