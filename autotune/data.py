@@ -27,6 +27,7 @@ __all__ = [
     "to_device",
     "slice_batch",
     "pad_batch",
+    "calibration_draw",
     "call_model",
     "concat_outputs",
     "outputs_to_cpu",
@@ -348,6 +349,33 @@ def validation_indices(n_samples: int, n_val: int, seed: int = 0) -> list[int]:
         return list(range(n_samples))
     rng = np.random.default_rng(seed)
     return sorted(int(i) for i in rng.choice(n_samples, size=n_val, replace=False))
+
+
+def calibration_draw(
+    n_samples: int, n_val: int, seed: int, batch_size: int, n_batches: int = 8
+) -> tuple[list[int], list[list[int]]]:
+    """The samples a run builds with: the example batch (the first validation samples, two at
+    least) and the calibration batches (a seeded draw outside the validation subset), as indices.
+
+    The search and :func:`autotune.apply` both draw here, so static int8 and ``int8_fallback``
+    see the same samples in both.
+
+    Returns:
+        ``(example indices, calibration batches of indices)``.
+
+    Example:
+        >>> example, batches = calibration_draw(100, 10, seed=0, batch_size=4, n_batches=2)
+        >>> len(example), [len(b) for b in batches], set(example) & {i for b in batches for i in b}
+        (8, [4, 4], set())
+    """
+    import numpy as np
+
+    val = validation_indices(n_samples, n_val)
+    held = set(val)
+    pool = [i for i in range(n_samples) if i not in held] or list(range(n_samples))
+    picked = np.random.default_rng(seed + 1).permutation(pool)[: batch_size * n_batches].tolist()
+    batches = [picked[k : k + batch_size] for k in range(0, len(picked), batch_size)]
+    return val[: max(2, min(8, len(val)))], batches
 
 
 def call_model(model: Any, batch: Any) -> Any:

@@ -81,20 +81,20 @@ class TrialContext(Context):
 
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        import numpy as np
-
         from autotune.batching import lengths_of
+        from autotune.data import calibration_draw
 
         spec = self.spec
         collate = self.collate
         size = spec.baseline["batch_size"]
-        held = set(spec.val_indices)
-        pool = [i for i in range(len(spec.dataset)) if i not in held] or list(range(len(spec.dataset)))
-        picked = np.random.default_rng(spec.seed + 1).permutation(pool)[: size * spec.n_calibration].tolist()
-        calibration = [collate([spec.dataset[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)]
+        # apply() draws the same (data.calibration_draw): the model it rebuilds is the one measured.
+        example, picked = calibration_draw(
+            len(spec.dataset), len(spec.val_indices), spec.seed, size, spec.n_calibration
+        )
+        calibration = [collate([spec.dataset[i] for i in ids]) for ids in picked]
         return BuildExtras(
             # At least two samples: an export traced at batch 1 would specialise the batch size.
-            example=collate(self.samples[: max(2, min(8, len(self.samples)))]),
+            example=collate([spec.dataset[i] for i in example]),
             calibration=calibration,
             loss_fn=spec.loss_fn,
             train_dataset=finetune_dataset(spec),
