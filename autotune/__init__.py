@@ -24,6 +24,7 @@ __all__ = [
     "ConfigError",
     "ExportError",
     "InputError",
+    "Predictor",
     "Result",
     "TrialError",
     "apply",
@@ -33,6 +34,7 @@ __all__ = [
     "optimize",
     "plan",
     "predict",
+    "predictor",
     "training",
     "verify",
     "__version__",
@@ -45,7 +47,9 @@ _LAZY = {
     "dataloader": "autotune.run.apply",
     "optimize": "autotune.run.optimize",
     "plan": "autotune.run.plan",
-    "predict": "autotune.run.apply",
+    "predict": "autotune.run.predict",
+    "predictor": "autotune.run.predict",
+    "Predictor": "autotune.run.predict",
     "training": "autotune.run.apply",
     "load_config": "autotune.run.cfg",
     "load": "autotune.deploy.load",
@@ -56,10 +60,11 @@ if TYPE_CHECKING:
     from autotune.config import Config
     from autotune.deploy.load import load
     from autotune.deploy.verify import verify
-    from autotune.run.apply import apply, dataloader, predict, training
+    from autotune.run.apply import apply, dataloader, training
     from autotune.run.cfg import load_config
     from autotune.run.optimize import optimize
     from autotune.run.plan import plan
+    from autotune.run.predict import Predictor, predict, predictor
     from autotune.search.result import Result
 
 

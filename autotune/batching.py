@@ -35,6 +35,7 @@ __all__ = [
     "MASK_KEY",
     "SequenceInfo",
     "fit_width",
+    "gather_outputs",
     "join_samples",
     "lengths_of",
     "pad_collate",
@@ -271,6 +272,63 @@ def split_samples(outputs: Any, batch: Any, tokens: Sequence[int] = ()) -> list[
             one = map_tensors(keep, one)
         pieces.append(one)
     return pieces
+
+
+def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> list[Any]:
+    """Every sample's output in dataset order, from the outputs of batches that ran in another order.
+
+    Each leaf is joined once over all batches and permuted by index (no loop per sample over
+    tensors); a token-level leaf (see :func:`split_samples`) keeps each sample's real tokens.
+
+    Args:
+        chunks: ``(outputs, mask)`` of each batch in the order they ran, on the CPU; ``mask`` is
+            the batch's ``(batch, seq)`` attention mask, or ``None``.
+        order: The dataset index of every sample, in the order the batches ran.
+
+    Returns:
+        One output per sample, without a batch axis, structured as the model's outputs.
+
+    Example:
+        >>> import torch
+        >>> out = gather_outputs([(torch.tensor([[2.0], [0.0]]), None), (torch.tensor([[1.0]]), None)], [2, 0, 1])
+        >>> [o.tolist() for o in out]
+        [[0.0], [1.0], [2.0]]
+    """
+    import torch
+
+    from autotune.data import map_tensors, tensor_leaves
+
+    if not chunks:
+        return []
+    inverse = torch.empty(len(order), dtype=torch.long)
+    inverse[torch.as_tensor(list(order), dtype=torch.long)] = torch.arange(len(order))
+    per_batch = [tensor_leaves(out) for out, _ in chunks]
+    leaves = [_gather_leaf([(b[j], m) for b, (_, m) in zip(per_batch, chunks, strict=True)], inverse)
+              for j in range(len(per_batch[0]))]  # fmt: skip
+    template = chunks[0][0]
+    if isinstance(template, torch.Tensor):
+        return leaves[0]
+    rows = zip(*leaves, strict=True) if leaves else ([] for _ in order)
+    return [map_tensors(lambda _, it=iter(row): next(it), template) for row in rows]
+
+
+def _gather_leaf(parts: list[tuple[Any, Any]], inverse: Any) -> list[Any]:
+    """One output leaf of every batch (with its batch's mask) as per-sample pieces in dataset order."""
+    import torch
+
+    if all(t.dim() == 0 for t, _ in parts):  # a scalar output has no sample axis: each sample shares it
+        return [parts[0][0]] * len(inverse)
+    token = [isinstance(m, torch.Tensor) and m.dim() == 2 and _token_level(t, m.shape[1]) for t, m in parts]
+    if not any(token) and len({tuple(t.shape[1:]) for t, _ in parts}) == 1:
+        return list(torch.cat([t for t, _ in parts]).index_select(0, inverse).unbind(0))
+    pieces: list[Any] = []
+    for (t, m), cut in zip(parts, token, strict=True):
+        if cut:  # the real positions of every row, row after row, then split by each row's count
+            real = m.to(torch.bool)
+            pieces += list(t[real].split(real.sum(1).tolist()))
+        else:
+            pieces += list(t.unbind(0))
+    return [pieces[i] for i in inverse.tolist()]
 
 
 def _token_level(t: Any, width: int) -> bool:

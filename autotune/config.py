@@ -29,6 +29,8 @@ class Config(Mapping[str, Any]):
         if values is not None and not isinstance(values, Mapping):
             raise ConfigError(f"A config must be a dict of knob values, but got {type(values).__name__}.")
         given = dict(values or {})
+        # Not a knob: how an int8 winner's data draws are repeated (see autotune.apply).
+        self.rebuild: dict[str, Any] | None = given.pop("rebuild", None)
         resolved: dict[str, Any] = {}
         for name in given:
             get_knob(name)  # unknown name: lists the known ones

@@ -27,6 +27,7 @@ __all__ = [
     "to_device",
     "slice_batch",
     "pad_batch",
+    "calibration_draw",
     "call_model",
     "concat_outputs",
     "outputs_to_cpu",
@@ -374,6 +375,38 @@ def calibration_split(n_samples: int, n_val: int, has_train_dataset: bool = Fals
         f"calibration needs {MIN_CALIBRATION} samples the guard does not score, but the dataset has {n_samples} "
         f"and validation needs them all; pass at least {2 * MIN_CALIBRATION} samples or train_dataset="
     )
+
+
+def calibration_draw(
+    n_samples: int, n_val: int, seed: int, batch_size: int, n_batches: int = 8, n_train: int | None = None
+) -> tuple[list[int], list[list[int]], bool]:
+    """The samples a run builds with: the example batch (the first validation samples, two at
+    least) and the calibration batches, as indices, drawn (seeded) outside the validation subset.
+
+    With fewer than :data:`MIN_CALIBRATION` samples outside it, calibration draws from
+    ``train_dataset`` (``n_train`` samples) where there is one, else from nothing: calibrating
+    never fits what the guard scores. The search and :func:`autotune.apply` both draw here, so
+    static int8 and ``int8_fallback`` see the same samples in both.
+
+    Returns:
+        ``(example indices, calibration batches of indices, whether they index train_dataset)``.
+
+    Example:
+        >>> example, batches, from_train = calibration_draw(100, 10, seed=0, batch_size=4, n_batches=2)
+        >>> len(example), [len(b) for b in batches], set(example) & {i for b in batches for i in b}, from_train
+        (8, [4, 4], set(), False)
+    """
+    import numpy as np
+
+    val = validation_indices(n_samples, n_val)
+    held = set(val)
+    pool = [i for i in range(n_samples) if i not in held]
+    from_train = len(pool) < MIN_CALIBRATION and n_train is not None
+    if from_train:
+        pool = list(range(n_train or 0))
+    picked = np.random.default_rng(seed + 1).permutation(pool)[: batch_size * n_batches].tolist() if pool else []
+    batches = [picked[k : k + batch_size] for k in range(0, len(picked), batch_size)]
+    return val[: max(2, min(8, len(val)))], batches, from_train
 
 
 def call_model(model: Any, batch: Any) -> Any:

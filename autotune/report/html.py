@@ -178,12 +178,13 @@ def _facts(run: RunFiles) -> str:
 
 
 def _summary(run: RunFiles) -> str:
-    from autotune.report.summary import busy_note
+    from autotune.report.summary import busy_note, pipeline_note
 
     busy = busy_note(run.records, run.best.get("speedup") or {})
     body = (
         (f'<p class="warn"><strong>{_e(busy)}</strong></p>' if busy else "")
         + f'<div class="tiles">{_tiles(run.best)}</div>'
+        f'<p class="note">{_e(pipeline_note(run.out_dir, run.best.get("mode")))}.</p>'
         f'<div class="split"><div>{_metrics_table(run.best)}</div><div>{_facts(run)}</div></div>'
     )
     return _section("summary", body)

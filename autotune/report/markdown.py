@@ -32,12 +32,12 @@ def _speedup_line(speedup: dict[str, Any]) -> str:
 
 
 def _summary(run: RunFiles) -> list[str]:
-    from autotune.report.summary import SUMMARY_FIELDS, busy_note, format_value
+    from autotune.report.summary import SUMMARY_FIELDS, busy_note, format_value, pipeline_note
 
     best = run.best
     base_m, best_m = best.get("baseline") or {}, best.get("best") or {}
     changes = changed_knobs(best)
-    lines = [_speedup_line(best.get("speedup") or {}) + ".", ""]
+    lines = [_speedup_line(best.get("speedup") or {}) + ".", "", pipeline_note(run.out_dir, best.get("mode")) + ".", ""]
     busy = busy_note(run.records, best.get("speedup") or {})
     if busy:
         lines += [f"**{busy}**", ""]

@@ -22,6 +22,7 @@ __all__ = [
     "write_trials_csv",
     "write_json",
     "int8_lines",
+    "pipeline_note",
     "summary_rows",
 ]
 
@@ -179,6 +180,18 @@ def claim_text(speedup: dict[str, Any]) -> tuple[str, str]:
         "unconfirmed": f"{value:.2f}x (unconfirmed)",
     }.get(verdict, f"{value:.2f}x")
     return headline, speedup.get("sentence", "")
+
+
+def pipeline_note(out_dir: Any, mode: str | None = None) -> str:
+    """Which pipeline a run's throughput figures time, and the one command that re-times it."""
+    if mode == "train":
+        return "The figures time training steps of the tuned setup, as autotune.training builds it."
+    return (
+        "The figures time the tuned model fed by the tuned DataLoader (autotune.apply + autotune.dataloader, "
+        "the pipeline autotune.predictor runs), end to end; re-time it beside the plain loop and predict in a "
+        f"fresh process: python -m benchmarks.predict --cfg CFG.py --load {out_dir} (CFG.py: this run's "
+        "model and dataset)"
+    )
 
 
 def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | None:

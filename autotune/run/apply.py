@@ -9,7 +9,10 @@ from typing import Any
 from autotune.config import Config
 from autotune.errors import ConfigError, TrialError
 
-__all__ = ["apply", "dataloader", "predict", "training"]
+__all__ = ["applied_as", "apply", "dataloader", "training"]
+
+# Set on what apply() returns: the config and device it was built with, so it is not tuned twice.
+_MARK = "_autotune_applied"
 
 
 def _read_config(config: Any) -> Config:
@@ -48,9 +51,15 @@ def apply(
     process. Configs that prune or quantize need ``dataset`` (example inputs to trace, batches to
     calibrate; fine-tuning trains with ``loss_fn`` on ``train_dataset``, default ``dataset``), as
     during the search. Give the same data as to :func:`~autotune.optimize` to get the same model
-    (and the same ``collate_fn``, for samples that need one). With ``int8_fallback``, a run's
-    ``best_config.json`` (or its directory) keeps the very layers the run kept float; a plain
-    dict ranks the layers again on ``dataset``.
+    (and the same ``collate_fn``, for samples that need one): the example and calibration
+    samples are the run's own draw (its seed, validation subset and baseline batch size), and
+    ``int8_fallback`` keeps the very layers the run kept float. Both are read from a run's
+    ``best_config.json`` (or its directory), or from the ``rebuild`` entry ``result.best_config``
+    carries for an int8 winner; a hand-written dict draws as a run with default options does and
+    ranks the layers again.
+
+    Raises:
+        ConfigError: ``model`` is what ``apply`` returned already (pass the original model).
 
     Example:
         >>> import torch
@@ -61,11 +70,15 @@ def apply(
     import torch
 
     from autotune.env import resolve_device
-    from autotune.knobs.state import BuildExtras
     from autotune.run.plan import _check_model
     from autotune.trial.build import apply_settings, build
 
     _check_model(model)
+    if applied_as(model) is not None:
+        raise ConfigError(
+            "`model` is already what autotune.apply returned; tuning it again would stack a second build on the first: "
+            "pass the original model."
+        )
     if not isinstance(model, torch.nn.Module):
         model = model()
     cfg = _read_config(config)
@@ -73,26 +86,22 @@ def apply(
     extras = None
     if dataset is not None:
         collate = base_collate(dataset, collate_fn, pad_values)
-        size = cfg["batch_size"]
-        n = len(dataset)
-        extras = BuildExtras(
-            example=collate([dataset[i] for i in range(min(8, n))]),
-            calibration=[
-                collate([dataset[i] for i in range(k, min(k + size, n))]) for k in range(0, min(8 * size, n), size)
-            ],
-            loss_fn=loss_fn,
-            train_dataset=train_dataset if train_dataset is not None else dataset,
-            batch_size=size,
-            prune_ignore=tuple(prune_ignore),
-        )
-    kept = _int8_kept(config)
-    if extras is not None and kept is not None:
-        from autotune.compress.fallback import Int8Plan
-
-        extras.int8 = Int8Plan(keep=kept)  # the run's own layers kept float, not a new ranking
-    state = build(model, cfg, resolve_device(device), extras=extras)
+        extras = _extras(dataset, cfg, _rebuild_of(config), collate, train_dataset)
+        extras.loss_fn, extras.prune_ignore = loss_fn, tuple(prune_ignore)
+        if train_dataset is not None:
+            extras.train_dataset = train_dataset
+    where = resolve_device(device)
+    state = build(model, cfg, where, extras=extras)
     apply_settings(state.settings)
+    setattr(state.model, _MARK, {"config": cfg.to_dict(), "device": where})
     return state.model
+
+
+def applied_as(model: Any) -> dict[str, Any] | None:
+    """How :func:`apply` built ``model`` (``{"config": ..., "device": ...}``), or ``None`` when
+    ``model`` is not something it returned."""
+    mark = getattr(model, _MARK, None) if not isinstance(model, type) else None
+    return mark if isinstance(mark, dict) else None
 
 
 def _unloaded(dataset: Any, collate_fn: Any) -> tuple[Any, Any]:
@@ -114,20 +123,62 @@ def _unloaded(dataset: Any, collate_fn: Any) -> tuple[Any, Any]:
     return dataset.dataset, collate_fn or own
 
 
-def _int8_kept(config: Any) -> list[str] | None:
-    """The int8 layers a run kept float (``best_config.json``'s ``int8``), when ``config`` is a
-    run's file or directory; ``None`` otherwise."""
+# The search's draw under default options (n_val, seed, baseline batch size, calibration batches):
+# what a config without a run's record is rebuilt with.
+_DEFAULT_DRAW = {"n_val": 512, "seed": 0, "calibration_batch_size": 32, "n_calibration": 8}
+
+
+def _rebuild_of(config: Any) -> dict[str, Any]:
+    """How the run drew its example and calibration samples and which int8 layers it kept float:
+    ``best_config.json``'s ``rebuild`` (and ``int8``) for a run's file or directory, the
+    ``rebuild`` entry of ``result.best_config`` for a dict, the default draw otherwise."""
     import json
 
-    if not isinstance(config, (str, Path)):
-        return None
-    path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
-    try:
-        record = json.loads(path.read_text()).get("int8") or {}
-    except (OSError, ValueError, AttributeError):
-        return None
-    kept = record.get("kept_float")
-    return list(kept) if isinstance(kept, list) and record.get("n_layers") else None
+    record: dict[str, Any] = {}
+    if isinstance(config, (str, Path)):
+        path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
+        try:
+            saved = json.loads(path.read_text())
+        except (OSError, ValueError):
+            saved = {}
+        saved = saved if isinstance(saved, dict) else {}
+        record = dict(saved.get("rebuild") or {})
+        int8 = saved.get("int8") or {}
+        if record.get("int8_kept_float") is None and isinstance(int8.get("kept_float"), list) and int8.get("n_layers"):
+            record["int8_kept_float"] = int8["kept_float"]  # a run written before the rebuild record
+    elif isinstance(config, Config):
+        record = dict(config.rebuild or {})
+    elif isinstance(config, Mapping):
+        record = dict(config.get("rebuild") or {})
+    return {**_DEFAULT_DRAW, **record}
+
+
+def _extras(dataset: Any, cfg: Config, rebuild: dict[str, Any], collate: Any, train_dataset: Any = None) -> Any:
+    """The build's data as the search had it: its example batch, its calibration batches (the
+    same seeded draw at the baseline batch size, :func:`autotune.data.calibration_draw`), its
+    seed, and the int8 layers it kept float."""
+    from autotune.data import calibration_draw
+    from autotune.knobs.state import BuildExtras
+
+    n_train = len(train_dataset) if train_dataset is not None else None
+    example, picked, from_train = calibration_draw(
+        len(dataset), rebuild["n_val"], rebuild["seed"], rebuild["calibration_batch_size"], rebuild["n_calibration"],
+        n_train,
+    )  # fmt: skip
+    source = train_dataset if from_train else dataset
+    extras = BuildExtras(
+        example=collate([dataset[i] for i in example]),
+        calibration=[collate([source[i] for i in ids]) for ids in picked],
+        train_dataset=dataset,
+        batch_size=cfg["batch_size"],
+        seed=rebuild["seed"],
+    )
+    kept = rebuild.get("int8_kept_float")
+    if isinstance(kept, list):
+        from autotune.compress.fallback import Int8Plan
+
+        extras.int8 = Int8Plan(keep=list(kept))  # the run's own layers kept float, not a new ranking
+    return extras
 
 
 def base_collate(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None) -> Any:
@@ -159,57 +210,6 @@ def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[st
         grouping=cfg["length_grouping"],
         lengths=lengths_of(dataset) if sequence and cfg["length_grouping"] else None,
     )
-
-
-def predict(
-    model: Any,
-    dataset: Any,
-    config: Any,
-    *,
-    collate_fn: Any = None,
-    pad_values: Mapping[str, int] | None = None,
-    device: str = "auto",
-) -> list[Any]:
-    """Every sample's output, in dataset order, from ``model`` tuned and batched as ``config``
-    says (its batch size, padding and length grouping, whatever order the batches run in).
-
-    Each output is the sample's own, without a batch axis; a token-level output (one row per
-    position) keeps the sample's real tokens only.
-
-    Args:
-        model: The model (an ``nn.Module`` or a factory), as given to :func:`~autotune.optimize`.
-        dataset: The samples, or a DataLoader over them (its dataset and collate are used; the
-            batches are the tuned ones).
-        config: A dict, :class:`Config`, ``best_config.json`` or its directory.
-        collate_fn: The collate the run used, if it needed one.
-        pad_values: As for :func:`~autotune.optimize`.
-        device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
-
-    Example:
-        >>> import torch
-        >>> out = predict(torch.nn.Linear(4, 2), [torch.ones(4)] * 5, {"batch_size": 2}, device="cpu")
-        >>> len(out), tuple(out[0].shape)
-        (5, (2,))
-    """
-    import torch
-
-    from autotune.batching import split_samples
-    from autotune.data import call_model, map_tensors, outputs_to_cpu, to_device
-    from autotune.env import resolve_device
-
-    cfg = _read_config(config)
-    dataset, collate_fn = _unloaded(dataset, collate_fn)
-    where = torch.device(resolve_device(device))
-    # The config as given: a run's directory also brings the int8 layers it kept float.
-    tuned = apply(model, config, device=str(where), dataset=dataset, collate_fn=collate_fn, pad_values=pad_values)
-    batching = _batching(dataset, cfg, collate_fn, pad_values)
-    outputs: list[Any] = [None] * len(dataset)
-    with torch.inference_mode():
-        for ids, batch in batching.batches([dataset[i] for i in range(len(dataset))]):
-            out = outputs_to_cpu(call_model(tuned, to_device(batch, where)))
-            for i, piece in zip(ids, split_samples(out, batch), strict=False):
-                outputs[i] = map_tensors(lambda t: t[0], piece)
-    return outputs
 
 
 def dataloader(

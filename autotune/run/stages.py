@@ -252,6 +252,14 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
             "sequence": spec.sequence,
         },
     }
+    if not opts.train:  # the draw apply() repeats to rebuild the measured model (data.calibration_draw)
+        summary["rebuild"] = {
+            "n_samples": len(spec.dataset),
+            "n_val": len(spec.val_indices),
+            "seed": opts.seed,
+            "calibration_batch_size": spec.baseline["batch_size"],
+            "n_calibration": spec.n_calibration,
+        }
     if opts.train:
         summary["train"] = {
             "effective_batch_size": opts.effective_batch_size,

@@ -20,7 +20,8 @@ class Result:
 
     Attributes:
         best_config: Every knob's chosen value (JSON-safe); feed it to :func:`apply` and
-            :func:`dataloader`.
+            :func:`dataloader`. An int8 winner's also holds ``rebuild`` (not a knob): the run's
+            calibration draw and the layers it kept float, so ``apply`` rebuilds the model measured.
         best: The winner's metrics (``samples_per_s``, ``latency_ms_p95``, ``metric`` ...).
         baseline: The baseline's metrics, measured the same way.
         speedup: Best over baseline throughput in the confirmation rounds: the geometric mean of
@@ -300,6 +301,18 @@ def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _rebuild_record(summary: dict[str, Any], best: dict[str, Any]) -> dict[str, Any] | None:
+    """For an int8 winner, what :func:`autotune.apply` needs to rebuild the very model measured:
+    the run's calibration draw and the layers it kept float (``None`` for any other winner)."""
+    config = best.get("config") or {}
+    ort = config.get("runtime") == "onnxruntime" and str(config.get("ort_precision", "")).startswith("int8")
+    if not summary.get("rebuild") or (config.get("quantization", "none") == "none" and not ort):
+        return None
+    kept = best.get("int8_kept") if best.get("int8_layers") else None
+    kept = json.loads(kept) if isinstance(kept, str) else kept
+    return {**summary["rebuild"], "int8_kept_float": list(kept) if isinstance(kept, (list, tuple)) else None}
+
+
 def write_best(
     out: Path,
     summary: dict[str, Any],
@@ -333,8 +346,9 @@ def write_best(
     notes = [n for n in (figures_note(baseline, shown_base, "baseline"), None if same else
              figures_note(best, shown_best, "winner")) if n]  # fmt: skip
     claimed = claim["verdict"] == "speedup" or (same and claim["method"] == "baseline is best")
+    rebuild = _rebuild_record(summary, best)
     result = Result(
-        best_config=dict(best["config"]),
+        best_config={**best["config"], "rebuild": rebuild} if rebuild else dict(best["config"]),
         best=shown_best,
         baseline=shown_base,
         speedup=claim["speedup"],
@@ -354,13 +368,14 @@ def write_best(
             "schema_version": report.SCHEMA_VERSION,
             "created": report.now_iso(),
             **summary,
-            "config": result.best_config,
+            "config": dict(best["config"]),
             "baseline_config": baseline["config"],
             "best": result.best,
             "baseline": result.baseline,
             "speedup": claim,
             # The winner's int8 layers kept float, with their measured error: apply() reuses them.
             "int8": _int8_record(best),
+            "rebuild": rebuild or summary.get("rebuild"),
             "trial_figures": {
                 "best": {k: best.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},
                 "baseline": {k: baseline.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},

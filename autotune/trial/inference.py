@@ -16,7 +16,7 @@ from autotune._pristine import restore
 from autotune.batching import lengths_of
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
-from autotune.data import MIN_CALIBRATION, call_model, to_device
+from autotune.data import call_model, to_device
 from autotune.errors import InputError
 from autotune.knobs.state import BuildExtras, BuildState, TunedModule, wrap
 from autotune.trial.build import build
@@ -83,26 +83,23 @@ class TrialContext(Context):
 
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        import numpy as np
-
         from autotune.batching import lengths_of
+        from autotune.data import calibration_draw
 
         spec = self.spec
         collate = self.collate
         size = spec.baseline["batch_size"]
-        # Never a sample the guard scores: the dataset's others, else train_dataset, else none
-        # (the space then offers nothing that calibrates, see autotune.data.calibration_split).
-        held = set(spec.val_indices)
-        source = spec.dataset
-        pool = [i for i in range(len(source)) if i not in held]
-        if len(pool) < MIN_CALIBRATION and spec.train_dataset is not None:
-            source = spec.train_dataset
-            pool = list(range(len(source)))
-        picked = np.random.default_rng(spec.seed + 1).permutation(pool)[: size * spec.n_calibration].tolist()
-        calibration = [collate([source[i] for i in picked[k : k + size]]) for k in range(0, len(picked), size)]
+        # Never a sample the guard scores (see autotune.data.calibration_draw); apply() draws the
+        # same, so the model it rebuilds is the one measured.
+        n_train = len(spec.train_dataset) if spec.train_dataset is not None else None
+        example, picked, from_train = calibration_draw(
+            len(spec.dataset), len(spec.val_indices), spec.seed, size, spec.n_calibration, n_train
+        )
+        source = spec.train_dataset if from_train else spec.dataset
+        calibration = [collate([source[i] for i in ids]) for ids in picked]
         return BuildExtras(
             # At least two samples: an export traced at batch 1 would specialise the batch size.
-            example=collate(self.samples[: max(2, min(8, len(self.samples)))]),
+            example=collate([spec.dataset[i] for i in example]),
             calibration=calibration,
             loss_fn=spec.loss_fn,
             train_dataset=finetune_dataset(spec),

@@ -1,0 +1,186 @@
+"""Does predict cost what the claim timed? The claim, apply + dataloader and predict side by side.
+
+    python -m benchmarks.predict                          # tune the quickstart, then re-time; a few minutes
+    python -m benchmarks.predict --workload digits        # or a workload of benchmarks/workloads.py
+    python -m benchmarks.predict --cfg CFG.py --load OUT  # re-time a finished run of your own cfg.py
+    python -m benchmarks.predict --smoke                  # CI: tiny budget, checks that everything runs
+
+1. ``autotune.optimize`` tunes the workload (skipped with ``--load``): its claim is the speedup
+   of the tuned model fed by the tuned DataLoader over the plain loop.
+2. A fresh Python process builds, once each, three pipelines over the same samples: the user's
+   plain fp32 loop (the model as given, a DataLoader at the baseline's batch size), the tuned
+   model from ``autotune.apply`` iterated over ``autotune.dataloader`` (what the claim timed),
+   and an ``autotune.predictor`` (apply once, then every call reads the tuned loader and puts
+   the outputs back in dataset order). The first predictor call is timed alone.
+3. Rounds alternate the three in rotating order; each pass covers the whole dataset, repeated
+   for at least ``--seconds``. Each ratio is the geometric mean over rounds of that round's
+   pipeline over the plain loop's samples/s.
+
+Nothing here asserts a speed: it prints the ratios and predict's cost over apply + dataloader
+(the target is at most 10%).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.core import machine, table
+
+ROOT = Path(__file__).resolve().parent.parent
+MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
+BUDGETS = {"full": {"n_trials": 10, "rounds": 5, "seconds": 2.0}, "smoke": {"n_trials": 2, "rounds": 1, "seconds": 0.2}}
+TARGET = 0.10  # predict may cost at most this much over apply + dataloader
+
+
+def workload(name: str | None, cfg_path: Path | None) -> dict[str, Any]:
+    """The cfg.py dict of a named workload (quickstart from examples/, the others from benchmarks/) or of a file."""
+    import autotune
+
+    if cfg_path is not None:
+        return autotune.load_config(cfg_path)
+    if name == "quickstart":
+        return autotune.load_config(ROOT / "examples" / "quickstart.py")
+    from benchmarks.workloads import CPU_WORKLOADS
+
+    return CPU_WORKLOADS[name]()
+
+
+def tune(cfg: dict[str, Any], out: Path, n_trials: int) -> None:
+    import autotune
+
+    shutil.rmtree(out, ignore_errors=True)
+    options = dict(cfg.get("options") or {})
+    options.update(n_trials=n_trials, out_dir=out, export=(), measure=MEASURE, device="cpu")
+    kwargs = {k: cfg[k] for k in ("metric", "max_metric_drop", "space") if k in cfg}
+    autotune.optimize(cfg["model"], cfg["dataset"], **{**kwargs, **options})
+
+
+def _model(cfg: dict[str, Any]) -> Any:
+    import torch
+
+    model = cfg["model"]
+    return (model if isinstance(model, torch.nn.Module) else model()).eval()
+
+
+def _pass_rate(run: Any, n: int, seconds: float) -> float:
+    """Samples/s of ``run()`` (one pass over ``n`` samples), repeated for at least ``seconds``."""
+    done, start = 0, time.perf_counter()
+    while True:
+        run()
+        done += n
+        if time.perf_counter() - start >= seconds:
+            return done / (time.perf_counter() - start)
+
+
+def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, seconds: float) -> dict[str, Any]:
+    """In this (fresh) process: the plain loop, apply + dataloader and a predictor, in alternating rounds."""
+    import torch
+
+    import autotune
+    from autotune.data import call_model
+    from autotune.run.apply import _unloaded, base_collate
+
+    cfg = workload(name, Path(cfg_path) if cfg_path else None)
+    saved = json.loads((Path(out) / "best_config.json").read_text())
+    dataset = (
+        cfg["dataset"]() if callable(cfg["dataset"]) and not hasattr(cfg["dataset"], "__len__") else cfg["dataset"]
+    )
+    data, collate = _unloaded(dataset, (cfg.get("options") or {}).get("collate_fn"))
+    plain_model, stock = _model(cfg), torch.get_num_threads()
+    plain_loader = torch.utils.data.DataLoader(
+        data, batch_size=saved["baseline_config"]["batch_size"], collate_fn=base_collate(data, collate)
+    )
+    tuned = autotune.apply(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
+    threads = torch.get_num_threads()  # apply sets the config's threads on this process; the plain loop runs stock
+    loader = autotune.dataloader(data, out, collate_fn=collate)
+    started = time.perf_counter()
+    run = autotune.predictor(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
+    run(data)
+    first_s = time.perf_counter() - started
+
+    def loop(model: Any, batches: Any, n_threads: int) -> None:
+        torch.set_num_threads(n_threads)
+        with torch.inference_mode():
+            for batch in batches:
+                call_model(model, batch)
+
+    def predict() -> None:
+        torch.set_num_threads(threads)
+        run(data)
+
+    pipelines = {
+        "plain": lambda: loop(plain_model, plain_loader, stock),
+        "apply+dataloader": lambda: loop(tuned, loader, threads),
+        "predict": predict,
+    }
+    for go in pipelines.values():  # warm every pipeline before the rounds
+        go()
+    names, rates = list(pipelines), {k: [] for k in pipelines}
+    for i in range(rounds):
+        for key in names[i % 3 :] + names[: i % 3]:
+            rates[key].append(_pass_rate(pipelines[key], len(data), seconds))
+    return {"rates": rates, "first_predict_s": first_s, "claim": saved.get("speedup") or {}}
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def report(label: str, timed: dict[str, Any]) -> list[Any]:
+    rates = timed["rates"]
+    ratio = {k: _geomean([r / p for r, p in zip(rates[k], rates["plain"], strict=True)]) for k in rates}
+    claim = timed["claim"].get("speedup")
+    cost = ratio["apply+dataloader"] / ratio["predict"] - 1
+    return [
+        label,
+        f"{claim:.2f}x" if claim else "-",
+        f"{statistics.median(rates['plain']):,.0f}/s",
+        f"{ratio['apply+dataloader']:.2f}x",
+        f"{ratio['predict']:.2f}x",
+        f"{cost:+.1%} ({'met' if cost <= TARGET else 'not met'})",
+        f"{timed['first_predict_s']:.1f} s",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.predict", description=__doc__.split("\n")[0])
+    parser.add_argument("--workload", default="quickstart", help="quickstart, or a name of benchmarks/workloads.py")
+    parser.add_argument("--cfg", type=Path, help="a cfg.py defining model and dataset (instead of --workload)")
+    parser.add_argument("--load", type=Path, help="re-time this finished run instead of tuning")
+    parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
+    parser.add_argument("--out", type=Path, help="directory for the run (default: a temporary one)")
+    args = parser.parse_args(argv)
+    budget = BUDGETS["smoke" if args.smoke else "full"]
+    label = str(args.cfg) if args.cfg else args.workload
+    out = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-predict" / label
+    info = machine()
+    print(f"claim vs apply + dataloader vs predict, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
+    if args.load is None:
+        tune(workload(None if args.cfg else args.workload, args.cfg), out, budget["n_trials"])
+    code = (
+        "import json, sys; from benchmarks.predict import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
+    )
+    call = [None if args.cfg else args.workload, str(args.cfg) if args.cfg else None, str(out), budget["rounds"],
+            budget["seconds"]]  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(call)], capture_output=True, text=True, cwd=ROOT)
+    if done.returncode != 0:
+        raise SystemExit(f"re-timing {label} failed: {done.stderr.strip()[-800:]}")
+    timed = json.loads(done.stdout.strip().splitlines()[-1])
+    header = (
+        "workload|claimed|plain loop|apply + dataloader|predict|predict's cost over apply + dataloader|first predict"
+    )
+    table("Speedup over the plain fp32 loop, re-timed in a fresh process", header, [report(label, timed)])
+
+
+if __name__ == "__main__":
+    main()

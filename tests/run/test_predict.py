@@ -1,0 +1,96 @@
+"""predictor() and predict(): a tuned model built once, run through the tuned loader, outputs in
+dataset order; a model apply() returned is used as it is and never tuned twice."""
+
+import pytest
+import torch
+
+import autotune
+from autotune.batching import Batching, gather_outputs, pad_collate, split_samples
+from tests.models import MLP, TextEncoder, classification_data, text_data
+
+GROUPED = {"batch_size": 8, "padding": "trim", "length_grouping": 4}
+ORT_STATIC = {"batch_size": 16, "runtime": "onnxruntime", "ort_precision": "int8_static"}
+
+
+class Tagger(TextEncoder):
+    """Token-level outputs beside a vector: per-position states (B, S, 32), ids (B, S), the first state (B, 32)."""
+
+    def forward(self, input_ids, attention_mask):
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        hidden = self.encoder(
+            self.embed(input_ids) + self.position(positions), src_key_padding_mask=attention_mask == 0
+        )
+        return {"tokens": hidden, "ids": input_ids * 2, "first": hidden[:, 0]}
+
+
+def _one_by_one(model, samples):
+    with torch.inference_mode():
+        return [model(**{k: v[None] for k, v in s.items()}) for s in samples]
+
+
+def test_outputs_of_grouped_batches_come_back_in_dataset_order_with_each_samples_own_tokens():
+    data = text_data(50)
+    out = autotune.predict(Tagger(), data, GROUPED, device="cpu")
+    own = _one_by_one(Tagger().eval(), data)
+    assert len(out) == len(data)
+    for got, ref, sample in zip(out, own, data, strict=True):
+        assert got["tokens"].shape == (len(sample["input_ids"]), 32)
+        torch.testing.assert_close(got["tokens"], ref["tokens"][0], atol=1e-5, rtol=1e-4)
+        assert torch.equal(got["ids"], ref["ids"][0])
+        torch.testing.assert_close(got["first"], ref["first"][0], atol=1e-5, rtol=1e-4)
+
+
+def test_gather_outputs_equals_splitting_each_batch_sample_by_sample():
+    data = text_data(37, seed=3)
+    batching = Batching(
+        batch_size=5, collate_fn=pad_collate, padding="trim", grouping=4, lengths=[len(s["input_ids"]) for s in data]
+    )
+    model = Tagger().eval()
+    chunks, order, expected = [], [], [None] * len(data)
+    with torch.inference_mode():
+        for ids, batch in batching.batches(data):
+            out = model(**batch)
+            chunks.append((out, batch["attention_mask"]))
+            order += ids
+            for i, piece in zip(ids, split_samples(out, batch), strict=True):
+                expected[i] = {k: v[0] for k, v in piece.items()}
+    for got, ref in zip(gather_outputs(chunks, order), expected, strict=True):
+        assert got.keys() == ref.keys() and all(torch.equal(got[k], ref[k]) for k in ref)
+
+
+def test_a_predictor_builds_the_model_once_for_every_call():
+    built = []
+
+    def make():
+        built.append(1)
+        return MLP()
+
+    data = classification_data(40)
+    run = autotune.predictor(make, {"batch_size": 16}, device="cpu")
+    first, second = run(data), run.predict(data)
+    assert len(built) == 1
+    expected = MLP().eval()(torch.stack([x for x, _ in data])).detach()
+    torch.testing.assert_close(torch.stack(first), expected)
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_predict_uses_an_onnxruntime_int8_model_apply_returned_as_it_is():
+    data = classification_data(64)
+    fast = autotune.apply(MLP(), ORT_STATIC, device="cpu", dataset=data)
+    with torch.inference_mode():
+        expected = torch.cat([fast(torch.stack([x for x, _ in data[k : k + 16]])) for k in range(0, 64, 16)])
+    for config in (ORT_STATIC, None):  # with the config it was built with, or none
+        out = autotune.predict(fast, data, config)
+        torch.testing.assert_close(torch.stack(out), expected)
+
+
+def test_an_applied_model_is_refused_where_it_would_be_tuned_again():
+    fast = autotune.apply(MLP(), {"batch_size": 8, "amp_dtype": "bfloat16"}, device="cpu")
+    with pytest.raises(
+        autotune.ConfigError, match=r"already what autotune\.apply returned.*pass the original model\.$"
+    ):
+        autotune.apply(fast, {"batch_size": 8})
+    with pytest.raises(autotune.ConfigError, match=r"another config: pass the original model"):
+        autotune.predict(fast, classification_data(8), {"batch_size": 4})
+    with pytest.raises(autotune.ConfigError, match=r"needs the config"):
+        autotune.predictor(MLP())
