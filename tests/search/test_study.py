@@ -38,7 +38,15 @@ def test_baseline_first_no_repeats_and_results_written(tmp_path):
     saved = json.loads((tmp_path / "best_config.json").read_text())
     assert saved["schema_version"] == 1 and saved["config"] == result.best_config
     claim = saved["speedup"]
-    assert claim["method"] in ("confirmation rounds", "no measurable speedup", "baseline is best")
+    # Which verdict a one-thread or small-batch pick gets depends on the CPU and its load; each
+    # is a complete, written result.
+    assert claim["method"] in (
+        "confirmation rounds",
+        "no measurable speedup",
+        "baseline is best",
+        "pick slower, baseline kept",
+        "not claimed, baseline kept",
+    )
     assert saved["env"]["device"] == "cpu"
     if claim["method"] == "confirmation rounds":
         # One measurement behind every figure: the claim is the ratio of the figures shown.
