@@ -39,6 +39,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--heartbeat", type=int, metavar="S", help="seconds between heartbeats of a trial (default 30)")
     run.add_argument("--grace", type=int, metavar="S", help="seconds without heartbeat: worker dead (default 180)")
     run.add_argument("--seed", type=int, help="sampler and torch seed (default 0)")
+    run.add_argument(
+        "--strategy",
+        choices=("staged", "tpe"),
+        help="staged: screen each lever, compose those that paid, then TPE; tpe: TPE after a warm start (default)",
+    )
     run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
@@ -108,6 +113,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "storage": args.storage,
         "study_name": args.study,
         "seed": args.seed,
+        "strategy": args.strategy,
         "isolation": args.isolation,
         "devices": args.devices,
         "heartbeat_interval_s": args.heartbeat,

@@ -84,6 +84,7 @@ class Options:
     test_dataset: Any = None
     export: Sequence[str] | str | None = None
     sampler: Any = None
+    strategy: str = "tpe"
     optimizer: Any = None
     effective_batch_size: int | None = None
     allow_batch_change: bool = False
@@ -139,6 +140,9 @@ class Options:
             raise ConfigError(f"`max_metric_drop` must be in [0, 1], but got {drop!r}.")
 
     def _check_choices(self) -> None:
+        from autotune.search.strategy import check_strategy
+
+        check_strategy(self.strategy)
         if self.isolation not in ("subprocess", "inprocess"):
             raise ConfigError(f"`isolation` must be 'subprocess' or 'inprocess', but got {self.isolation!r}.")
         if self.mode not in ("inference", "train"):

@@ -353,7 +353,17 @@ def search(run: Run) -> None:
         extra_attrs={"hardware": run.env.hardware_key(), **owner_attrs()},
         on_trial=after_trial,
         trial_timeout=opts.trial_timeout,
+        strategy=_strategy(run),
     )
+
+
+def _strategy(run: Run) -> Any:
+    """The staged strategy of the run, or ``None`` for plain TPE."""
+    if run.options.strategy != "staged":
+        return None
+    from autotune.search.strategy import Staged
+
+    return Staged(run.space, run.objectives, device=run.env.device, cores=run.env.cpu_threads)
 
 
 def finalize(run: Run) -> None:

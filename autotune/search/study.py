@@ -385,6 +385,7 @@ def run_trials(
     on_trial: Callable[[dict[str, Any], int], None] | None = None,
     stop: threading.Event | None = None,
     trial_timeout: float | None = None,
+    strategy: Any = None,
 ) -> str:
     """Measure trials until ``n_trials`` have been measured in the study, counting every
     worker's (and, on resume, the earlier ones), ``timeout`` seconds pass, or the space is spent.
@@ -396,6 +397,9 @@ def run_trials(
         trial_timeout: Seconds one trial may take; ``None`` for the adaptive limit of
             :func:`trial_limit`. A trial still running at the ``timeout`` deadline is stopped
             then and recorded with kind ``deadline``.
+        strategy: A :class:`autotune.search.strategy.Staged` that queues the screening and
+            composing trials and refuses values screening left out; ``None`` for plain TPE
+            after the warm start of :func:`autotune.search.space.warm_start`.
 
     Returns:
         Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
@@ -431,9 +435,15 @@ def run_trials(
         if view.needs_baseline:
             baseline, *warm = first_params(space)
             study.enqueue_trial(baseline, user_attrs={"baseline": True}, skip_if_exists=True)
-            if not view.n_measured:  # a fresh study: the usual first changes next, within the budget
+            if (
+                strategy is None and not view.n_measured
+            ):  # a fresh study: the usual first changes next, within the budget
                 for params in warm[: max(0, n_trials - 1)]:
                     study.enqueue_trial(params, skip_if_exists=True)
+        elif strategy is not None and view.baseline is not None:
+            from autotune.search.strategy import queue_next
+
+            queue_next(study, strategy, n_trials)
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Heartbeat of storage is supposed to be used")
             trial = study.ask()
@@ -451,6 +461,7 @@ def run_trials(
                     on_trial,
                     stop,
                     limits,
+                    strategy,
                 )
             except optuna.exceptions.UpdateFinishedTrialError:
                 # Declared dead while alive (the database out of reach longer than the grace
@@ -468,7 +479,8 @@ def run_trials(
                     trial.set_user_attr("status", "interrupted")
                     study.tell(trial, state=TrialState.FAIL)
                 raise
-        repeats = repeats + 1 if outcome in ("repeat", "duplicate") else 0
+        # A refusal of a value left out after screening costs no budget: many in a row, the space is spent.
+        repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened") else 0
 
 
 class _Limits:
@@ -562,6 +574,7 @@ def _one_trial(
     on_trial: Callable[[dict[str, Any], int], None] | None,
     stop: threading.Event | None,
     limits: _Limits,
+    strategy: Any = None,
 ) -> str:
     """Claim, measure (or answer) and tell one asked trial; return what became of it."""
     baseline_key = Config(dict(space.baseline)).key()
@@ -587,7 +600,10 @@ def _one_trial(
     trial.set_user_attr("measuring", True)
     finished = _finished(study)
     rule, fault = _oom_rule(config, finished), _fault_rule(config, finished)
-    if rule is not None:
+    screened = None if strategy is None else strategy.refusal(config, [trial_record(t) for t in finished])
+    if screened is not None:
+        result = TrialResult("error", "screened", screened, {"ran": False, **attrs})
+    elif rule is not None:
         result = TrialResult("oom", "oom-rule", rule, {"ran": False, **attrs})
     elif fault is not None:
         result = TrialResult("error", "fault-rule", fault, {"ran": False, **attrs})
@@ -609,4 +625,6 @@ def _one_trial(
         )
     if on_trial is not None:
         on_trial(trial_record(frozen), _View(study.get_trials(deepcopy=False), baseline_key).n_measured)
+    if screened is not None:
+        return "screened"
     return "measured" if result.metrics["ran"] else "ruled"

@@ -1,0 +1,393 @@
+"""The staged strategy: screen each lever alone, compose those that paid, refine with TPE.
+
+An engineer tuning a pipeline by hand measures each big change once against the baseline,
+then puts together the ones that paid, largest first, and keeps each addition only if it is
+measured better. TPE alone does not: it finds the big levers one at a time and seldom combines
+them within a small budget. So a study run with ``strategy="staged"`` goes through three phases:
+
+* **Screen.** Each *lever* (the knobs that form one idea: autocast, trimmed padding with
+  length grouping, ``torch.compile``, ONNX Runtime int8, a larger batch, fewer threads, ...)
+  is measured alone at its most promising value. A lever whose first value cannot run or
+  fails the guard is screened at its next value.
+* **Compose.** The levers that paid are combined: first all of them at once (their effects
+  multiply, so that is the predicted best), then greedily, largest measured effect first,
+  keeping each addition only if measured better. Combinations the space knows cannot run
+  (autocast with CPU int8) are not proposed.
+* **Refine.** Nothing is queued any more: the study's TPE sampler proposes the rest, and it
+  has seen every trial measured so far.
+
+A value that screening measured clearly slower than the baseline (one thread on two cores,
+bfloat16 emulated) is *left out* for the rest of the study: a sampled configuration holding it
+is refused before it runs, with the reason ``left out after screening: measured 0.50x``.
+
+Nothing here keeps state of its own: the next configurations are derived from the study's
+trials every time, so a resumed study, or several workers sharing one, continue where the
+study stands, and a configuration already measured, running or queued is never queued again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.config import Config
+from autotune.errors import ConfigError
+from autotune.knobs import REGISTRY
+from autotune.search.space import SearchSpace
+
+__all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next"]
+
+STRATEGIES = ("staged", "tpe")
+# A lever pays when it is at least this much faster than the baseline (measurement noise is a few %).
+MIN_GAIN = 1.03
+# A value is left out when screening measured it below this share of the baseline's speed.
+HARMFUL = 0.8
+# The levers screened alone against the baseline; the others are tried on the composed configuration.
+TIER1 = ("padding", "amp_dtype", "int8", "compile_mode")
+
+
+def check_strategy(name: Any) -> str:
+    """Return ``name`` if it is a known strategy.
+
+    Raises:
+        ConfigError: it is not one of :data:`STRATEGIES`.
+    """
+    if name not in STRATEGIES:
+        raise ConfigError(f"No strategy named {name!r}. Known: {', '.join(STRATEGIES)}.")
+    return name
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """One idea to screen: its name and its values in order of promise, each a dict of changes
+    to the baseline (only the knobs the lever sets)."""
+
+    name: str
+    variants: tuple[Mapping[str, Any], ...]
+
+
+def _first(space: SearchSpace, name: str, preferred: Sequence[Any]) -> Any:
+    values, base = space.values.get(name, ()), space.baseline.get(name)
+    return next((v for v in preferred if v in values and v != base), None)
+
+
+def _nearest(values: Sequence[Any], target: float) -> Any:
+    return min(values, key=lambda v: (abs(math.log(v / target)), v)) if values else None
+
+
+def _variants(space: SearchSpace, *options: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Each option maps knobs to preferred values; an option with a knob the space does not
+    offer is left out."""
+    found = []
+    for option in options:
+        changes = {k: _first(space, k, prefs) for k, prefs in option.items()}
+        if all(v is not None for v in changes.values()) and changes:
+            found.append(changes)
+    return found
+
+
+def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
+    """The levers the space offers, in order of promise (the order they are screened in).
+
+    Only values the space offers are used, so what the Env rules out (bfloat16 without
+    AVX-512 or AMX, int8 without a quantizable layer, compile without a compiler, padding on
+    data that is not token sequences) is never screened.
+
+    Args:
+        space: The resolved search space.
+        cores: Physical cores, for the thread and loader-worker levers (default: the baseline's threads).
+    """
+    base = space.baseline
+    cores = cores or base.get("num_threads") or 1
+    found: list[Lever] = []
+
+    def add(name: str, variants: list[dict[str, Any]]) -> None:
+        if variants:
+            found.append(Lever(name, tuple(variants)))
+
+    shape = _variants(space, {"padding": ("trim", "trim_8", "trim_16"), "length_grouping": (16, 4, 64)})
+    add("padding", shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")}))
+    add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
+    ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
+    auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
+    add(
+        "int8",
+        _variants(
+            space,
+            {**ort, **auto},
+            {"quantization": ("int8_dynamic",), **auto},
+            {"runtime": ("onnxruntime",)},
+        ),
+    )
+    add("compile_mode", _variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)}))
+    larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
+    if larger:
+        add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])
+    fewer = [n for n in space.values.get("num_threads", ()) if n is not None and n < (base.get("num_threads") or 0)]
+    if fewer:
+        add("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
+    workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
+    if workers and base.get("num_workers") == 0:
+        add("num_workers", [{"num_workers": _nearest(workers, min(2, cores))}])
+    for name, value in (
+        ("channels_last", True),
+        ("optimizer_impl", "fused"),
+        ("cudnn_benchmark", True),
+        ("tf32", True),
+        ("flush_denormal", True),
+    ):
+        add(name, _variants(space, {name: (value,)}))
+    return found
+
+
+def _score(record: Mapping[str, Any], key: str, maximize: bool) -> float | None:
+    if record.get("status") != "ok" or record.get(key) in (None, 0):
+        return None
+    value = float(record[key])
+    return value if maximize else 1.0 / value
+
+
+class Staged:
+    """The staged strategy for one study; see the module docstring.
+
+    Args:
+        space: The resolved search space.
+        objectives: The study's objectives; the first decides what "faster" means. With neither
+            throughput nor latency first, there is nothing to screen and TPE runs alone.
+        device: ``"cpu"`` or ``"cuda..."``: autocast does not combine with CPU int8.
+        cores: Physical cores (default: the baseline's thread count).
+
+    Example:
+        >>> from autotune.search.space import SearchSpace
+        >>> from autotune.knobs import REGISTRY
+        >>> base = {n: k.default for n, k in REGISTRY.items()} | {"num_threads": 2}
+        >>> space = SearchSpace({**{n: [v] for n, v in base.items()}, "batch_size": [32, 128]}, base, {})
+        >>> [lever.name for lever in Staged(space, ["throughput"]).levers]
+        ['batch_size']
+    """
+
+    def __init__(
+        self, space: SearchSpace, objectives: Sequence[str], device: str = "cpu", cores: int | None = None
+    ) -> None:
+        from autotune.search.select import OBJECTIVES
+
+        self.space, self.device = space, device
+        key, direction = OBJECTIVES[objectives[0]][:2]
+        self.key, self.maximize = key, direction == "maximize"
+        speed = objectives[0] in ("throughput", "latency")
+        self.levers = levers(space, cores) if speed else []
+        self.baseline = dict(space.baseline)
+        self.baseline_key = Config(self.baseline).key()
+
+    def _full(self, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The whole configuration as the study loop builds it from the same parameters:
+        ``changes`` on ``base`` (default: the baseline with the knobs the user fixed), and each
+        knob that does not apply, given the knobs before it, at its baseline value."""
+        space = self.space
+        wanted = {**(base or {n: v[0] if len(v) == 1 else space.baseline[n] for n, v in space.values.items()})}
+        wanted.update(changes)
+        config: dict[str, Any] = {}
+        for name, knob in REGISTRY.items():
+            config[name] = wanted[name] if knob.applies(config) else space.baseline[name]
+        return config
+
+    def runnable(self, config: Mapping[str, Any]) -> bool:
+        """Whether the space knows ``config`` can run: in the space, and no autocast with CPU int8."""
+        if not self.space.contains(config):
+            return False
+        cpu_int8 = config.get("quantization") in ("int8_dynamic", "int8_static") and not self.device.startswith("cuda")
+        return not (cpu_int8 and REGISTRY["amp_dtype"].applies(dict(config)) and config["amp_dtype"] != "float32")
+
+    # ---- what the records say -------------------------------------------------------------
+
+    def _scores(self, records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
+        """Score by key of every configuration with a result (``None``: it failed or missed the guard)."""
+        scores: dict[str, float | None] = {}
+        for r in records:
+            if "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
+                scores.setdefault(r["key"], _score(r, self.key, self.maximize))
+        return scores
+
+    def screened(self, records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], float | None]]:
+        """Per lever screened so far: the variant that decided it and its speed against the
+        baseline (``None``: every variant tried failed or missed the guard)."""
+        scores = self._scores(records)
+        base = scores.get(self.baseline_key)
+        found = {}
+        for lever in self.levers:
+            for changes in lever.variants:
+                key = Config(self._full(changes)).key()
+                if key not in scores:
+                    break
+                if scores[key] is not None and base:
+                    found[lever.name] = (dict(changes), scores[key] / base)
+                    break
+                found[lever.name] = (dict(changes), None)
+        return found
+
+    def left_out(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+        """The changes screening measured clearly slower than the baseline, with their ratio."""
+        return self._alone_harmful(records) + self.composition(records)[1]
+
+    def _alone_harmful(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], float]]:
+        return [(c, r) for c, r in self.screened(records).values() if r is not None and r < HARMFUL]
+
+    def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
+        """Why ``config`` is not run (it holds a value left out after screening), or ``None``."""
+        return self._refuse(config, self.left_out(records))
+
+    def _refuse(self, config: Mapping[str, Any], left_out: Sequence[tuple[Mapping[str, Any], float]]) -> str | None:
+        for changes, ratio in left_out:
+            if all(config.get(k) == v and REGISTRY[k].applies(dict(config)) for k, v in changes.items()):
+                what = ", ".join(f"{k}={v}" for k, v in changes.items())
+                return f"left out after screening: measured {ratio:.2f}x with {what}"
+        return None
+
+    # ---- what to measure next -------------------------------------------------------------
+
+    def screening(self, records: Sequence[Mapping[str, Any]], n_trials: int) -> list[dict[str, Any]]:
+        """The screening configurations not yet decided: each lever's next variant, within the
+        share of the budget screening may spend."""
+        scores, chosen = self._scores(records), []
+        for lever in [lever for lever in self.levers if lever.name in TIER1]:
+            for changes in lever.variants:
+                config = self._full(changes)
+                score = scores.get(Config(config).key(), "untried")
+                if score == "untried":
+                    chosen.append(config)
+                if score is None:
+                    continue  # failed or missed the guard: its next value is screened
+                break
+        return [c for c in chosen if self.runnable(c)]
+
+    def _keeps(self, config: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
+        """Whether ``config`` holds every one of ``changes``, each still in effect."""
+        return all(config.get(k) == v and REGISTRY[k].applies(dict(config)) for k, v in changes.items())
+
+    def _add(self, config: dict[str, Any], held: list[Mapping[str, Any]], changes: Mapping[str, Any]) -> Any:
+        """``config`` with ``changes`` added, if it can run and masks none of ``held`` (ONNX
+        Runtime makes autocast and compile moot, say); else ``None``."""
+        merged = self._full(changes, config)
+        if not self.runnable(merged) or not all(self._keeps(merged, c) for c in (*held, changes)):
+            return None
+        return merged
+
+    def composition(self, records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any] | None, list[Any]]:
+        """The next configuration to compose, or ``None`` when composing is done, and the
+        changes measured clearly harmful on top of the composed configuration.
+
+        The screened levers that paid are added to the largest one's configuration in order of
+        their effect, each kept only if measured better (their effects multiply when they do
+        not interact, and a pair that does is caught here). The levers of the second tier
+        (batch, threads, loader, layout, ...) are then tried on top of what was composed, one
+        at a time, also kept only if better: their effect depends most on what else changed.
+        """
+        scores = self._scores(records)
+        paid = sorted(
+            ((r, c) for c, r in self.screened(records).values() if r is not None and r >= MIN_GAIN),
+            key=lambda rc: -rc[0],
+        )
+        current, held, harmful = self._full(paid[0][1] if paid else {}), [paid[0][1]] if paid else [], []
+        steps = [c for _, c in paid[1:]] + [lever.variants[0] for lever in self.levers if lever.name not in TIER1]
+        for changes in steps:
+            candidate = self._add(current, held, changes)
+            if candidate is None or Config(candidate).key() == Config(current).key():
+                continue
+            key, now = Config(candidate).key(), scores.get(Config(current).key())
+            if key not in scores:
+                return candidate, harmful
+            if scores[key] is not None and now and scores[key] / now < HARMFUL:
+                harmful.append((dict(changes), scores[key] / now))
+            if (scores[key] or 0.0) > (now or 0.0):
+                current, held = candidate, [*held, changes]
+        return self._interactions(records, scores, self._alone_harmful(records) + harmful), harmful
+
+    def _interactions(self, records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], left_out: list) -> Any:
+        """Around the best configuration measured so far, the first untried of: the batch size
+        one step smaller and larger (the batch interacts with everything), and shapes as symbols
+        when it compiles trimmed padding."""
+        ranked = [r for r in records if r.get("key") in scores and scores[r["key"]] is not None and "config" in r]
+        if not ranked:
+            return None
+        best = dict(max(ranked, key=lambda r: scores[r["key"]])["config"])
+        sizes = sorted(self.space.values.get("batch_size", ()))
+        moves: list[dict[str, Any]] = []
+        if best.get("batch_size") in sizes:
+            i = sizes.index(best["batch_size"])
+            moves += [{"batch_size": sizes[j]} for j in (i + 1, i - 1) if 0 <= j < len(sizes)]
+        if best.get("padding", "as_given") != "as_given":
+            moves.append({"compile_dynamic": True})
+        for changes in moves:
+            candidate = self._full(changes, best)
+            key = Config(candidate).key()
+            if self._keeps(candidate, changes) and self.runnable(candidate) and key not in scores:
+                if self._refuse(candidate, left_out) is None:
+                    return candidate
+        return None
+
+    def next_configs(self, records: Sequence[Mapping[str, Any]], n_trials: int) -> tuple[str, list[dict[str, Any]]]:
+        """The phase the study is in and what to queue for it: the screening configurations
+        left, else the next composition, else nothing (``"refine"``: TPE proposes)."""
+        if self.baseline_key not in self._scores(records):
+            return "baseline", []  # queued by the study loop itself
+        screen = self.screening(records, n_trials)
+        if screen:
+            return "screen", screen
+        composed, _ = self.composition(records)
+        return ("compose", [composed]) if composed is not None else ("refine", [])
+
+
+def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
+    """Queue in ``study`` what ``strategy`` says comes next and is not measured, running or
+    queued already (by this worker or another); return the phase.
+
+    Every worker calls this before it asks for a trial, so the phases advance from the study's
+    records alone. Two workers that queue the same configuration at the same moment still
+    measure it once: the study loop's claim on its key lets only one of them run it.
+    """
+    from optuna.trial import TrialState
+
+    from autotune.search.study import trial_record
+
+    trials = study.get_trials(deepcopy=False)
+    records = [trial_record(t) for t in trials if t.state.is_finished() and "status" in t.user_attrs]
+    known = {r["key"] for r in records if "key" in r and r["status"] not in ("skipped", "interrupted")}
+    known |= {t.user_attrs["key"] for t in trials if t.state == TrialState.RUNNING and "key" in t.user_attrs}
+    for t in trials:
+        if t.state == TrialState.WAITING and "fixed_params" in t.system_attrs:
+            known.add(Config(strategy._full(t.system_attrs["fixed_params"])).key())
+    phase, configs = strategy.next_configs(records, n_trials)
+    for config in configs:
+        key = Config(config).key()
+        if key in known:
+            continue
+        known.add(key)
+        params = {n: config[n] for n in strategy.space.searched if REGISTRY[n].applies(config)}
+        study.enqueue_trial(params, user_attrs={"phase": phase, "queued_key": key}, skip_if_exists=True)
+    if configs:
+        _withdraw_twins(study)
+    return phase
+
+
+def _withdraw_twins(study: Any) -> None:
+    """Of queued trials with the same configuration (two workers queued it at the same moment),
+    keep the oldest: the others are failed while still waiting, marked ``withdrawn``."""
+    import contextlib
+
+    from optuna.trial import TrialState
+
+    storage, seen = study._storage, set()
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get("queued_key")
+        if key is None:
+            continue
+        if key in seen and t.state == TrialState.WAITING:
+            # Taken as a worker's ask takes a queued trial: atomically, and only if still waiting
+            # (another worker may have asked for it, or withdrawn it, first).
+            with contextlib.suppress(Exception):
+                if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+                    storage.set_trial_user_attr(t._trial_id, "withdrawn", True)
+                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        seen.add(key)

@@ -1,0 +1,126 @@
+"""The staged strategy, replayed on tables of throughputs through the real study loop: what it
+screens, what it composes, what it leaves out, and a study shared by two workers."""
+
+import threading
+
+import optuna
+import pytest
+
+from autotune.config import Config
+from autotune.errors import ConfigError
+from autotune.run.options import Options
+from autotune.search.strategy import Staged, check_strategy
+from autotune.search.study import make_sampler, run_trials
+from benchmarks.replay import TableRunner, configs_of, space_of
+
+SPACE = {
+    "amp_dtype": ["float32", "bfloat16"],
+    "padding": ["as_given", "trim"],
+    "length_grouping": [0, 16],
+    "batch_size": [32, 64],
+    "num_threads": [1, 2],
+}
+
+
+def _table(speed):
+    space = space_of(SPACE)
+    return space, {
+        k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()
+    }
+
+
+def _independent(c):
+    """bf16 and trimmed, grouped padding each pay alone and multiply; one thread halves."""
+    x = 100.0 * (2.0 if c["amp_dtype"] == "bfloat16" else 1.0)
+    x *= 1.8 if c["padding"] == "trim" and c["length_grouping"] else 1.0
+    return x * (0.5 if c["num_threads"] == 1 else 1.0) * (1.01 if c["batch_size"] == 64 else 1.0)
+
+
+def _run(space, table, n_trials, study=None, seed=0):
+    study = study or optuna.create_study(direction="maximize", sampler=make_sampler(seed))
+    runner = TableRunner(table)
+    run_trials(
+        study,
+        runner,
+        space,
+        n_trials=n_trials,
+        timeout=None,
+        max_metric_drop=0.01,
+        objectives=["throughput"],
+        extra_attrs={},
+        strategy=Staged(space, ["throughput"]),
+    )
+    return study, runner
+
+
+def _measured(study):
+    return [t for t in study.trials if t.user_attrs.get("ran") and t.user_attrs.get("repeat_of") is None]
+
+
+def test_two_levers_that_pay_alone_are_measured_together_within_eight_trials():
+    space, table = _table(_independent)
+    study, _ = _run(space, table, 8)
+    configs = [t.user_attrs["config"] for t in _measured(study)]
+    assert len(configs) == 8
+    both = [c for c in configs if c["amp_dtype"] == "bfloat16" and c["padding"] == "trim" and c["length_grouping"]]
+    assert both, [Config(c).key() for c in configs]
+    assert study.trials[0].user_attrs["baseline"]
+
+
+def test_screening_leaves_out_a_value_that_halves_throughput():
+    space, table = _table(_independent)
+    study, runner = _run(space, table, 12)
+    refused = [t for t in study.trials if t.user_attrs.get("kind") == "screened"]
+    measured = _measured(study)
+    one_thread = [t for t in measured if t.user_attrs["config"]["num_threads"] == 1]
+    assert len(one_thread) == 1, "one thread was measured again after it halved throughput"
+    later = [t for t in study.trials if t.number > one_thread[0].number and t.user_attrs.get("config")]
+    assert all(t.user_attrs.get("ran") is False for t in later if t.user_attrs["config"]["num_threads"] == 1)
+    for t in refused:
+        assert t.user_attrs["reason"].startswith("left out after screening: measured 0.5")
+        assert "num_threads=1" in t.user_attrs["reason"] and t.state == optuna.trial.TrialState.PRUNED
+    assert runner.calls == len(measured)  # a refused configuration never reached the runner
+    assert Staged(space, ["throughput"]).left_out([t.user_attrs | {"key": t.user_attrs["key"]} for t in measured])
+
+
+def test_a_shared_study_of_two_workers_runs_each_screening_config_once(tmp_path):
+    space, table = _table(_independent)
+    url = f"sqlite:///{tmp_path / 'study.db'}"
+    optuna.create_study(study_name="shared", storage=url, direction="maximize")
+    errors = []
+
+    def work(seed):
+        try:
+            study = optuna.load_study(study_name="shared", storage=url, sampler=make_sampler(seed, parallel=True))
+            _run(space, table, 10, study)
+        except BaseException as exc:  # raised in the test below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in (1, 2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    study = optuna.load_study(study_name="shared", storage=url)
+    keys = [t.user_attrs["key"] for t in _measured(study)]
+    assert len(keys) == len(set(keys)) == 10
+    staged = Staged(space, ["throughput"])
+    screens = [
+        Config(staged._full(v)).key()
+        for lever in staged.levers
+        if lever.name in ("amp_dtype", "padding")
+        for v in lever.variants[:1]
+    ]
+    assert all(keys.count(k) == 1 for k in screens) and set(screens) <= set(keys)
+    # Queued twice at the same moment, the younger twin is withdrawn before it is asked for; one
+    # asked for first is answered by the claim on its key without running.
+    queued = [t for t in study.trials if t.user_attrs.get("phase") == "screen" and not t.user_attrs.get("withdrawn")]
+    asked = [t for t in queued if t.user_attrs.get("ran")]
+    assert len({t.user_attrs["key"] for t in asked}) == len(asked), "a screening config was measured twice"
+
+
+def test_strategy_is_checked():
+    assert check_strategy("staged") == "staged"
+    with pytest.raises(ConfigError, match=r"No strategy named 'greedy'\. Known: staged, tpe\."):
+        Options(strategy="greedy")
