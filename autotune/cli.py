@@ -216,6 +216,8 @@ def _result_title(result: Any) -> str:
         return "baseline vs best  (the pick was measurably slower than the baseline: no speedup)"
     if result.verdict == "noisy":
         return "baseline vs best  (no speedup claimed: the machine was too busy to measure one reliably)"
+    if result.verdict == "failed":
+        return "baseline vs best  (trials' figures; no speedup claimed: the confirmation rounds failed, see below)"
     if result.verdict == "unconfirmed":
         return f"baseline vs best  ({result.speedup:.2f}x from the trials alone, NOT confirmed)"
     return "baseline vs best  (no measurable speedup: the baseline stands)"

@@ -8,14 +8,33 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Config"]
+__all__ = ["Config", "split_record"]
+
+
+def split_record(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The knob values and the ``rebuild`` record of a config given as a dict.
+
+    ``data`` is a dict of knob values (``result.best_config``, maybe with its ``rebuild`` entry)
+    or a whole ``best_config.json``: then its ``config`` part, and its ``rebuild`` record with the
+    int8 layers the run kept float (read from its ``int8`` entry for a run written before the
+    record held them).
+    """
+    given = dict(data)
+    if not isinstance(given.get("config"), Mapping):
+        return given, given.pop("rebuild", None)
+    record = dict(given.get("rebuild") or {})
+    int8 = given.get("int8") if isinstance(given.get("int8"), Mapping) else {}
+    if record.get("int8_kept_float") is None and isinstance(int8.get("kept_float"), list) and int8.get("n_layers"):
+        record["int8_kept_float"] = int8["kept_float"]
+    return dict(given["config"]), record or None
 
 
 class Config(Mapping[str, Any]):
     """An immutable mapping from knob name to value.
 
     Knobs left out take their default (the untuned behaviour). Unknown names and invalid
-    values raise :class:`~autotune.errors.ConfigError`.
+    values raise :class:`~autotune.errors.ConfigError`. A whole ``best_config.json`` (as
+    ``json.load`` reads it) gives its ``config`` part and keeps its ``rebuild`` record.
 
     Example:
         >>> cfg = Config({"batch_size": 64, "amp_dtype": "bfloat16"})
@@ -28,9 +47,9 @@ class Config(Mapping[str, Any]):
 
         if values is not None and not isinstance(values, Mapping):
             raise ConfigError(f"A config must be a dict of knob values, but got {type(values).__name__}.")
-        given = dict(values or {})
-        # Not a knob: how an int8 winner's data draws are repeated (see autotune.apply).
-        self.rebuild: dict[str, Any] | None = given.pop("rebuild", None)
+        # A whole best_config.json gives its config part; `rebuild` is not a knob but how an
+        # int8 winner's data draws are repeated (see autotune.apply).
+        given, self.rebuild = split_record(values or {})
         resolved: dict[str, Any] = {}
         for name in given:
             get_knob(name)  # unknown name: lists the known ones
@@ -60,13 +79,11 @@ class Config(Mapping[str, Any]):
 
     @classmethod
     def from_json(cls, text: str) -> Config:
-        """Parse :meth:`to_json`'s output, or a ``best_config.json`` (its ``config`` entry)."""
+        """Parse :meth:`to_json`'s output, or a ``best_config.json`` (its ``config`` and ``rebuild`` entries)."""
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ConfigError(f"A config must be JSON, but parsing failed: {exc}.") from None
-        if isinstance(data, dict) and "config" in data and isinstance(data["config"], dict):
-            data = data["config"]
         return cls(data)
 
     def key(self) -> str:

@@ -23,6 +23,7 @@ import torch
 from autotune.data import concat_outputs, map_tensors, pad_batch, slice_batch
 from autotune.errors import ConfigError, InputError
 from autotune.export import FORMATS, file_digest
+from autotune.export.stored import from_stored, rebuild_output
 
 __all__ = ["Predictor", "load"]
 
@@ -108,6 +109,8 @@ class Predictor:
                 out = self._structured(self.module(*pad_batch(part, self.batch_size)))
                 chunks.append(slice_batch(out, size))
         out = map_tensors(lambda t: t.to(home), concat_outputs(chunks))
+        if self.record.get("output_type") and isinstance(out, dict):  # the model's ModelOutput, as apply() gives
+            out = rebuild_output(self.record["output_type"], out)
         return map_tensors(lambda t: t.numpy(), out) if as_numpy else out
 
     def predict(self, samples: Sequence[Any], collate_fn: Any = None) -> list[Any]:
@@ -177,7 +180,8 @@ def _read_parity(out_dir: Path) -> dict[str, Any]:
             "with export formats to have one."
         )
     # weights_only with no added globals: an out dir may come from anywhere, and unpickling runs
-    # code. The export writes tensors, numbers and strings only (numpy samples become tensors).
+    # code. The export writes tensors, numbers and strings only (numpy samples become tensors,
+    # a ModelOutput a dict with its class's path, rebuilt here: autotune.export.stored).
     try:
         data = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:
@@ -189,6 +193,7 @@ def _read_parity(out_dir: Path) -> dict[str, Any]:
         raise ConfigError(f"Cannot read {str(path)!r}: {type(exc).__name__}: {exc}") from None
     if not isinstance(data, dict) or not data.get("samples") or "outputs" not in data:
         raise ConfigError(f"{str(path)!r} must hold {{'samples': [...], 'outputs': ...}}: export the run again.")
+    data = from_stored(data)
     return {
         "samples": list(data["samples"]),
         "outputs": data["outputs"],

@@ -89,6 +89,7 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         *(TRAIN_KEYS if any("loss_final" in r for r in records) else ()),
         "noisy",
         "noise",
+        "busy",
         "others_cpu",
         "n_measurements",
         "recompiles",
@@ -178,6 +179,7 @@ def claim_text(speedup: dict[str, Any]) -> tuple[str, str]:
         "noisy": "not claimed (busy machine)",
         "slower": "none (the pick was slower)",
         "unconfirmed": f"{value:.2f}x (unconfirmed)",
+        "failed": "not measured (the confirmation rounds failed)",
     }.get(verdict, f"{value:.2f}x")
     return headline, speedup.get("sentence", "")
 
@@ -195,34 +197,58 @@ def pipeline_note(out_dir: Any, mode: str | None = None) -> str:
 
 
 def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | None:
-    """A plain sentence when the machine was busy during the run: at least a quarter of the
-    trials (two at least) noisy, or a claim withheld for noise; ``None`` on a quiet run.
+    """A plain sentence when the run's timings were noisy, saying why: "the machine was busy"
+    only where other processes' CPU (or GPU) use was measured above the limit, in at least a
+    quarter of the trials (two at least) or in the confirmation rounds; trials whose windows
+    merely disagreed are named as such. ``None`` on a clean run.
 
     Example:
-        >>> busy_note([{"ran": True, "samples_per_s": 1.0, "noisy": True}] * 2, {}) is not None
-        True
+        >>> busy_note([{"ran": True, "samples_per_s": 1.0, "noisy": True, "busy": True}] * 2, {})[:21]
+        'The machine was busy:'
+        >>> busy_note([{"ran": True, "samples_per_s": 1.0, "noisy": True, "busy": False}] * 2, {})[:34]
+        '2 of 2 trials were noisy: their ti'
         >>> busy_note([{"ran": True, "samples_per_s": 1.0, "noisy": i == 0} for i in range(8)], {}) is None
         True
     """
     ran = [r for r in records if r.get("ran") and r.get("samples_per_s") is not None]
-    noisy = [r for r in ran if r.get("noisy") in (True, "True", "true")]
+    noisy = [r for r in ran if _flag(r.get("noisy"))]
+    busy = [r for r in noisy if _busy(r)]
+    many = max(2, len(ran) / 4)  # one trial whose windows happened to disagree is not a pattern
     parts = []
-    # One trial whose windows happened to disagree is not a busy machine; a quarter of them is.
-    if noisy and len(noisy) >= max(2, len(ran) / 4):
+    if busy and len(busy) >= many:
         parts.append(
-            f"{len(noisy)} of {len(ran)} trials were noisy even after re-measuring (their windows disagreed, or "
-            "other processes used the CPU)"
+            f"in {len(busy)} of {len(ran)} trials other processes used the CPU (or GPU) even after re-measuring"
         )
-    if speedup.get("verdict") == "noisy":
+    if speedup.get("verdict") == "noisy" and speedup.get("busy", speedup.get("others_cpu", 0.0) > 0.10):
         parts.append(
             f"the confirmation rounds ran beside other processes ({speedup.get('others_cpu', 0):.0%} of the CPU)"
         )
-    if not parts:
-        return None
-    return (
-        "The machine was busy: " + "; ".join(parts) + ". Figures from such a run are unreliable: run "
-        "`autotune doctor` to check the load, and tune again on a quiet machine."
-    )
+    if parts:
+        return (
+            "The machine was busy: " + "; ".join(parts) + ". Figures from such a run are unreliable: run "
+            "`autotune doctor` to check the load, and tune again on a quiet machine."
+        )
+    spread = len(noisy) - len(busy)
+    if spread and spread >= many:
+        return (
+            f"{spread} of {len(ran)} trials were noisy: their timed windows disagreed although no other process was "
+            "measured busy, so the pipeline's own speed varies (batches of different lengths, a loader that stalls, "
+            "recompilation); their figures are less precise. Longer windows (measure={'window_s': 1.0}) average "
+            "it out."
+        )
+    return None
+
+
+def _flag(value: Any) -> bool:
+    return value in (True, "True", "true")
+
+
+def _busy(record: dict[str, Any]) -> bool:
+    """Whether a noisy trial was measured beside other processes (its reason, for a run written
+    before the ``busy`` flag)."""
+    if record.get("busy") not in (None, ""):
+        return _flag(record["busy"])
+    return "other process" in str(record.get("noise") or "")
 
 
 def int8_lines(best: dict[str, Any]) -> list[str]:

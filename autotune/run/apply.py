@@ -28,7 +28,7 @@ def _read_config(config: Any) -> Config:
     if isinstance(config, Mapping):
         return Config(config)
     raise ConfigError(
-        f"`config` must be a dict, a Config or a path to best_config.json, but got {type(config).__name__}."
+        f"`config` must be a dict, a Config or a path to best_config.json or its run, but got {type(config).__name__}."
     )
 
 
@@ -130,27 +130,30 @@ _DEFAULT_DRAW = {"n_val": 512, "seed": 0, "calibration_batch_size": 32, "n_calib
 
 def _rebuild_of(config: Any) -> dict[str, Any]:
     """How the run drew its example and calibration samples and which int8 layers it kept float:
-    ``best_config.json``'s ``rebuild`` (and ``int8``) for a run's file or directory, the
-    ``rebuild`` entry of ``result.best_config`` for a dict, the default draw otherwise."""
-    import json
+    ``best_config.json``'s ``rebuild`` (and ``int8``) for a run's file, directory or whole dict,
+    the ``rebuild`` entry of ``result.best_config`` for a dict, the default draw otherwise."""
+    from autotune.config import split_record
 
     record: dict[str, Any] = {}
     if isinstance(config, (str, Path)):
-        path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
-        try:
-            saved = json.loads(path.read_text())
-        except (OSError, ValueError):
-            saved = {}
-        saved = saved if isinstance(saved, dict) else {}
-        record = dict(saved.get("rebuild") or {})
-        int8 = saved.get("int8") or {}
-        if record.get("int8_kept_float") is None and isinstance(int8.get("kept_float"), list) and int8.get("n_layers"):
-            record["int8_kept_float"] = int8["kept_float"]  # a run written before the rebuild record
+        record = split_record(_saved(config))[1] or {}
     elif isinstance(config, Config):
         record = dict(config.rebuild or {})
     elif isinstance(config, Mapping):
-        record = dict(config.get("rebuild") or {})
+        record = split_record(config)[1] or {}
     return {**_DEFAULT_DRAW, **record}
+
+
+def _saved(config: str | Path) -> dict[str, Any]:
+    """The whole ``best_config.json`` at ``config`` (the file or its directory); ``{}`` if unreadable."""
+    import json
+
+    path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return saved if isinstance(saved, dict) else {}
 
 
 def _extras(dataset: Any, cfg: Config, rebuild: dict[str, Any], collate: Any, train_dataset: Any = None) -> Any:
@@ -256,16 +259,11 @@ def dataloader(
 
 
 def _effective_from(config: Any) -> int | None:
-    """The effective batch size recorded in a training run's ``best_config.json``, if any."""
-    import json
-
-    if isinstance(config, (str, Path)):
-        path = Path(config) / "best_config.json" if Path(config).is_dir() else Path(config)
-        try:
-            return json.loads(path.read_text()).get("train", {}).get("effective_batch_size")
-        except (OSError, ValueError, AttributeError):
-            return None
-    return None
+    """The effective batch size recorded in a training run's ``best_config.json`` (its path or
+    its whole dict), if any."""
+    saved = _saved(config) if isinstance(config, (str, Path)) else config
+    train = saved.get("train") if isinstance(saved, Mapping) else None
+    return train.get("effective_batch_size") if isinstance(train, Mapping) else None
 
 
 def training(

@@ -42,10 +42,16 @@ def load_config(path: str | Path) -> dict[str, Any]:
         ``space`` and ``options`` the file defines.
 
     Raises:
-        InputError: the file is missing, unreadable, not valid Python, raises, or lacks
+        InputError: the file is missing, a run's directory or ``best_config.json``, unreadable, not valid Python, raises, or lacks
             ``model`` or ``dataset``.
     """
     path = Path(path)
+    if path.suffix == ".json" or (path / "best_config.json").is_file():
+        raise InputError(
+            f"{str(path)!r} is a run's config, not a cfg.py: pass it as `config` to autotune.apply, dataloader or "
+            "predict (a run's directory, its best_config.json or that file's dict all work); load_config runs a "
+            "Python file that defines model and dataset."
+        )
     if not path.exists():
         raise InputError(
             f"cfg file {str(path)!r} does not exist. Give the path of a Python file that defines model and dataset."

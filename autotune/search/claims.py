@@ -144,6 +144,7 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> 
         "max": max(ratios),
         "n_rounds": len(ratios),
         "others_cpu": others_cpu,
+        "busy": others_cpu > max_others_cpu,
     }
     span = f"{mid:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(ratios)} rounds)"
     busy = others_cpu > max_others_cpu

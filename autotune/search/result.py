@@ -42,8 +42,9 @@ class Result:
             ``"none"`` (no measurable speedup: the baseline stands), ``"slower"`` (the pick was
             measurably slower: with throughput the only objective the baseline stands; with others
             the pick may still win on them), ``"noisy"`` (the machine was
-            too busy, or the rounds too spread, to claim one) or ``"unconfirmed"`` (interrupted,
-            or the confirmation failed: the trials' own ratio).
+            too busy, or the rounds too spread, to claim one), ``"failed"`` (the confirmation
+            rounds failed in the worker: ``claim`` gives the error; no speedup is claimed) or
+            ``"unconfirmed"`` (interrupted, or measured elsewhere: the trials' own ratio).
         claimed: Whether ``speedup`` is a claim that stands (verdict ``speedup``, or the
             baseline is best).
         claim: One sentence saying what was measured and what is claimed.
@@ -189,7 +190,8 @@ def claim_speedup(
         stands if no finalist beats it in selection or the confirmation finds no measurable
         speedup, finds the pick slower (``slower``), or ran beside busy processes (``noisy``); with
         other objectives (size, say) a slower winner can still be the right one (verdict ``slower``).
-        A failed measurement leaves the search's best trial, unconfirmed.
+        A measurement that fails in the worker leaves the search's best trial, and the table
+        holds ``{"error": message, "failed": True}``: the claim is that failure (verdict ``failed``).
     """
     from autotune.errors import TrialError
 
@@ -205,8 +207,8 @@ def claim_speedup(
         n_min = n_rounds if half is None else min(3, n_rounds)
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
                             max_s=90.0 if half is None else half)  # fmt: skip
-    except TrialError as exc:  # the study stands; its best trial is reported unconfirmed
-        return finalists[0], None, [{"error": str(exc)}]
+    except TrialError as exc:  # the study stands; the claim is this failure, with its message
+        return finalists[0], None, [{"error": str(exc), "failed": True}]
     if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy", "slower"):
         # Nothing measurable, measurably slower, or measured beside busy processes: a pick made
         # under load (one thread, say) can be slower on a quiet machine, so the model as given stands.
@@ -238,8 +240,10 @@ def _claim_fields(
     confirmed: dict[str, Any] | None,
     interrupted: bool,
     why_unconfirmed: str | None = None,
+    failure: str | None = None,
 ) -> dict[str, Any]:
-    """The ``speedup`` entry of best_config.json: one measurement behind every figure shown."""
+    """The ``speedup`` entry of best_config.json: one measurement behind every figure shown; a
+    ``failure`` of the confirmation rounds in the worker is the verdict, with its message."""
     if confirmed is not None:
         claim = dict(confirmed["claim"])
         if best["key"] == baseline["key"]:  # confirmation found nothing to claim: the baseline stands
@@ -254,6 +258,10 @@ def _claim_fields(
         return {"verdict": "none", "speedup": 1.0, "low": 1.0, "high": 1.0, "n_rounds": 0, "method": "baseline is best",
                 "sentence": "no configuration beat the baseline"}  # fmt: skip
     ratio = best["samples_per_s"] / baseline["samples_per_s"]
+    if failure is not None and not interrupted and why_unconfirmed is None:
+        return {"verdict": "failed", "speedup": 1.0, "low": None, "high": None, "n_rounds": 0,
+                "method": "confirmation rounds failed", "error": failure, "trial_ratio": ratio,
+                "sentence": f"no speedup claimed: the confirmation rounds failed in the worker: {failure}"}  # fmt: skip
     why = why_unconfirmed or ("the run was interrupted" if interrupted else "its confirmation rounds failed")
     return {"verdict": "unconfirmed", "speedup": ratio, "low": None, "high": None, "n_rounds": 0,
             "method": "trial ratio, not confirmed",
@@ -334,7 +342,8 @@ def write_best(
     """
     import autotune.report.summary as report
 
-    claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed)
+    failed = [f["error"] for f in summary.get("finalists") or [] if isinstance(f, dict) and f.get("failed")]
+    claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed, failed[0] if failed else None)
     keys = (*report.METRIC_KEYS, "batch_size", *(report.TRAIN_KEYS if summary.get("mode") == "train" else ()))
     figures = confirmed or {}
     same = best["key"] == baseline["key"]

@@ -32,7 +32,15 @@ from autotune.trial.guard import (
     make_reference,
     per_sample,
 )
-from autotune.trial.measure import MeasureSettings, draw_seed, measure, memory_mark, noise_reason, size_bytes
+from autotune.trial.measure import (
+    MeasureSettings,
+    draw_seed,
+    is_busy,
+    measure,
+    memory_mark,
+    noise_reason,
+    size_bytes,
+)
 from autotune.trial.spec import WorkerSpec
 
 __all__ = ["TrialContext", "finetune_dataset"]
@@ -188,6 +196,7 @@ class TrialContext(Context):
         assert best is not None
         best["n_measurements"] = attempt + 1
         best["noisy"] = best["noise"] is not None
+        best["busy"] = is_busy(best, settings)  # others' load, not merely windows that disagree
         return best
 
     def prepare(self, configs: list[dict[str, Any]]) -> list[BuildState]:
@@ -267,11 +276,15 @@ class TrialContext(Context):
         # samples and the outputs of the form each artifact was exported from.
         state.model = tuned
         outputs = collect_outputs(state, self.samples)
+        kind = _output_kind(tuned, extras.example)
+        for record in artifacts.values():
+            if kind is not None:  # load() gives the artifact's outputs back as this ModelOutput
+                record["output_type"] = kind
         parity = {
             "samples": _plain(self.samples),
-            "outputs": outputs,
-            "outputs_by_format": by_format,
-            "baseline_outputs": self.reference.outputs,
+            "outputs": _plain(outputs),
+            "outputs_by_format": _plain(by_format),
+            "baseline_outputs": _plain(self.reference.outputs),
             "kinds": self.reference.kinds,
             "max_metric_drop": self.spec.max_metric_drop,
         }
@@ -369,20 +382,23 @@ def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[s
         record["form_note"] = why
 
 
-def _plain(obj: Any) -> Any:
-    """``obj`` with numpy arrays and scalars as tensors and numbers, so that ``parity.pt`` loads
-    with ``weights_only=True`` and no other globals allowed."""
-    import numpy as np
+def _output_kind(model: Any, example: Any) -> str | None:
+    """The import path of the model's output class when it is a transformers ``ModelOutput``."""
+    from autotune.export.stored import output_type
 
-    if isinstance(obj, np.ndarray):
-        return torch.from_numpy(obj)
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, dict):
-        return {k: _plain(v) for k, v in obj.items()}
-    if isinstance(obj, (tuple, list)):
-        return type(obj)(_plain(v) for v in obj)
-    return obj
+    try:
+        with torch.inference_mode():
+            return output_type(call_model(model, example))
+    except Exception:  # the outputs were collected already; without the type they stay dicts
+        return None
+
+
+def _plain(obj: Any) -> Any:
+    """``obj`` as ``parity.pt`` stores it (:func:`autotune.export.stored.to_stored`): tensors,
+    numbers, strings and plain containers, loadable with ``weights_only=True`` and no other globals."""
+    from autotune.export.stored import to_stored
+
+    return to_stored(obj)
 
 
 def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:

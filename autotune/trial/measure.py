@@ -30,6 +30,7 @@ __all__ = [
     "draw_seed",
     "measure",
     "memory_mark",
+    "is_busy",
     "noise_reason",
     "size_bytes",
     "window_stats",
@@ -203,14 +204,25 @@ def gpu_others(device: torch.device) -> int | None:
 
 def noise_reason(result: dict[str, Any], settings: MeasureSettings) -> str | None:
     """Why a measurement is not clean (its windows disagree, or others used the CPU), or ``None``."""
-    reasons = []
+    return "; ".join(_noise_causes(result, settings).values()) or None
+
+
+def is_busy(result: dict[str, Any], settings: MeasureSettings) -> bool:
+    """Whether other processes were measured using the CPU (above ``max_others_cpu``) or the GPU
+    during ``result``'s windows: a busy machine, as opposed to windows that merely disagree."""
+    causes = _noise_causes(result, settings)
+    return "cpu" in causes or "gpu" in causes
+
+
+def _noise_causes(result: dict[str, Any], settings: MeasureSettings) -> dict[str, str]:
+    causes = {}
     if result.get("cov", 0.0) > settings.max_cov:
-        reasons.append(f"its windows disagree (CoV {result['cov']:.1%} > {settings.max_cov:.0%})")
+        causes["windows"] = f"its windows disagree (CoV {result['cov']:.1%} > {settings.max_cov:.0%})"
     if result.get("others_cpu", 0.0) > settings.max_others_cpu:
-        reasons.append(f"other processes used {result['others_cpu']:.0%} of the CPU (> {settings.max_others_cpu:.0%})")
+        causes["cpu"] = f"other processes used {result['others_cpu']:.0%} of the CPU (> {settings.max_others_cpu:.0%})"
     if result.get("gpu_others"):
-        reasons.append(f"{result['gpu_others']} other process(es) used the GPU")
-    return "; ".join(reasons) or None
+        causes["gpu"] = f"{result['gpu_others']} other process(es) used the GPU"
+    return causes
 
 
 def size_bytes(model: Any, artifact: dict[str, Any] | None = None) -> tuple[int, int]:

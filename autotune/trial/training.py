@@ -30,6 +30,7 @@ from autotune.trial.measure import (
     _peak_mib,
     _sync,
     call_model,
+    is_busy,
     memory_mark,
     noise_reason,
     size_bytes,
@@ -246,6 +247,7 @@ class TrainContext(Context):
                 result.update(again)
         result["noise"] = noise_reason(result, self.spec.measure)
         result["noisy"] = result["noise"] is not None
+        result["busy"] = is_busy(result, self.spec.measure)
         result["peak_mem_mib"] = max(0.0, _peak_mib(device) - mark)
         result["n_params"] = self.info["n_params"]
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(setup.model)
