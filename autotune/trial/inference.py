@@ -8,6 +8,7 @@ rounds, the winner's export, the held-out score and the diagnosis.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -378,7 +379,7 @@ def _plain(obj: Any) -> Any:
         return torch.from_numpy(obj)
     if isinstance(obj, np.generic):
         return obj.item()
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # a collator's batch (transformers' BatchEncoding) as a plain dict
         return {k: _plain(v) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
         return type(obj)(_plain(v) for v in obj)
