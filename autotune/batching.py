@@ -25,7 +25,16 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from autotune.data import MASK_KEY, SequenceInfo, is_token_sequence, sample_inputs, sequence_info, token_length
+from autotune.data import (
+    MASK_KEY,
+    SequenceInfo,
+    as_tensor,
+    is_number_list,
+    is_token_sequence,
+    sample_inputs,
+    sequence_info,
+    token_length,
+)
 from autotune.errors import InputError
 
 __all__ = [
@@ -86,9 +95,10 @@ def fit_width(outputs: Any, width: int, like: Any, tokens: Sequence[int] = ()) -
 
 
 def pad_collate(samples: Sequence[Any], pad_values: Mapping[str, int] | None = None) -> Any:
-    """Collate samples whose 1-D integer inputs differ in length: each such input is padded on
-    the right to the batch's longest with its pad value (``pad_values``, default 0; the mask's
-    padding is always 0), then batched as ``default_collate`` does.
+    """Collate samples whose 1-D integer inputs differ in length: each such input (a tensor, a
+    numpy array or a tokenizer's list of ints) is padded on the right to the batch's longest with
+    its pad value (``pad_values``, default 0; the mask's padding is always 0), then batched as
+    ``default_collate`` does.
 
     Example:
         >>> import torch
@@ -100,11 +110,16 @@ def pad_collate(samples: Sequence[Any], pad_values: Mapping[str, int] | None = N
     from torch.utils.data import default_collate
 
     def pad(items: list[Any], key: str | None) -> Any:
-        if all(is_token_sequence(x) for x in items) and len({x.shape[0] for x in items}) > 1:
-            fill = 0 if key == MASK_KEY else (pad_values or {}).get(key, 0)
-            return torch.nn.utils.rnn.pad_sequence(items, batch_first=True, padding_value=fill)
+        if all(is_token_sequence(x) for x in items):
+            seqs = [as_tensor(x) for x in items]
+            if len({len(x) for x in seqs}) > 1:
+                fill = 0 if key == MASK_KEY else (pad_values or {}).get(key, 0)
+                return torch.nn.utils.rnn.pad_sequence(seqs, batch_first=True, padding_value=fill)
+            return torch.stack(seqs)
         if isinstance(items[0], Mapping):
             return {k: pad([x[k] for x in items], k) for k in items[0]}
+        if is_number_list(items[0]):  # a tokenizer's list of floats: one tensor per sample
+            return torch.stack([as_tensor(x) for x in items])
         return default_collate(items)
 
     if isinstance(samples[0], Mapping):

@@ -28,6 +28,8 @@ __all__ = [
     "slice_batch",
     "pad_batch",
     "calibration_draw",
+    "check_collate",
+    "is_number_list",
     "call_model",
     "concat_outputs",
     "outputs_to_cpu",
@@ -35,6 +37,7 @@ __all__ = [
     "sample_inputs",
     "sequence_info",
     "token_length",
+    "as_tensor",
 ]
 
 TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})
@@ -68,7 +71,24 @@ class DataInfo:
     collate: str = "default"
 
 
-def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
+def is_number_list(value: Any) -> bool:
+    """Whether ``value`` is a non-empty list or tuple of plain numbers: what a tokenizer returns
+    for one sequence (``tok(text)["input_ids"]``).
+
+    Example:
+        >>> is_number_list([101, 7592, 102]), is_number_list([]), is_number_list(["a"])
+        (True, False, False)
+    """
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(x, numbers.Number) and not isinstance(x, bool) for x in value)
+    )
+
+
+def _leaves(obj: Any, path: str = "", strict: bool = True) -> list[tuple[str, Any]]:
+    """Every leaf of a sample by its path; a dict's list of numbers is one 1-D leaf. With
+    ``strict=False`` (a collate makes the batches) a leaf of any other type is kept as it is."""
     import numpy as np
     import torch
 
@@ -79,21 +99,26 @@ def _leaves(obj: Any, path: str = "") -> list[tuple[str, Any]]:
     if isinstance(obj, Mapping):
         out = []
         for key, value in obj.items():
-            out += _leaves(value, f"{path}[{key!r}]")
+            where = f"{path}[{key!r}]"
+            out += [(where, value)] if is_number_list(value) else _leaves(value, where, strict)
         return out
     if isinstance(obj, (tuple, list)):
         out = []
         for i, value in enumerate(obj):
-            out += _leaves(value, f"{path}[{i}]")
+            out += _leaves(value, f"{path}[{i}]", strict)
         return out
+    if not strict:
+        return [(path or "sample", obj)]
     raise InputError(
-        f"A sample must be a tensor, a tuple/list (inputs, target) or a dict of tensors, but "
-        f"{path or 'the sample'} is a {type(obj).__name__}. Convert it to a tensor in the "
-        "dataset's __getitem__."
+        f"A sample must be a tensor, a tuple/list (inputs, target) or a dict of tensors or lists of numbers, but "
+        f"{path or 'the sample'} is a {type(obj).__name__}. Convert it in the dataset's __getitem__, or pass "
+        "collate_fn=... that turns samples into a batch of tensors."
     )
 
 
 def _shape(value: Any) -> tuple[int, ...]:
+    if is_number_list(value):
+        return (len(value),)
     return tuple(getattr(value, "shape", ()))
 
 
@@ -102,10 +127,12 @@ def _nbytes(value: Any) -> int:
 
     if isinstance(value, torch.Tensor):
         return value.numel() * value.element_size()
+    if is_number_list(value):
+        return 8 * len(value)
     return int(getattr(value, "nbytes", 8))
 
 
-def _check_structure(sample: Any) -> str:
+def _check_structure(sample: Any, strict: bool = True) -> str:
     import torch
 
     if isinstance(sample, torch.Tensor):
@@ -115,31 +142,34 @@ def _check_structure(sample: Any) -> str:
             raise InputError("A dict sample must hold at least one tensor, but sample 0 is an empty dict.")
         return "dict"
     if isinstance(sample, (tuple, list)):
-        if len(sample) not in (1, 2):
+        if len(sample) not in (1, 2) and strict:
             raise InputError(
                 f"A tuple sample must be (inputs, target) or (inputs,), but sample 0 has {len(sample)} "
                 "items. Group several inputs as ((x1, x2), target)."
             )
         return "tuple"
-    _leaves(sample)  # raises with the type's name
-    raise InputError(f"Unsupported sample type {type(sample).__name__}.")
+    _leaves(sample, strict=strict)  # raises with the type's name
+    return "other"  # a collate of the user's makes batches of it
 
 
 def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None) -> DataInfo:
     """Check that ``dataset`` can be batched and describe it.
 
-    Samples must share one shape, except token sequences of different lengths, which a
-    ``collate_fn`` batches, or an automatic padding collate when the samples carry an
-    ``attention_mask`` or ``pad_values`` says what pads each sequence.
+    Samples must share one shape, except token sequences of different lengths (tensors, or lists
+    of ints as a tokenizer returns them), which an automatic padding collate batches when the
+    samples carry an ``attention_mask`` or ``pad_values`` says what pads each sequence. With a
+    ``collate_fn``, what it makes of a few samples is checked instead of the samples themselves.
 
     Raises:
         InputError: the dataset is not map-style, is empty, has samples of an unsupported type
-            or of inconsistent shapes that nothing can batch.
+            or of inconsistent shapes that nothing can batch, or ``collate_fn`` fails on them.
 
     Example:
         >>> import torch
         >>> describe([(torch.zeros(3, 8, 8), 1)] * 4).image_input
         True
+        >>> describe([{"input_ids": [101, 7, 102], "attention_mask": [1, 1, 1]}] * 4).collate
+        'pad'
     """
     if not (hasattr(dataset, "__getitem__") and hasattr(dataset, "__len__")):
         raise InputError(
@@ -160,17 +190,22 @@ def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int]
             raise InputError(f"dataset[{i}] failed: {type(exc).__name__}: {exc}") from exc
 
     first = get(0)
-    kind = _check_structure(first)
-    leaves = _leaves(first)
+    strict = collate_fn is None
+    kind = _check_structure(first, strict)
+    leaves = _leaves(first, strict=strict)
     step = max(1, n // _N_SHAPE_CHECKS)
     looked = [first] + [get(i) for i in sorted(set(range(step, n, step)) | {n - 1}) if i]
     shapes, sequence = _common_shapes(looked, collate_fn, pad_values)
+    if collate_fn is not None:
+        check_collate(collate_fn, looked)
     image_input = False
     if kind == "tensor":
         image_input = len(_shape(first)) == 3
     elif kind == "tuple":
         inputs = first[0]
         image_input = len(_shape(inputs)) == 3 and _is_float(inputs)
+    lists = any(is_number_list(v) for _, v in leaves)
+    pad = sequence is not None and (sequence.varying or lists)
     return DataInfo(
         n_samples=n,
         kind=kind,
@@ -178,26 +213,58 @@ def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int]
         sample_bytes=sum(_nbytes(v) for _, v in leaves),
         image_input=image_input,
         sequence=sequence,
-        collate="user" if collate_fn is not None else "pad" if sequence is not None and sequence.varying else "default",
+        collate="user" if collate_fn is not None else "pad" if pad or lists else "default",
     )
+
+
+def check_collate(collate_fn: Any, samples: Sequence[Any]) -> Any:
+    """What ``collate_fn`` makes of the first two ``samples``, checked: a batch holding tensors.
+
+    Raises:
+        InputError: it raises, or its batch holds no tensor.
+    """
+    part = list(samples[:2])
+    try:
+        batch = collate_fn(part)
+    except Exception as exc:
+        text = " ".join(str(exc).split())[:300]
+        raise InputError(
+            f"collate_fn failed on the first {len(part)} samples: {type(exc).__name__}: {text}. It must turn a list of samples "
+            "into a batch of tensors (a dict, a tuple or a tensor)."
+        ) from exc
+    if not has_tensor(batch):
+        raise InputError(
+            f"collate_fn must return a batch of tensors, but on the first {len(part)} samples it returned a "
+            f"{type(batch).__name__} without one. Return tensors (a Hugging Face collator: return_tensors='pt')."
+        )
+    return batch
+
+
+def _first_difference(a: Mapping[str, Any], b: Mapping[str, Any]) -> str:
+    """The first leaf path one sample has and the other lacks, in words."""
+    only_a, only_b = sorted(set(a) - set(b)), sorted(set(b) - set(a))
+    if only_a and (not only_b or only_a[0] <= only_b[0]):
+        return f"sample 0 has {only_a[0]}, which sample {{i}} lacks"
+    return f"sample {{i}} has {only_b[0]}, which sample 0 lacks"
 
 
 def _common_shapes(
     samples: list[Any], collate_fn: Any, pad_values: Mapping[str, int] | None
 ) -> tuple[dict[str, tuple[int, ...]], Any]:
     """The shape of every leaf, ``-1`` where a token sequence's length varies, and the samples'
-    :class:`~autotune.batching.SequenceInfo`; :class:`InputError` when nothing can batch them."""
-
-    shapes = {path: _shape(value) for path, value in _leaves(samples[0])}
+    :class:`~autotune.batching.SequenceInfo`; :class:`InputError` when nothing can batch them.
+    With a ``collate_fn``, samples may differ in anything: it is checked on its own."""
+    strict = collate_fn is None
+    shapes = {path: _shape(value) for path, value in _leaves(samples[0], strict=strict)}
     varying: set[str] = set()
     for i, sample in enumerate(samples[1:], 1):
-        other = {path: _shape(value) for path, value in _leaves(sample)}
-        if other.keys() != shapes.keys():
+        other = {path: _shape(value) for path, value in _leaves(sample, strict=strict)}
+        if other.keys() != shapes.keys() and strict:
             raise InputError(
-                f"Samples differ in structure: sample 0 has {sorted(shapes)}, sample {i} has "
-                f"{sorted(other)}. Every sample must have the same fields."
+                f"Samples differ in structure: {_first_difference(shapes, other).format(i=i)}. Every sample must "
+                "have the same fields: give each sample every field, or pass collate_fn=... to batch them."
             )
-        varying |= {path for path, shape in shapes.items() if other[path] != shape}
+        varying |= {path for path, shape in shapes.items() if other.get(path) != shape}
     sequence = sequence_info(samples)
     if not varying:
         return shapes, sequence
@@ -447,9 +514,26 @@ def sample_inputs(sample: Any) -> Mapping[str, Any] | None:
 
 
 def is_token_sequence(value: Any) -> bool:
+    """Whether ``value`` is one sequence of tokens: a 1-D integer tensor or numpy array, or a
+    list of ints (as a tokenizer returns it without ``return_tensors``)."""
+    import numpy as np
     import torch
 
-    return isinstance(value, torch.Tensor) and value.dim() == 1 and not value.is_floating_point()
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 1 and not value.is_floating_point()
+    if isinstance(value, np.ndarray):
+        return value.ndim == 1 and np.issubdtype(value.dtype, np.integer)
+    return is_number_list(value) and all(isinstance(x, numbers.Integral) for x in value)
+
+
+def as_tensor(value: Any) -> Any:
+    """A list of numbers or a numpy array as a tensor; anything else as it is."""
+    import numpy as np
+    import torch
+
+    if isinstance(value, np.ndarray) or is_number_list(value):
+        return torch.as_tensor(np.asarray(value))
+    return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -457,7 +541,7 @@ class SequenceInfo:
     """What a dataset of sequence samples looks like.
 
     Attributes:
-        keys: The input keys holding one token per position (1-D integer tensors).
+        keys: The input keys holding one token per position (1-D integer tensors or lists of ints).
         has_mask: Whether samples carry an ``attention_mask``.
         varying: Whether samples differ in length (they need a padding collate).
         padded: Whether samples arrive padded (a mask with zeros at the end or start).
@@ -477,11 +561,11 @@ def token_length(inputs: Mapping[str, Any], keys: Sequence[str] = ()) -> int:
     """Real tokens of one sample: its mask's ones, else the length of its first sequence."""
     mask = inputs.get(MASK_KEY)
     if mask is not None and is_token_sequence(mask):
-        return int(mask.sum())
+        return int(sum(mask) if isinstance(mask, (list, tuple)) else mask.sum())
     key = (
         keys[0] if keys else next((k for k, v in inputs.items() if k not in TARGET_KEYS and is_token_sequence(v)), None)
     )
-    return 0 if key is None else int(inputs[key].shape[0])
+    return 0 if key is None else len(inputs[key])
 
 
 def sequence_info(samples: Sequence[Any]) -> SequenceInfo | None:
@@ -498,10 +582,10 @@ def sequence_info(samples: Sequence[Any]) -> SequenceInfo | None:
         inputs = sample_inputs(sample)
         if inputs is None or any(k not in inputs or not is_token_sequence(inputs[k]) for k in keys):
             return None
-        sizes.add(tuple(int(inputs[k].shape[0]) for k in keys))
+        sizes.add(tuple(len(inputs[k]) for k in keys))
         n = token_length(inputs, keys)
         lengths.append(n)
-        padded = padded or n < int(inputs[keys[0]].shape[0])
+        padded = padded or n < len(inputs[keys[0]])
     return SequenceInfo(
         keys=keys,
         has_mask=MASK_KEY in first,

@@ -62,3 +62,15 @@ def test_per_sample_outputs_keep_real_tokens_and_line_up_across_batchings():
     assert torch.equal(mask, mask2)
     torch.testing.assert_close(plain["tokens"], grouped["tokens"])
     torch.testing.assert_close(plain["pooled"], grouped["pooled"])
+
+
+def test_pad_collate_pads_a_tokenizers_lists_of_ints():
+    from autotune.batching import pad_collate
+
+    batch = pad_collate(
+        [{"input_ids": [5, 6, 7], "attention_mask": [1, 1, 1]}, {"input_ids": [8], "attention_mask": [1]}]
+    )
+    assert batch["input_ids"].tolist() == [[5, 6, 7], [8, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 0, 0]]
+    same = pad_collate([{"input_ids": [1, 2], "score": 0.5}, {"input_ids": [3, 4], "score": 1.5}])
+    assert same["input_ids"].tolist() == [[1, 2], [3, 4]] and same["score"].tolist() == [0.5, 1.5]

@@ -29,3 +29,60 @@ def test_validation_subset_is_fixed():
     assert validation_indices(10_000, 64) == validation_indices(10_000, 64)
     assert len(set(validation_indices(10_000, 64))) == 64
     assert validation_indices(5, 64) == [0, 1, 2, 3, 4]
+
+
+def _tokenized(lengths):
+    """Samples as a Hugging Face tokenizer gives them without return_tensors: lists of ints."""
+    return [
+        {"input_ids": [101, *range(1, n - 1), 102], "token_type_ids": [0] * n, "attention_mask": [1] * n}
+        for n in lengths
+    ]
+
+
+def test_a_tokenizers_lists_of_ints_are_token_sequences_padded_automatically():
+    info = describe(_tokenized([5, 9, 3, 12]))
+    assert info.kind == "dict" and info.collate == "pad"
+    assert info.sequence.keys == ("input_ids", "token_type_ids", "attention_mask")
+    assert (info.sequence.min_len, info.sequence.max_len, info.sequence.varying) == (3, 12, True)
+    assert info.shapes["['input_ids']"] == (-1,)
+    # Lists of one length still need the padding collate: default_collate would transpose them.
+    assert describe(_tokenized([6, 6])).collate == "pad"
+
+
+def test_numpy_token_arrays_are_token_sequences():
+    import numpy as np
+
+    samples = [{"input_ids": np.arange(n), "attention_mask": np.ones(n, dtype=np.int64)} for n in (4, 7)]
+    info = describe(samples)
+    assert info.collate == "pad" and info.sequence.max_len == 7
+
+
+def test_with_a_collate_what_it_makes_is_checked_not_the_samples():
+    import pytest
+
+    from autotune.errors import InputError
+
+    def tokenize(texts):  # raw strings in, tensors out: the samples themselves are not tensors
+        width = max(len(t) for t in texts)
+        return {"input_ids": torch.tensor([[ord(c) for c in t.ljust(width)] for t in texts])}
+
+    assert describe(["a cat", "a dog sat", "hi"], collate_fn=tokenize).collate == "user"
+    with pytest.raises(InputError, match=r"^collate_fn failed on the first 2 samples: KeyError"):
+        describe(_tokenized([3, 4]), collate_fn=lambda samples: samples[0]["missing"])
+    with pytest.raises(InputError, match="return_tensors='pt'"):
+        describe(_tokenized([3, 4]), collate_fn=lambda samples: [s["input_ids"] for s in samples])
+
+
+def test_a_structure_difference_is_named_in_one_short_line_with_the_fix():
+    import pytest
+
+    from autotune.errors import InputError
+
+    samples = [{"input_ids": torch.ones(30, dtype=torch.long)}] * 3 + [
+        {"input_ids": torch.ones(30, dtype=torch.long), "token_type_ids": torch.zeros(30, dtype=torch.long)}
+    ]
+    with pytest.raises(InputError) as caught:
+        describe(samples)
+    text = str(caught.value)
+    assert "\n" not in text and len(text) < 300, text
+    assert "sample 3 has ['token_type_ids'], which sample 0 lacks" in text and "collate_fn=" in text

@@ -119,13 +119,16 @@ class Predictor:
         sample's own, without a batch axis; token-level outputs keep the real tokens only.
 
         Args:
-            samples: Samples as the dataset gives them (dicts of tensors for text).
+            samples: Samples as the dataset gives them (dicts of tensors, or a tokenizer's lists
+                of ints, for text), or a DataLoader over them: its dataset and its collate.
             collate_fn: The run's own collate, when it had one (it is not saved with the run);
                 a run that padded token sequences itself pads them the same way here.
         """
         from autotune.batching import Batching, lengths_of, pad_collate, split_samples
         from autotune.export.parity import flat_inputs
+        from autotune.run.apply import _unloaded
 
+        samples, collate_fn = _unloaded(samples, collate_fn)
         data = self.run.get("data") or {}
         if collate_fn is None and data.get("collate") == "user":
             raise InputError(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["from_stored", "output_type", "rebuild_output", "to_stored"]
@@ -47,7 +48,7 @@ def to_stored(obj: Any) -> Any:
     path = output_type(obj)
     if path is not None:
         return {_TYPE: path, _FIELDS: {k: to_stored(v) for k, v in obj.items()}}
-    if isinstance(obj, dict):
+    if isinstance(obj, Mapping):  # a collator's batch (transformers' BatchEncoding) as a plain dict
         return {k: to_stored(v) for k, v in obj.items()}
     if isinstance(obj, (tuple, list)):
         return type(obj)(to_stored(v) for v in obj)

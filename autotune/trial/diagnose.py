@@ -126,11 +126,12 @@ def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings, s
         ``loader_samples_per_s``, ``model_samples_per_s``, ``bound`` (see :func:`classify`),
         ``batch_size`` and ``window_s``.
     """
-    from torch.utils.data import default_collate
-
     window = window_for(settings)
     loader = loader_samples_per_s(dataset, state, window, settings.warmup_batches, seed)
-    batch = default_collate([dataset[i] for i in range(min(state.batch_size, len(dataset)))])
+    # The first batch as the configuration makes it: its collate (the user's, or padding for
+    # samples of different lengths), its padding and its length grouping.
+    ids = state.batching().plan(len(dataset))[0]
+    batch = state.batching().collate([dataset[i] for i in ids])
     model = model_samples_per_s(state, batch, window, settings.warmup_batches)
     return {
         "loader_samples_per_s": loader,

