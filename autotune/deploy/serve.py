@@ -18,9 +18,83 @@ from typing import Any
 
 import torch
 
-from autotune.deploy.load import Predictor, _is_winner, _not_the_winner, _read_parity
+from autotune.deploy.load import (
+    Predictor,
+    _choose,
+    _is_winner,
+    _load_one,
+    _not_the_winner,
+    _read_artifacts,
+    _read_parity,
+)
+from autotune.errors import ConfigError
+from autotune.export import FORMATS
 
-__all__ = ["TorchPredictor", "decide", "rate", "serve", "timing_batch", "torch_candidate"]
+__all__ = ["TorchPredictor", "decide", "load", "rate", "serve", "timing_batch", "torch_candidate"]
+
+
+def load(
+    out_dir: str | Path,
+    *,
+    model: Any = None,
+    dataset: Any = None,
+    collate_fn: Any = None,
+    format: str | None = None,
+    device: str = "cpu",
+    allow_modified: bool = False,
+) -> Predictor:
+    """Serve a tuning run from ``out_dir``: the fastest here of what it may serve, named truthfully.
+
+    The candidates are the exported artifacts that passed their checks and, with ``model``, the
+    tuned torch pipeline (:func:`autotune.predictor`: the model the search measured). Each is timed
+    briefly here on the same batches of the run's validation samples, and the fastest is served.
+    With ``model`` the untuned model is timed the same way, and a served candidate slower than it
+    is said in :attr:`Predictor.chosen` and warned about; without it the comparison is with the
+    run's recorded baseline, an end-to-end figure from the run's machine, and ``chosen`` says so.
+
+    Args:
+        out_dir: The run's directory, holding ``best_config.json`` and the artifact files.
+        model: The original model, as given to :func:`autotune.optimize` (a module or a factory):
+            adds the tuned torch pipeline to the candidates and the untuned model as the reference.
+        dataset: The data the build needs (configs that prune or quantize), as for :func:`autotune.apply`.
+        collate_fn: The run's own collate, when it had one: batches the timing samples.
+        format: ``"onnx"``, ``"torchscript"`` or ``"torch"`` (needs ``model``) serves that one,
+            untimed. An artifact that failed its checks loads only when named here, with a warning.
+        device: ``"cpu"`` or ``"cuda[:N]"``: ONNX runs on the matching ONNX Runtime provider.
+        allow_modified: Load an artifact whose sha256 differs from the one recorded at export
+            (refused by default: the file is not the one that was checked).
+
+    Returns:
+        A :class:`Predictor` (:class:`~autotune.deploy.serve.TorchPredictor` for ``"torch"``):
+        ``pred(batch)``, ``pred.predict(samples)``, ``pred.chosen``, ``pred.format``.
+
+    Raises:
+        ConfigError: no such directory, no ``best_config.json``, no artifacts (without ``model``),
+            an unknown format, nothing that passed its checks, the artifact's file is missing,
+            lies outside ``out_dir`` or changed since export.
+    """
+    out_dir = Path(out_dir)
+    try:
+        torch.device(device)
+    except RuntimeError:
+        raise ConfigError(f"`device` must be 'cpu' or 'cuda[:N]', but got {device!r}.") from None
+    artifacts, run_batch_size = _read_artifacts(out_dir, required=model is None and format != "torch")
+    if format == "torch":
+        if model is None:
+            raise ConfigError("format='torch' serves the tuned torch pipeline: pass the original model, model=...")
+        served = torch_candidate(out_dir, model, dataset, collate_fn, device, None)
+        served.chosen = "torch: asked for (the tuned pipeline, the model the search measured)"
+        return served
+    if format is not None:
+        fmt, record = _choose(artifacts, format, out_dir)
+        predictor = _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
+        predictor.chosen += _not_the_winner(record)
+        return predictor
+    passed = [f for f in FORMATS if (artifacts.get(f) or {}).get("status") == "ok"]
+    if not passed and model is None:
+        _choose(artifacts, None, out_dir)  # raises: nothing passed its checks
+    loaded = {f: _load_one(out_dir, f, artifacts[f], run_batch_size, device, allow_modified) for f in passed}
+    return serve(out_dir, loaded, model, dataset, collate_fn, device)
 
 
 class _Flat(torch.nn.Module):
