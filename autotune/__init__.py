@@ -52,13 +52,13 @@ _LAZY = {
     "Predictor": "autotune.run.predict",
     "training": "autotune.run.apply",
     "load_config": "autotune.run.cfg",
-    "load": "autotune.deploy.load",
+    "load": "autotune.deploy.serve",
     "verify": "autotune.deploy.verify",
 }
 
 if TYPE_CHECKING:
     from autotune.config import Config
-    from autotune.deploy.load import load
+    from autotune.deploy.serve import load
     from autotune.deploy.verify import verify
     from autotune.run.apply import apply, dataloader, training
     from autotune.run.cfg import load_config

@@ -1,7 +1,8 @@
-"""Load an exported artifact of a tuning run and run it like a function: :func:`load`.
+"""An exported artifact of a tuning run behind a plain call (:class:`Predictor`), and reading
+the run's artifacts; :func:`autotune.deploy.serve.load` chooses which one to serve.
 
 Example:
-    >>> predict = load("autotune_out")  # doctest: +SKIP
+    >>> predict = autotune.load("autotune_out")  # doctest: +SKIP
     >>> predict(images).shape  # numpy in, numpy out  # doctest: +SKIP
     (1000, 10)
 """
@@ -10,8 +11,6 @@ from __future__ import annotations
 
 import json
 import pickle
-import statistics
-import time
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +24,7 @@ from autotune.errors import ConfigError, InputError
 from autotune.export import FORMATS, file_digest
 from autotune.export.stored import from_stored, rebuild_output
 
-__all__ = ["Predictor", "load"]
+__all__ = ["Predictor"]
 
 
 class Predictor:
@@ -155,8 +154,9 @@ class Predictor:
         return outputs
 
 
-def _read_artifacts(out_dir: Path) -> tuple[dict[str, Any], int | None]:
-    """The ``artifacts`` entry of ``best_config.json`` and the run's batch size."""
+def _read_artifacts(out_dir: Path, required: bool = True) -> tuple[dict[str, Any], int | None]:
+    """The ``artifacts`` entry of ``best_config.json`` and the run's batch size (no artifacts is
+    an error when ``required``: without the original model there is nothing else to serve)."""
     if not out_dir.is_dir():
         raise ConfigError(f"No directory {str(out_dir)!r}: give the out_dir that autotune.optimize wrote.")
     path = out_dir / "best_config.json"
@@ -167,10 +167,10 @@ def _read_artifacts(out_dir: Path) -> tuple[dict[str, Any], int | None]:
     except (OSError, ValueError) as exc:
         raise ConfigError(f"Cannot read {str(path)!r}: {exc}") from None
     artifacts = best.get("artifacts") if isinstance(best, dict) else None
-    if not isinstance(artifacts, dict) or not artifacts:
+    if (not isinstance(artifacts, dict) or not artifacts) and required:
         raise ConfigError(f"{str(path)!r} lists no artifacts: run the tuning with export formats to write them.")
     batch_size = (best.get("best") or {}).get("batch_size") or (best.get("config") or {}).get("batch_size")
-    return artifacts, batch_size
+    return artifacts if isinstance(artifacts, dict) else {}, batch_size
 
 
 def _read_parity(out_dir: Path) -> dict[str, Any]:
@@ -266,44 +266,6 @@ def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
     )
 
 
-def load(
-    out_dir: str | Path, *, format: str | None = None, device: str = "cpu", allow_modified: bool = False
-) -> Predictor:
-    """Load the exported artifact of a tuning run from ``out_dir``.
-
-    Args:
-        out_dir: The run's directory, holding ``best_config.json`` and the artifact files.
-        format: ``"onnx"`` or ``"torchscript"``; ``None`` takes the fastest on this machine of
-            those that passed their checks (timed briefly on the run's validation samples; the
-            measured winner's own file when they cannot be timed), and says which in
-            :attr:`Predictor.chosen`. An artifact that failed its checks loads only when named
-            here, with a warning.
-        device: ``"cpu"`` or ``"cuda[:N]"``: ONNX runs on the matching ONNX Runtime provider.
-        allow_modified: Load an artifact whose sha256 differs from the one recorded at export
-            (refused by default: the file is not the one that was checked).
-
-    Returns:
-        A :class:`Predictor`.
-
-    Raises:
-        ConfigError: no such directory, no ``best_config.json``, no artifacts, an unknown format,
-            no artifact that passed its checks, the artifact's file is missing, lies outside
-            ``out_dir`` or changed since export.
-    """
-    out_dir = Path(out_dir)
-    artifacts, run_batch_size = _read_artifacts(out_dir)
-    if format is None:
-        passed = [f for f in FORMATS if (artifacts.get(f) or {}).get("status") == "ok"]
-        if len(passed) > 1:
-            return _fastest(out_dir, passed, device, allow_modified)
-    fmt, record = _choose(artifacts, format, out_dir)
-    predictor = _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
-    if format is None:
-        predictor.chosen = f"{fmt}: the only one that passed its checks"
-    predictor.chosen += _not_the_winner(record)
-    return predictor
-
-
 def _is_winner(record: dict[str, Any]) -> bool:
     """Whether an artifact is the measured winner: marked so, and not TorchScript's fallback form
     (the float model written when the tuned one cannot be traced), which an export before that
@@ -348,40 +310,3 @@ def _load_one(
     except (OSError, ValueError):
         pass
     return predictor
-
-
-def _rate(predict: Predictor, batch: dict[str, torch.Tensor]) -> float:
-    """Samples/s of ``predict`` on one batch: the median of a few calls after a warm-up."""
-    for _ in range(2):
-        predict(batch)
-    times = []
-    for _ in range(5):
-        start = time.perf_counter()
-        predict(batch)
-        times.append(time.perf_counter() - start)
-    return predict.batch_size / max(statistics.median(times), 1e-9)
-
-
-def _fastest(out_dir: Path, formats: list[str], device: str, allow_modified: bool) -> Predictor:
-    """The fastest here of several artifacts that passed their checks, saying which and why."""
-    from torch.utils.data import default_collate
-
-    from autotune.export.parity import flat_inputs
-
-    artifacts, run_batch_size = _read_artifacts(out_dir)
-    loaded = [_load_one(out_dir, f, artifacts[f], run_batch_size, device, allow_modified) for f in formats]
-    try:
-        samples = _read_parity(out_dir)["samples"]
-        part = [samples[i % len(samples)] for i in range(max(p.batch_size for p in loaded))]
-        names, tensors, _ = flat_inputs(default_collate(part))
-        rates = {p.format: _rate(p, dict(zip(names, tensors, strict=True))) for p in loaded}
-    except Exception as exc:  # no validation samples to time on: the measured winner's own file
-        pick = next((p for p in loaded if _is_winner(p.record)), loaded[0])
-        which = "the measured winner's file" if _is_winner(pick.record) else "the first that passed its checks"
-        pick.chosen = f"{pick.format}: {which} (could not time the artifacts here: {exc}){_not_the_winner(pick.record)}"
-        return pick
-    pick = max(loaded, key=lambda p: rates[p.format])
-    timing = ", ".join(f"{f} {r:,.0f}/s" for f, r in sorted(rates.items(), key=lambda kv: -kv[1]))
-    pick.chosen = f"{pick.format}: the fastest here of those that passed their checks ({timing})"
-    pick.chosen += _not_the_winner(pick.record)
-    return pick

@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from autotune.data import map_tensors
-from autotune.deploy.load import _read_artifacts, _read_parity, load
+from autotune.deploy.load import _read_artifacts, _read_parity
+from autotune.deploy.serve import load
 from autotune.errors import ConfigError
 from autotune.export import file_digest
 from autotune.export.parity import _errors, _finite, check_parity, describe_error, flat_inputs

@@ -359,7 +359,8 @@ def _check_args(common: dict[str, Any]) -> dict[str, Any]:
 
 def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:
     """Say whether an artifact is the measured winner; one that is not is another model, and its
-    speed is its own (``autotune verify`` times it), never the winner's speedup."""
+    speed is its own (``autotune verify`` times it), never the winner's speedup. Every way it
+    differs is said: a bfloat16 and compiled winner's float32 ONNX lacks both."""
     if record.get("winner"):
         return
     why = record.get("form_note")
@@ -372,11 +373,12 @@ def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[s
         why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
     if why is None and state.runtime != "torch":
         why = f"the winner runs {state.runtime}; this is exported from its torch model"
-    if why is None and state.compile_mode != "none":
-        why = (
+    if state.compile_mode != "none" and "torch.compile" not in (why or ""):
+        compiled = (
             f"the winner runs torch.compile (mode {state.compile_mode}), which no file format carries; "
             "this is its uncompiled module"
         )
+        why = compiled if why is None else f"{why}; and {compiled}"
     record["winner"] = why is None
     if why is not None:
         record["form_note"] = why
@@ -410,5 +412,8 @@ def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
     inner = exportable(tuned)
     if not (device == "cpu" and isinstance(inner, TunedModule) and inner.amp_dtype is not None):
         return tuned, None
-    note = f"exported in float32: {inner.amp_dtype} autocast dropped, ONNX Runtime's CPU provider has no such kernels"
+    note = (
+        f"another model: the winner's weights exported in float32 without its {inner.amp_dtype} autocast "
+        "(ONNX Runtime's CPU provider has no such kernels)"
+    )
     return wrap(inner, autocast=False), note

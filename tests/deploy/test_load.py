@@ -1,4 +1,4 @@
-"""autotune.deploy.load.load: artifacts written by export_artifacts, run numpy in/numpy out and torch
+"""autotune.load: artifacts written by export_artifacts, run numpy in/numpy out and torch
 in/torch out, in chunks of the recorded batch size; failed artifacts refused."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
-from autotune.deploy.load import Predictor, load
+from autotune.deploy.load import Predictor
+from autotune.deploy.serve import load
 from autotune.errors import ConfigError, InputError
 from autotune.export import export_artifacts
 from tests.models import SmallCNN
