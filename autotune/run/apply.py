@@ -160,14 +160,16 @@ def _extras(dataset: Any, cfg: Config, rebuild: dict[str, Any], collate: Any, tr
     """The build's data as the search had it: its example batch, its calibration batches (the
     same seeded draw at the baseline batch size, :func:`autotune.data.calibration_draw`), its
     seed, and the int8 layers it kept float."""
-    from autotune.data import calibration_draw
+    from autotune.data import calibration_draw, calibration_split
     from autotune.knobs.state import BuildExtras
 
     n_train = len(train_dataset) if train_dataset is not None else None
+    # A run's record holds its split already; a hand-written config gets the split a run would
+    # make on this dataset, so a small one still keeps calibration samples out of validation.
+    n_val = calibration_split(len(dataset), rebuild["n_val"], n_train is not None)[0]
     example, picked, from_train = calibration_draw(
-        len(dataset), rebuild["n_val"], rebuild["seed"], rebuild["calibration_batch_size"], rebuild["n_calibration"],
-        n_train,
-    )  # fmt: skip
+        len(dataset), n_val, rebuild["seed"], rebuild["calibration_batch_size"], rebuild["n_calibration"], n_train
+    )
     source = train_dataset if from_train else dataset
     extras = BuildExtras(
         example=collate([dataset[i] for i in example]),

@@ -349,10 +349,13 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     """
     from optuna.trial import TrialState
 
-    from autotune.search.study import trial_record
-
     trials = study.get_trials(deepcopy=False)
-    records = [trial_record(t) for t in trials if t.state.is_finished() and "status" in t.user_attrs]
+    # The study's records as search.study.trial_record makes them (not imported: study imports this module).
+    records = [
+        {**t.user_attrs, "number": t.number, "state": t.state.name}
+        for t in trials
+        if t.state.is_finished() and "status" in t.user_attrs
+    ]
     known = {r["key"] for r in records if "key" in r and r["status"] not in ("skipped", "interrupted")}
     known |= {t.user_attrs["key"] for t in trials if t.state == TrialState.RUNNING and "key" in t.user_attrs}
     for t in trials:

@@ -212,6 +212,51 @@ class TrialContext(Context):
             row.update(_halves(prepared, self.spec.dataset, self.spec.measure, seed))
         return row
 
+    def _export_onnx(
+        self, state: Any, tuned: Any, out: Any, common: dict[str, Any], by_format: dict[str, Any]
+    ) -> dict[str, Any]:
+        """The ONNX artifact of a winner that ran no ONNX file: its export, or the nearest form."""
+        from autotune.export import export_artifacts
+
+        size, example = state.batch_size, self.extras.example
+        model, note = _onnx_form(tuned, state.device)
+        onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], **common)
+        # ONNX Runtime has the same dynamic and static int8, not torchao's weight-only.
+        ort_method = state.quantization in ("int8_dynamic", "int8_static")
+        if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
+            # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
+            # by ONNX Runtime with the same method, is the nearest form of the winner.
+            source = _onnx_source(state)
+            first = onnx["onnx"].get("error")
+            onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], onnx_source=source, **common)
+            note = f"exported from the pruned float model and quantized by onnxruntime ({state.quantization}): {first}"
+        if note:
+            onnx["onnx"]["form_note"] = note
+            keep = state.model
+            state.model = model
+            by_format["onnx"] = collect_outputs(state, self.samples)
+            state.model = keep
+        return onnx
+
+    def _parity(self, state: Any, outputs: Any, by_format: dict[str, Any]) -> dict[str, Any]:
+        """What ``autotune verify`` re-checks the artifacts against, as ``parity.pt`` stores it."""
+        parity = {
+            "samples": _plain(self.samples),
+            "outputs": _plain(outputs),
+            "outputs_by_format": _plain(by_format),
+            "baseline_outputs": _plain(self.reference.outputs),
+            "kinds": self.reference.kinds,
+            "max_metric_drop": self.spec.max_metric_drop,
+        }
+        if per_sample(state) or self.extras.collate_fn:
+            # The batches as the winner makes them (token sequences: the lengths the artifact was
+            # checked on), so verify runs it on the same inputs and compares sample by sample.
+            batching = state.batching(lengths_of(self.samples))
+            parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
+            parity["mask"] = self.reference.mask
+            parity["tokens"] = list(self.extras.token_outputs)
+        return parity
+
     def export(self, config: dict[str, Any], out_dir: str, formats: list[str]) -> dict[str, Any]:
         """Write the winner's artifacts into ``out_dir`` with their parity against the tuned model."""
         import dataclasses as dc
@@ -248,28 +293,7 @@ class TrialContext(Context):
         rest = [f for f in formats if f != "onnx" and f not in artifacts]
         artifacts.update(export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common))
         if "onnx" in formats and "onnx" not in artifacts:
-            model, note = _onnx_form(tuned, state.device)
-            onnx = export_artifacts(model, extras.example, self.samples, size, out, ["onnx"], **common)
-            # ONNX Runtime has the same dynamic and static int8, not torchao's weight-only.
-            ort_method = state.quantization in ("int8_dynamic", "int8_static")
-            if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
-                # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
-                # by ONNX Runtime with the same method, is the nearest form of the winner.
-                source = _onnx_source(state)
-                first = onnx["onnx"].get("error")
-                onnx = export_artifacts(
-                    model, extras.example, self.samples, size, out, ["onnx"], onnx_source=source, **common
-                )
-                note = (
-                    f"exported from the pruned float model and quantized by onnxruntime ({state.quantization}): {first}"
-                )
-            if note:
-                onnx["onnx"]["form_note"] = note
-                keep = state.model
-                state.model = model
-                by_format["onnx"] = collect_outputs(state, self.samples)
-                state.model = keep
-            artifacts.update(onnx)
+            artifacts.update(self._export_onnx(state, tuned, out, common, by_format))
         for fmt, record in artifacts.items():
             _label(record, fmt, state, measured)
         # What `autotune verify` re-checks the artifacts against, on any machine: the validation
@@ -280,22 +304,7 @@ class TrialContext(Context):
         for record in artifacts.values():
             if kind is not None:  # load() gives the artifact's outputs back as this ModelOutput
                 record["output_type"] = kind
-        parity = {
-            "samples": _plain(self.samples),
-            "outputs": _plain(outputs),
-            "outputs_by_format": _plain(by_format),
-            "baseline_outputs": _plain(self.reference.outputs),
-            "kinds": self.reference.kinds,
-            "max_metric_drop": self.spec.max_metric_drop,
-        }
-        if per_sample(state) or self.extras.collate_fn:
-            # The batches as the winner makes them (token sequences: the lengths the artifact was
-            # checked on), so verify runs it on the same inputs and compares sample by sample.
-            batching = state.batching(lengths_of(self.samples))
-            parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
-            parity["mask"] = self.reference.mask
-            parity["tokens"] = list(self.extras.token_outputs)
-        torch.save(parity, out / "parity.pt")
+        torch.save(self._parity(state, outputs, by_format), out / "parity.pt")
         return {"artifacts": artifacts}
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:

@@ -1,9 +1,12 @@
 """The accuracy guard: fidelity by default, the user's metric when given."""
 
+import json
+
 import pytest
 import torch
 
 import autotune
+from autotune.data import validation_indices
 from autotune.trial.guard import fidelity
 from tests.models import MLP, TinyEmbedder, WrongButFastUnderAutocast, classification_data, sentence_data
 
@@ -35,7 +38,8 @@ def test_an_int8_embedding_model_that_loses_its_geometry_is_infeasible_under_the
         SinkEmbedder(),
         sentence_data(),
         space={"base": None},
-        fix={"runtime": "onnxruntime", "ort_precision": "int8_dynamic"},
+        # Every layer in int8: a fallback that keeps the damaged layer float would pass, rightly.
+        fix={"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_fallback": 0, "int8_per_channel": False},
         out_dir=tmp_path,
         baseline_batch_size=16,
         measure=FAST,
@@ -152,9 +156,13 @@ def test_baseline_metric_is_the_users_metric(tmp_path):
         isolation="inprocess",
     )
     data = classification_data()
+    # The guard scores the validation subset (a small dataset keeps some samples out of it, for
+    # calibration): the user's metric on exactly those samples.
+    n_val = json.loads((tmp_path / "best_config.json").read_text())["guard"]["n_val"]
     model = MLP().eval()
     with torch.no_grad():
-        expected = sum(int(model(x[None]).argmax(1) == y) for x, y in data) / len(data)
+        val = [data[i] for i in validation_indices(len(data), n_val)]
+        expected = sum(int(model(x[None]).argmax(1) == y) for x, y in val) / len(val)
     assert result.baseline["metric"] == pytest.approx(expected, abs=1e-6)
     assert result.baseline["metric_drop"] == 0.0
 
