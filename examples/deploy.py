@@ -73,11 +73,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="deploy-out")
     parser.add_argument("--trials", type=int, default=6)
+    parser.add_argument("--timeout", type=float, help="seconds for the whole run (default: none)")
     args = parser.parse_args()
 
     data = make_data()
     model = make_model(data)
-    result = autotune.optimize(model, data, space="quick", n_trials=args.trials, out_dir=args.out, device="cpu")
+    result = autotune.optimize(
+        model, data, space="quick", n_trials=args.trials, timeout=args.timeout, out_dir=args.out, device="cpu"
+    )
     out = Path(args.out)
     record = json.loads((out / "best_config.json").read_text())
     for fmt, art in record["artifacts"].items():

@@ -113,7 +113,8 @@ def test_digits_test_accuracy() -> None:
 
 def test_deploy_example_serves_every_artifact(tmp_path):
     done = subprocess.run(
-        [sys.executable, "examples/deploy.py", "--out", str(tmp_path / "out"), "--trials", "2"],
+        # The run's timeout bounds it whole (search, rounds, export): this test is about serving.
+        [sys.executable, "examples/deploy.py", "--out", str(tmp_path / "out"), "--trials", "2", "--timeout", "30"],
         capture_output=True,
         text=True,
         timeout=300,
