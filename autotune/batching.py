@@ -289,7 +289,7 @@ def split_samples(outputs: Any, batch: Any, tokens: Sequence[int] = ()) -> list[
     return pieces
 
 
-def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> list[Any]:
+def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Sequence[Any]:
     """Every sample's output in dataset order, from the outputs of batches that ran in another order.
 
     Each leaf is joined once over all batches and permuted by index (no loop per sample over
@@ -301,7 +301,9 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> list[
         order: The dataset index of every sample, in the order the batches ran.
 
     Returns:
-        One output per sample, without a batch axis, structured as the model's outputs.
+        One output per sample, without a batch axis, structured as the model's outputs: a
+        :class:`Rows` when the model returns one tensor of the same shape for every batch (no
+        Python object per sample until one is asked for), else a list.
 
     Example:
         >>> import torch
@@ -323,8 +325,41 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> list[
     template = chunks[0][0]
     if isinstance(template, torch.Tensor):
         return leaves[0]
+    leaves = [list(leaf) if isinstance(leaf, Rows) else leaf for leaf in leaves]
     rows = zip(*leaves, strict=True) if leaves else ([] for _ in order)
     return [map_tensors(lambda _, it=iter(row): next(it), template) for row in rows]
+
+
+class Rows(Sequence):
+    """Every sample's output, in dataset order, held as one stacked tensor: ``rows[i]`` is sample
+    ``i``'s output (a view, without the batch axis) and ``rows.tensor`` all of them at once.
+
+    A list of one tensor per sample would cost a Python object per sample, more than a small
+    model's forward pass; this sequence makes one only when a sample is asked for.
+
+    Example:
+        >>> import torch
+        >>> rows = Rows(torch.arange(6.0).reshape(3, 2))
+        >>> len(rows), rows[1].tolist(), [r.tolist() for r in rows][-1], rows.tensor.shape
+        (3, [2.0, 3.0], [4.0, 5.0], torch.Size([3, 2]))
+    """
+
+    def __init__(self, tensor: Any) -> None:
+        self.tensor = tensor
+
+    def __len__(self) -> int:
+        return int(self.tensor.shape[0])
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return Rows(self.tensor[index])
+        return self.tensor[index]
+
+    def __iter__(self) -> Any:
+        return iter(self.tensor.unbind(0))
+
+    def __repr__(self) -> str:
+        return f"Rows({len(self)} samples of shape {tuple(self.tensor.shape[1:])}, {self.tensor.dtype})"
 
 
 def _gather_leaf(parts: list[tuple[Any, Any]], inverse: Any) -> list[Any]:
@@ -335,7 +370,7 @@ def _gather_leaf(parts: list[tuple[Any, Any]], inverse: Any) -> list[Any]:
         return [parts[0][0]] * len(inverse)
     token = [isinstance(m, torch.Tensor) and m.dim() == 2 and _token_level(t, m.shape[1]) for t, m in parts]
     if not any(token) and len({tuple(t.shape[1:]) for t, _ in parts}) == 1:
-        return list(torch.cat([t for t, _ in parts]).index_select(0, inverse).unbind(0))
+        return Rows(torch.cat([t for t, _ in parts]).index_select(0, inverse))
     pieces: list[Any] = []
     for (t, m), cut in zip(parts, token, strict=True):
         if cut:  # the real positions of every row, row after row, then split by each row's count

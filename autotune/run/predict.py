@@ -8,7 +8,7 @@ model once and ordering the outputs once per call.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.errors import ConfigError
@@ -38,8 +38,9 @@ class Predictor:
         self.device = device
         self.collate_fn = collate_fn
         self.pad_values = pad_values
+        self._cached: tuple[Any, Any, list[int]] | None = None  # the last dataset, its loader and order
 
-    def __call__(self, dataset: Any) -> list[Any]:
+    def __call__(self, dataset: Any) -> Sequence[Any]:
         """Every sample's output of ``dataset`` (samples, or a DataLoader over them), in order."""
         import torch
 
@@ -48,8 +49,13 @@ class Predictor:
         from autotune.run.apply import _unloaded, dataloader
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
-        loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values)
-        order = [i for ids in loader.batch_sampler for i in ids]
+        if self._cached is not None and self._cached[0] is dataset:
+            # The same samples again: the same loader (its persistent workers stay up) and order.
+            loader, order = self._cached[1:]
+        else:
+            loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values)
+            order = [i for ids in loader.batch_sampler for i in ids]
+            self._cached = (dataset, loader, order)
         where = torch.device(self.device)
         non_blocking = bool(loader.pin_memory) and where.type == "cuda"
         chunks = []
@@ -142,7 +148,7 @@ def predict(
     collate_fn: Any = None,
     pad_values: Mapping[str, int] | None = None,
     device: str = "auto",
-) -> list[Any]:
+) -> Sequence[Any]:
     """Every sample's output, in dataset order, from ``model`` tuned and batched as ``config``
     says (its batch size, workers, padding and length grouping, whatever order the batches run in).
 

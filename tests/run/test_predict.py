@@ -70,7 +70,9 @@ def test_a_predictor_builds_the_model_once_for_every_call():
     first, second = run(data), run.predict(data)
     assert len(built) == 1
     expected = MLP().eval()(torch.stack([x for x, _ in data])).detach()
-    torch.testing.assert_close(torch.stack(first), expected)
+    # One tensor per batch: the outputs come stacked (no object per sample until one is read).
+    torch.testing.assert_close(first.tensor, expected)
+    assert len(first) == len(data) and torch.equal(first[3], expected[3])
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
@@ -81,7 +83,7 @@ def test_predict_uses_an_onnxruntime_int8_model_apply_returned_as_it_is():
         expected = torch.cat([fast(torch.stack([x for x, _ in data[k : k + 16]])) for k in range(0, 64, 16)])
     for config in (ORT_STATIC, None):  # with the config it was built with, or none
         out = autotune.predict(fast, data, config)
-        torch.testing.assert_close(torch.stack(out), expected)
+        torch.testing.assert_close(torch.stack(list(out)), expected)
 
 
 def test_an_applied_model_is_refused_where_it_would_be_tuned_again():
@@ -94,3 +96,15 @@ def test_an_applied_model_is_refused_where_it_would_be_tuned_again():
         autotune.predict(fast, classification_data(8), {"batch_size": 4})
     with pytest.raises(autotune.ConfigError, match=r"needs the config"):
         autotune.predictor(MLP())
+
+
+def test_a_predictor_called_again_on_the_same_samples_reuses_its_loader():
+    data = classification_data(40)
+    run = autotune.predictor(MLP(), {"batch_size": 8, "num_workers": 1, "persistent_workers": True}, device="cpu")
+    first = run(data)
+    loader = run._cached[1]
+    second = run(data)
+    assert run._cached[1] is loader  # no new loader, no new worker process, per call
+    assert torch.equal(first.tensor, second.tensor)
+    run(classification_data(24))  # other samples: a loader of their own
+    assert run._cached[1] is not loader
