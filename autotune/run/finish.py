@@ -1,0 +1,112 @@
+"""The third stage of a run (:mod:`autotune.run.stages`): pick among the finalists, confirm the
+claim on fresh rounds, diagnose, score the held-out set and export the winner."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.errors import TrialError
+
+__all__ = ["export_winner", "finalize", "finalize_reserve", "overrun_margin"]
+
+Run = Any  # autotune.run.stages.Run (not imported: stages imports this module)
+
+
+def finalize_reserve(timeout: float) -> float:
+    """Seconds of a run's ``timeout`` kept for choosing and confirming the winner: a quarter of
+    it, between 20 and 90 s (at most half of a shorter timeout).
+
+    Example:
+        >>> finalize_reserve(600), finalize_reserve(120), finalize_reserve(10)
+        (90.0, 30.0, 5.0)
+    """
+    return min(90.0, max(timeout / 4, min(20.0, timeout / 2)))
+
+
+def overrun_margin(timeout: float) -> float:
+    """Seconds past a run's ``timeout`` the export of the winner may take: 10% of it, 30 s at
+    least (a run ends within ``timeout`` plus this, and the writing of its result files).
+
+    Example:
+        >>> overrun_margin(60), overrun_margin(1200)
+        (30.0, 120.0)
+    """
+    return max(30.0, 0.1 * timeout)
+
+
+def finalize(run: Run) -> None:
+    """Pick the winner on selection rounds, claim its speedup on fresh rounds, explain it,
+    score the held-out set and export the winner."""
+    import autotune.search.select as select
+    from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
+    from autotune.trial.diagnose import diagnose_run
+
+    opts, runner = run.options, run.runners[0]  # the first device's worker confirms and exports
+    run.baseline, run.best = baseline_and_best(run.study, run.objectives, run.select)
+    records = run.records()
+    run.front = write_pareto(run.out, records, run.objectives) if len(run.objectives) > 1 else []
+    finalists = select.finalists(records, run.objectives, run.baseline["key"], opts.n_finalists, run.select)
+    if finalists:
+        # A knob fixed away from the baseline's value holds in the winner too: the baseline is
+        # then the reference of the claim, never the result (a slower pick says so in the claim).
+        speed_only = run.objectives == ["throughput"] and not _fixed_off_baseline(run)
+        # With a timeout the rounds take what the search left (the worker is cut off at the
+        # deadline too); held-out scoring, when asked, keeps a fifth of it.
+        left = run.left_s()
+        budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
+        run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
+            runner,
+            run.baseline,
+            finalists,
+            opts.n_verify_pairs,
+            speed_only,
+            run.timing,
+            diagnose=not opts.train,
+            budget_s=budget_s,
+        )
+    # Why it won: the loader and the model timed apart, in the confirmation rounds.
+    run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
+    if opts.test_dataset is not None:
+        run.summary["held_out"] = _held_out(run, runner)
+    if run.deadline is not None:  # the export may run past the deadline by the stated margin
+        runner.deadline = run.deadline + overrun_margin(opts.timeout)
+    run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+
+
+def _held_out(run: Run, runner: Any) -> dict[str, Any]:
+    """The baseline's and the winner's metric on ``test_dataset``, or why there is none."""
+    if run.left_s() == 0.0:
+        return {"error": f"not scored: the run's timeout ({run.options.timeout:g} s) was reached"}
+    try:
+        return runner.call("held_out", run.baseline["config"], run.best["config"], n_trials=2)
+    except TrialError as exc:  # the search's result stands without it
+        return {"error": str(exc)}
+
+
+def _fixed_off_baseline(run: Run) -> list[str]:
+    """The knobs ``fix`` pins to another value than the baseline's."""
+    config = run.baseline["config"]
+    return [name for name in run.options.fix or {} if run.space.values[name] != [config.get(name)]]
+
+
+def export_winner(runner: Any, best: dict[str, Any], out: Path, formats: tuple[str, ...], env: Any) -> dict[str, Any]:
+    """Export the winner in the worker; a failure is recorded per format, never raised."""
+    if not formats:
+        return {}
+    try:
+        artifacts = runner.call("export", best["config"], str(out.resolve()), list(formats), n_trials=2)["artifacts"]
+    except TrialError as exc:
+        return {fmt: {"status": "failed", "error": str(exc)} for fmt in formats}
+    config = best["config"]
+    ort = config["runtime"] == "onnxruntime"
+    default_provider = "CUDAExecutionProvider" if env.is_cuda else "CPUExecutionProvider"
+    for fmt, artifact in artifacts.items():
+        artifact["batch_size"] = config["batch_size"]
+        if fmt == "onnx":
+            artifact["ort"] = {
+                "provider": config["ort_provider"] if ort else default_provider,
+                "graph_optimization": config["ort_graph_optimization"] if ort else "all",
+                "intra_op_threads": config["num_threads"] or 0,
+            }
+    return artifacts
