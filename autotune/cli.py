@@ -45,6 +45,7 @@ def _parser() -> argparse.ArgumentParser:
         help="staged: screen each lever, compose those that paid, then TPE; tpe: TPE after a warm start (default)",
     )
     run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
+    run.add_argument("--no-profile", action="store_true", help="skip profiling the baseline and the winner")
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
     run.add_argument("--quiet", action="store_true", help="print only the final table")
@@ -121,6 +122,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "export": None if args.export is None else tuple(f.strip() for f in args.export.split(",") if f.strip()),
         "resume": True if args.resume else None,
         "join": True if args.join else None,
+        "profile": False if args.no_profile else None,
         "fix": _parse_fix(args.fix) if args.fix else None,
     }
     return cfg, Options.from_cfg(cfg, flags, where=args.cfg)

@@ -401,6 +401,8 @@ class OrtModule(nn.Module):
         self.graph_optimization = graph_optimization
         self.intra_op_threads = intra_op_threads
         self.io_binding = io_binding
+        # Set by the profiler (autotune.trial.profile): the next session records its nodes there.
+        self.profile_prefix: str | None = None
         self._session: Any = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -420,6 +422,9 @@ class OrtModule(nn.Module):
             options = ort.SessionOptions()
             options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[self.graph_optimization])
             options.intra_op_num_threads = self.intra_op_threads
+            if getattr(self, "profile_prefix", None):
+                options.enable_profiling = True
+                options.profile_file_prefix = self.profile_prefix
             providers = list(dict.fromkeys([self.provider, "CPUExecutionProvider"]))
             self._session = ort.InferenceSession(self.path, options, providers=providers)
         return self._session

@@ -179,6 +179,7 @@ def load_result(out_dir: str | Path) -> Any:
         pareto=list((run.pareto or {}).get("front") or []),
         held_out=best.get("held_out"),
         diagnosis=best.get("diagnosis"),
+        profile=best.get("profile"),
         verdict=verdict,
         claimed=verdict == "speedup" or speedup.get("method") == "baseline is best",
         claim=speedup.get("sentence", ""),

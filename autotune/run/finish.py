@@ -1,5 +1,6 @@
 """The third stage of a run (:mod:`autotune.run.stages`): pick among the finalists, confirm the
-claim on fresh rounds, diagnose, score the held-out set and export the winner."""
+claim on fresh rounds, diagnose, score the held-out set, export the winner and profile it and the
+baseline (:mod:`autotune.run.profile`)."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ def finalize(run: Run) -> None:
     """Pick the winner on selection rounds, claim its speedup on fresh rounds, explain it,
     score the held-out set and export the winner."""
     import autotune.search.select as select
+    from autotune.run.profile import profile_run
     from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
     from autotune.trial.diagnose import diagnose_run
 
@@ -72,6 +74,8 @@ def finalize(run: Run) -> None:
     if run.deadline is not None:  # the export may run past the deadline by the stated margin
         runner.deadline = run.deadline + overrun_margin(opts.timeout)
     run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+    # Where the time goes, after every timed figure and the export: profiling never touches them.
+    profile_run(run)
 
 
 def _held_out(run: Run, runner: Any) -> dict[str, Any]:

@@ -61,6 +61,7 @@ def optimize(
     output_kind: Any = "auto",
     collate_fn: Callable[[list[Any]], Any] | None = None,
     pad_values: Mapping[str, int] | None = None,
+    profile: bool = True,
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
 
@@ -164,6 +165,9 @@ def optimize(
             ``pad_values``) are padded to each batch's longest. See docs/text.md.
         pad_values: The pad id of each token-sequence input (``{"input_ids": 0}``) for the
             automatic padding collate; the attention mask always pads with 0.
+        profile: Profile the baseline and the winner after the timed rounds, each for a second
+            or two (``torch.profiler``): ``trace-baseline.json.gz``, ``trace-best.json.gz`` and
+            the report's operator breakdown. ``False`` skips it. See docs/report.md.
 
     Returns:
         A :class:`Result`.

@@ -94,6 +94,7 @@ class Options:
     output_kind: Any = "auto"
     collate_fn: Callable[[list[Any]], Any] | None = None
     pad_values: Mapping[str, int] | None = None
+    profile: bool = True
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -157,6 +158,8 @@ class Options:
             raise ConfigError(
                 f"`pad_values` must map input names to integer pad ids, like {{'input_ids': 0}}, but got {self.pad_values!r}."
             )
+        if not isinstance(self.profile, bool):
+            raise ConfigError(f"`profile` must be True or False, but got {self.profile!r}.")
         if self.metric is not None and not callable(self.metric):
             raise ConfigError(
                 f"`metric` must be a function metric(outputs, batch) -> float, but got {type(self.metric).__name__}."

@@ -38,6 +38,9 @@ class Result:
         diagnosis: Why it won: the loader alone and the model alone timed for the baseline and
             the winner, whether each was data- or compute-bound, and a one-sentence ``summary``
             (or an ``error`` when that measurement failed).
+        profile: Where the baseline's and the winner's time went (``torch.profiler``): by stage,
+            by operator family and the top operators, with their traces' file names; ``None``
+            with ``profile=False``.
         verdict: ``"speedup"`` (confirmed: the interval excludes 1.0 on a quiet machine),
             ``"none"`` (no measurable speedup: the baseline stands), ``"slower"`` (the pick was
             measurably slower: with throughput the only objective the baseline stands; with others
@@ -64,6 +67,7 @@ class Result:
     pareto: list[dict[str, Any]] = dataclasses.field(default_factory=list)
     held_out: dict[str, Any] | None = None
     diagnosis: dict[str, Any] | None = None
+    profile: dict[str, Any] | None = None
     verdict: str = "speedup"
     claimed: bool = True
     claim: str = ""
@@ -398,5 +402,6 @@ def write_best(
     )
     result.held_out = summary.get("held_out")
     result.diagnosis = summary.get("diagnosis")
+    result.profile = summary.get("profile")
     result.notes = notes
     return result

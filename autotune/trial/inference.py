@@ -330,6 +330,15 @@ class TrialContext(Context):
         torch.manual_seed(self.spec.seed)
         return diagnose_state(self.build(config), self.spec.dataset, self.spec.measure)
 
+    def profile(self, config: dict[str, Any], trace: str) -> dict[str, Any]:
+        """Where ``config``'s pipeline spends its time (:mod:`autotune.trial.profile`), its trace
+        written to ``trace``."""
+        from autotune.trial.profile import profile_state
+
+        torch.manual_seed(self.spec.seed)
+        state = self.build(config)
+        return profile_state(state, self.spec.dataset, trace, seed=draw_seed(self.spec.seed, "profile"))
+
 
 def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:
     """Clean before noisy, then the steadier windows first."""

@@ -288,6 +288,20 @@ class TrainContext(Context):
             runs.append((setup, batches))
         return runs
 
+    def profile(self, config: dict[str, Any], trace: str) -> dict[str, Any]:
+        """Where one training step of ``config`` spends its time (:mod:`autotune.trial.profile`),
+        its trace written to ``trace``."""
+        from autotune.trial.profile import profile_training
+
+        torch.manual_seed(self.spec.seed)
+        setup = self.setup(config)
+
+        def epochs() -> Iterator[Any]:
+            while True:
+                yield from setup.loader
+
+        return profile_training(setup, epochs(), self.spec.loss_fn, trace)
+
     def time_round(
         self, prepared: tuple[TrainingSetup, Iterator[Any]], diagnose: bool, seed: int = 0
     ) -> dict[str, Any]:

@@ -5,7 +5,7 @@ and talks to it over two pipes with pickled messages::
 
     parent -> ("init", spec)            worker -> ("ready", info) | ("fail", kind, message)
     parent -> ("trial", config_dict)    worker -> ("result", TrialResult)
-    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: rounds, held_out, export, diagnose)
+    parent -> ("call", name, *args)     worker -> ("result", dict)   (name: rounds, held_out, export, diagnose, profile)
     parent -> ("stop",)
 
 The same context (:mod:`autotune.trial.inference`, :mod:`autotune.trial.training`) also runs in-process when ``isolation="inprocess"``.
@@ -57,7 +57,7 @@ def serve(conn: Any) -> None:
         message = conn.recv()
         if message[0] == "trial":
             conn.send(("result", ctx.run_trial(message[1])))
-        elif message[0] == "call" and message[1] in ("rounds", "held_out", "export", "diagnose"):
+        elif message[0] == "call" and message[1] in ("rounds", "held_out", "export", "diagnose", "profile"):
             try:
                 conn.send(("result", getattr(ctx, message[1])(*message[2:])))
             except Exception as exc:

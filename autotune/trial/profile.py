@@ -1,0 +1,244 @@
+"""Where a pipeline's time goes: one short ``torch.profiler`` window over a built configuration.
+
+The pipeline runs as it is timed (:mod:`autotune.trial.measure`): the configured DataLoader,
+the copy to the device, the tuned model, and here also the outputs' copy back, each step inside
+a ``record_function`` range named for its stage (``autotune::forward`` ...). The profiler's
+schedule skips one step, warms up on one and records the next few, as many as fit in about a
+second (2 to 20), so the cost stays bounded whatever the model. A model that runs through
+ONNX Runtime is profiled by ONNX Runtime too (``enable_profiling``): its nodes are the operators.
+
+Nothing here is timed for a figure the run reports: profiling adds its own overhead.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from autotune.data import batch_size_of, call_model, outputs_to_cpu, to_device
+from autotune.trial.build import make_loader, settings_active
+from autotune.trial.opfamily import STAGES, TRAIN_STAGES, summarize
+
+__all__ = ["RANGE_PREFIX", "profile_state", "profile_training"]
+
+RANGE_PREFIX = "autotune::"
+_WAIT, _WARMUP = 1, 1
+# Ranges, not operators: the stages', the schedule's steps, the DataLoader's iteration.
+_RANGES = (RANGE_PREFIX, "ProfilerStep", "enumerate(DataLoader)")
+
+
+def _epochs(loader: Any) -> Iterator[Any]:
+    while True:
+        yield from loader
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _active_steps(step: Callable[[], int], target_s: float) -> int:
+    """Run two steps unprofiled (the first compiles, loads workers) and return how many
+    recorded steps fit in ``target_s`` (2 to 20)."""
+    step()
+    start = time.perf_counter()
+    step()
+    per_step = max(time.perf_counter() - start, 1e-6)
+    return max(2, min(20, round(target_s / per_step)))
+
+
+def _ort_modules(model: Any) -> list[Any]:
+    """The ONNX Runtime sessions' holders inside ``model`` (none unless it runs through ORT)."""
+    import sys
+
+    if "autotune.export.onnx" not in sys.modules or not isinstance(model, torch.nn.Module):
+        return []
+    from autotune.export.onnx import OrtModule
+
+    return [m for m in model.modules() if isinstance(m, OrtModule)]
+
+
+def _op_rows(prof: Any, cuda: bool) -> list[dict[str, Any]]:
+    """One row per operator of the recorded steps: its self time (device time on a GPU), calls
+    and the input shapes of its most expensive call signature."""
+    from torch.autograd import DeviceType
+
+    rows: dict[str, dict[str, Any]] = {}
+    heaviest: dict[str, float] = {}
+    for e in prof.key_averages(group_by_input_shape=True):
+        if e.device_type != DeviceType.CPU:
+            continue  # kernels count in the operator that launched them
+        if getattr(e, "is_user_annotation", False) or e.key.startswith(_RANGES):
+            continue  # ranges (the stages', the DataLoader's) are not operators
+        self_us = float(e.self_device_time_total if cuda else e.self_cpu_time_total)
+        row = rows.setdefault(e.key, {"name": e.key, "self_us": 0.0, "calls": 0, "input_shapes": ""})
+        row["self_us"] += self_us
+        row["calls"] += int(e.count)
+        if self_us > heaviest.get(e.key, -1.0):
+            heaviest[e.key] = self_us
+            row["input_shapes"] = str([list(s) for s in (e.input_shapes or []) if s])
+    return list(rows.values())
+
+
+def _stage_us(prof: Any, names: tuple[str, ...]) -> dict[str, float]:
+    spans = {e.key: float(e.cpu_time_total) for e in prof.key_averages() if e.key.startswith(RANGE_PREFIX)}
+    return {n: spans.get(RANGE_PREFIX + n, 0.0) for n in names}
+
+
+def _ort_rows(path: str, n_active: int) -> list[dict[str, Any]]:
+    """Node times of the last ``n_active`` runs in an ONNX Runtime profile, by node type."""
+    events = json.loads(Path(path).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[-n_active:]
+    rows: dict[str, dict[str, Any]] = {}
+    heaviest: dict[str, float] = {}
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or "op_name" not in args:
+            continue
+        if not any(a <= e["ts"] <= b for a, b in runs):
+            continue
+        name = "onnxruntime::" + args["op_name"]
+        row = rows.setdefault(name, {"name": name, "self_us": 0.0, "calls": 0, "input_shapes": ""})
+        row["self_us"] += float(e["dur"])
+        row["calls"] += 1
+        if e["dur"] > heaviest.get(name, -1.0):
+            heaviest[name] = float(e["dur"])
+            shapes = [list(v) for s in args.get("input_type_shape") or [] for v in s.values()]
+            row["input_shapes"] = str(shapes)
+    return list(rows.values())
+
+
+def _window(step: Callable[[], int], device: torch.device, trace: Path, names: tuple[str, ...], model: Any) -> dict:
+    """Profile ``step`` (which returns the samples it processed) on a wait/warmup/active schedule
+    and write the Chrome trace to ``trace`` (gzipped when it ends in ``.gz``)."""
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    from autotune.trial.measure import _compiled_frames
+
+    started = time.perf_counter()
+    n_active = _active_steps(step, 1.0)
+    orts = _ort_modules(model)
+    scratch = Path(tempfile.mkdtemp(prefix="autotune-ort-profile-"))
+    for m in orts:  # a fresh session that records its nodes, from here on
+        m.profile_prefix, m._session = str(scratch / "ort"), None
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    frames = _compiled_frames()
+    n_samples = 0
+    try:
+        with profile(
+            activities=activities,
+            schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=n_active, repeat=1),
+            record_shapes=True,
+            profile_memory=True,
+        ) as prof:
+            for i in range(_WAIT + _WARMUP + n_active):
+                done = step()
+                n_samples += done if i >= _WAIT + _WARMUP else 0
+                prof.step()
+        trace.parent.mkdir(parents=True, exist_ok=True)
+        prof.export_chrome_trace(str(trace))
+        rows = _op_rows(prof, device.type == "cuda")
+        ort_traces = []
+        for m in orts:
+            ort_file = m.session.end_profiling()
+            rows += _ort_rows(ort_file, n_active)
+            ort_traces.append(ort_file)
+        if ort_traces:  # ONNX Runtime writes the same trace format: shipped beside the PyTorch one
+            ort_path = trace.with_name(trace.name.replace(".json.gz", "") + "-onnxruntime.json.gz")
+            with open(ort_traces[0], "rb") as src, gzip.open(ort_path, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        summary = summarize(rows, _stage_us(prof, names), n_steps=n_active, n_samples=n_samples)
+    finally:
+        for m in orts:
+            m.profile_prefix, m._session = None, None
+        shutil.rmtree(scratch, ignore_errors=True)
+    summary.update(
+        trace=trace.name,
+        runtime="onnxruntime" if orts else "torch",
+        time_basis="device (kernel) time" if device.type == "cuda" else "CPU time",
+        recompiles=_compiled_frames() - frames,
+        profile_s=time.perf_counter() - started,
+    )
+    if orts:
+        summary["ort_trace"] = ort_path.name
+    return summary
+
+
+def profile_state(state: Any, dataset: Any, trace: str | Path, *, seed: int = 0) -> dict[str, Any]:
+    """Profile a built inference configuration over ``dataset`` and write its trace.
+
+    Args:
+        state: A :class:`~autotune.knobs.state.BuildState`.
+        dataset: The samples its DataLoader reads.
+        trace: Where the Chrome trace goes (``.json.gz``: gzipped).
+        seed: Which shuffled order token sequences are read in (as for measurement).
+
+    Returns:
+        :func:`~autotune.trial.opfamily.summarize`'s summary, with ``trace`` (its file name),
+        ``runtime``, ``time_basis``, ``recompiles`` and ``profile_s`` (what profiling cost).
+
+    Example:
+        >>> import tempfile, torch
+        >>> from autotune.config import Config
+        >>> from autotune.trial.build import build
+        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> s = profile_state(state, [torch.randn(8)] * 64, Path(tempfile.mkdtemp()) / "t.json.gz")
+        >>> s["operators"][0]["name"], sorted(s["stages"])[0]
+        ('aten::addmm', 'forward')
+    """
+    device = torch.device(state.device)
+    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size, timing=True, seed=seed)
+    batches = _epochs(loader)
+
+    def step() -> int:
+        with torch.profiler.record_function(RANGE_PREFIX + "loader_wait"):
+            batch = next(batches)
+        with torch.profiler.record_function(RANGE_PREFIX + "host_to_device"):
+            on_device = to_device(batch, device, non_blocking=state.non_blocking)
+        with torch.profiler.record_function(RANGE_PREFIX + "forward"):
+            out = call_model(state.model, on_device)
+        with torch.profiler.record_function(RANGE_PREFIX + "output_sync"):
+            outputs_to_cpu(out)
+            _sync(device)
+        return batch_size_of(batch)
+
+    try:
+        with settings_active(state.settings), torch.inference_mode():
+            return _window(step, device, Path(trace), STAGES, state.model)
+    finally:
+        batches.close()  # shuts down the loader's workers
+
+
+def profile_training(setup: Any, batches: Iterator[Any], loss_fn: Any, trace: str | Path) -> dict[str, Any]:
+    """Profile whole optimizer steps of a :class:`~autotune.trial.train_setup.TrainingSetup`:
+    the same step as :meth:`~autotune.trial.train_setup.TrainingSetup.step`, with the loader,
+    copy, forward (with the loss), backward and optimizer step in their own ranges."""
+    device = torch.device(setup.device)
+
+    def step() -> int:
+        for _ in range(setup.accumulation_steps):
+            with torch.profiler.record_function(RANGE_PREFIX + "loader_wait"):
+                batch = next(batches)
+            with torch.profiler.record_function(RANGE_PREFIX + "host_to_device"):
+                batch = setup.to_device(batch)
+            with torch.profiler.record_function(RANGE_PREFIX + "forward"), setup.autocast():
+                loss = loss_fn(call_model(setup.model, batch), batch).float().reshape(()) / setup.accumulation_steps
+            with torch.profiler.record_function(RANGE_PREFIX + "backward"):
+                setup.scaler.scale(loss).backward()
+        with torch.profiler.record_function(RANGE_PREFIX + "optimizer_step"):
+            setup.scaler.step(setup.optimizer)
+            setup.scaler.update()
+            setup.optimizer.zero_grad(set_to_none=True)
+            _sync(device)
+        return setup.effective_batch_size
+
+    with settings_active(setup.settings):
+        return _window(step, device, Path(trace), TRAIN_STAGES, setup.model)
