@@ -51,6 +51,12 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--quiet", action="store_true", help="print only the final table")
     run.add_argument("--json", action="store_true", help="print only the result as JSON on stdout (progress on stderr)")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
+    prof = sub.add_parser("profile", help="profile one configuration: a Chrome trace and the top operators")
+    prof.add_argument("cfg", help="Python file defining model and dataset, as for run")
+    prof.add_argument("--config", help="a best_config.json or a run's output directory (default: the baseline)")
+    prof.add_argument("--out", default="autotune-profile", help="where the trace goes (default autotune-profile)")
+    prof.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N (default auto)")
+    prof.add_argument("--debug", action="store_true", help="show tracebacks")
     spaces = sub.add_parser("spaces", help="list the search space presets")
     spaces.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     verify = sub.add_parser("verify", help="re-check a run's exported artifacts on this machine")
@@ -175,6 +181,7 @@ def _print_result(console: Any, result: Any) -> None:
             f"not shown: {diagnosis['fault']}" if diagnosis.get("fault") else f"not measured: {diagnosis['error']}"
         )
         console.print(f"why it won: {why}", highlight=False, soft_wrap=True)
+    _print_profile(console, result)
     if result.pareto:
         _print_pareto(console, result)
     _print_runtimes(console, result)
@@ -189,9 +196,29 @@ def _print_result(console: Any, result: Any) -> None:
         console.print(f"held-out test metric: not measured: {held['error']}", highlight=False)
     _print_artifacts(console, result)
     console.print(f"best config: {result.best_config}", highlight=False, soft_wrap=True)
-    names = ("best_config.json", "trials.csv", "study.db", "report.html", "report.md")
+    names = ("best_config.json", "trials.csv", "study.db", "report.html", "report.md", "trace-baseline.json.gz")
+    names += ("trace-best.json.gz",)
     files = ", ".join(n for n in names if (result.out_dir / n).exists())
     console.print(f"files in {result.out_dir}/: {files}  (stopped: {result.stop_reason})", highlight=False)
+
+
+def _print_profile(console: Any, result: Any) -> None:
+    from autotune.report.breakdown import changed_operators, limits
+    from autotune.run.profile import OPEN_TRACES
+
+    profile = result.profile or {}
+    if "best" not in profile:
+        if profile.get("error"):
+            console.print(f"where the time goes: {profile['error']}", highlight=False, soft_wrap=True)
+        return
+    for label, key in (("baseline", "baseline"), ("winner", "best")):
+        top = ", ".join(f"{o['name']} {o['share']:.0%}" for o in profile[key]["operators"][:3])
+        wait = profile[key]["stages"].get("loader_wait", {}).get("share", 0.0)
+        console.print(f"where the time goes ({label}): {top}; loader wait {wait:.0%}", highlight=False, soft_wrap=True)
+    for line in filter(None, [changed_operators(profile), *limits(profile)]):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+    traces = " and ".join(profile[k]["trace"] for k in ("baseline", "best"))
+    console.print(f"traces: {traces}: {OPEN_TRACES}", highlight=False, soft_wrap=True)
 
 
 def _busy_note(result: Any) -> str | None:
@@ -333,6 +360,41 @@ def _run(args: argparse.Namespace, console: Any) -> int:
         print(json.dumps(run_summary(result.out_dir), indent=2, default=str))
         return 0
     _print_result(console, result)
+    return 0
+
+
+def _profile(args: argparse.Namespace, console: Any) -> int:
+    from pathlib import Path
+
+    from autotune.report.breakdown import top_rows
+    from autotune.run.cfg import load_config
+    from autotune.run.profile import OPEN_TRACES, profile
+
+    if args.config is not None and not Path(args.config).exists():
+        raise ConfigError(f"No config at {args.config!r}: give --config a best_config.json or a run's directory.")
+    cfg = load_config(args.cfg)
+    options = cfg.get("options") or {}
+    summary = profile(
+        cfg["model"],
+        cfg["dataset"],
+        args.config,
+        out_dir=args.out,
+        device=args.device,
+        mode=cfg.get("mode", options.get("mode", "inference")),
+        loss_fn=cfg.get("loss_fn", options.get("loss_fn")),
+        optimizer=cfg.get("optimizer", options.get("optimizer")),
+        collate_fn=cfg.get("collate_fn", options.get("collate_fn")),
+        pad_values=options.get("pad_values"),
+    )
+    stages = ", ".join(f"{k} {v['share']:.0%}" for k, v in summary["stages"].items())
+    families = ", ".join(f"{k} {v['share']:.0%}" for k, v in summary["families"].items() if v["share"] >= 0.01)
+    console.print(f"stages: {stages}\noperator families: {families}", highlight=False, soft_wrap=True)
+    for row in top_rows(summary):
+        console.print(
+            f"  {row[3]:>6}  {row[0]}  ({row[1]}; {row[2]} ms/step; {row[4]} calls; {row[5]})", highlight=False
+        )
+    out = Path(args.out)
+    console.print(f"wrote {out / summary['trace']}: {OPEN_TRACES}", highlight=False, soft_wrap=True)
     return 0
 
 
@@ -518,6 +580,8 @@ def main(argv: list[str] | None = None) -> int:
             for name, description in list_presets().items():
                 console.print(f"[bold]{name}[/bold]: {description}", highlight=False)
             return 0
+        if args.command == "profile":
+            return _profile(args, console)
         if args.command == "verify":
             return _verify(args, console)
         if args.command in ("report", "show", "dashboard"):

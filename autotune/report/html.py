@@ -24,6 +24,7 @@ __all__ = ["SECTIONS", "render_html", "write_reports", "write_reports_safely"]
 SECTIONS = (
     ("summary", "Baseline vs best"),
     ("diagnosis", "Why it won"),
+    ("breakdown", "Where the time goes"),
     ("history", "Optimization history"),
     ("importance", "Parameter importances"),
     ("knobs", "Effect of each knob"),
@@ -200,12 +201,44 @@ def _diagnosis(run: RunFiles) -> str:
         diag = {}
     elif diag.get("summary"):
         lead = _e(diag["summary"][0].upper() + diag["summary"][1:]) + "."
+    from autotune.report.breakdown import changed_operators
+
+    ops = changed_operators(run.best.get("profile"))
+    if ops:
+        lead += (" " if lead else "") + "In the profiled windows, " + _e(ops) + "."
     note = (
         '<p class="note">The loader alone: the configured DataLoader, batches moved to the device, no model. '
         "The model alone: one batch already on the device, called again and again. The slower one bounds the "
         "pipeline (within 15% of each other: balanced).</p>"
     )
     return _section("diagnosis", _plot(diagnosis_figure(diag), "diagnosis") + note, lead)
+
+
+def _breakdown(run: RunFiles) -> str:
+    from autotune.report.breakdown import breakdown_figure, limits, top_rows
+    from autotune.run.profile import OPEN_TRACES
+
+    profile = run.best.get("profile") or {}
+    body = _plot(breakdown_figure(profile), "breakdown")
+    if "best" in profile:
+        head = ["operator", "family", "self ms/step", "share", "calls/step", "input shapes"]
+        for label, key in (("Baseline", "baseline"), ("Winner", "best")):
+            rows = [
+                [_e(c) if i != 0 else f'<span class="mono">{_e(c)}</span>' for i, c in enumerate(r)]
+                for r in top_rows(profile[key])
+            ]
+            basis = profile[key].get("time_basis", "")
+            body += f"<h3>{label}: top operators by self time ({_e(basis)})</h3>" + _table(head, rows, "ops")
+        found = limits(profile)
+        if found:
+            body += "<h3>What still limits the winner</h3><ul>" + "".join(f"<li>{_e(f)}.</li>" for f in found) + "</ul>"
+        traces = ", ".join(f'<span class="mono">{_e(profile[k]["trace"])}</span>' for k in ("baseline", "best"))
+        body += f'<p class="note">Traces: {traces} in this folder; {_e(OPEN_TRACES)}.</p>'
+    lead = (
+        "Each pipeline profiled for a second or two with torch.profiler after the timed rounds (profiling adds its "
+        "own overhead, so these are shares, not the run's figures); operator shares are of the operators' self time."
+    )
+    return _section("breakdown", body, lead)
 
 
 def _pareto(run: RunFiles) -> str:
@@ -323,6 +356,7 @@ def render_html(run: RunFiles) -> str:
     sections = [
         _summary(run),
         _diagnosis(run),
+        _breakdown(run),
         '<div class="split even">'
         + _section("history", _plot(history_figure(run), "history"), "The first objective of every completed trial; grey points failed the guard.")
         + _section("importance", _plot(importance_figure(run), "importance"), "How much of the variation across completed trials each knob explains (optuna).")

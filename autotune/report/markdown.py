@@ -77,6 +77,28 @@ def _diagnosis(run: RunFiles) -> list[str]:
     return lines + _table(["", "loader alone (samples/s)", "model alone (samples/s)", "bound"], rows)
 
 
+def _breakdown(run: RunFiles) -> list[str]:
+    from autotune.report.breakdown import changed_operators, limits, top_rows
+    from autotune.run.profile import OPEN_TRACES
+
+    profile = run.best.get("profile") or {}
+    lines = ["## Where the time goes", ""]
+    if "best" not in profile:
+        return [*lines, f"Not profiled: {profile.get('error') or 'profile=False, or a run from before profiling'}.", ""]
+    ops = changed_operators(profile)
+    if ops:
+        lines += [f"In the profiled windows, {ops}.", ""]
+    stages = [[label, *(f"{s['stages'].get(k, {}).get('share', 0):.0%}" for k in s["stages"])] for label, s in
+              (("baseline", profile["baseline"]), ("winner", profile["best"]))]  # fmt: skip
+    lines += _table(["stage share", *profile["best"]["stages"]], stages)
+    head = ["operator", "family", "self ms/step", "share", "calls/step", "input shapes"]
+    for label, key in (("Baseline", "baseline"), ("Winner", "best")):
+        lines += [f"{label}: top operators by self time", "", *_table(head, top_rows(profile[key], 5))]
+    lines += [f"- {f}." for f in limits(profile)]
+    traces = ", ".join(f"`{profile[k]['trace']}`" for k in ("baseline", "best"))
+    return [*lines, "", f"Traces: {traces}; {OPEN_TRACES}.", ""]
+
+
 def _trials(run: RunFiles) -> list[str]:
     from autotune.report.summary import format_value
 
@@ -149,7 +171,7 @@ def _environment(run: RunFiles) -> list[str]:
 def render_markdown(run: RunFiles) -> str:
     """The Markdown report of ``run``."""
     lines = [f"# autotune report: {run.out_dir.name}", "", f"Created {run.best.get('created', '?')}.", ""]
-    for part in (_summary, _diagnosis, _pareto, _trials, _artifacts, _environment):
+    for part in (_summary, _diagnosis, _breakdown, _pareto, _trials, _artifacts, _environment):
         lines += part(run)
     lines += ["Figures (history, importances, effect of each knob): `report.html`.", ""]
     return "\n".join(lines)

@@ -46,6 +46,7 @@ def profile_run(run: Any) -> None:
         if run.best.get("key") == run.baseline.get("key"):  # the baseline won: one pipeline, two names
             shutil.copyfile(out / "trace-baseline.json.gz", out / "trace-best.json.gz")
             found["best"] = {**found["baseline"], "trace": "trace-best.json.gz"}
+            found["same"] = True
         else:
             found["best"] = runner.call("profile", dict(run.best["config"]), str(out / "trace-best.json.gz"))
     except (TrialError, OSError) as exc:
