@@ -35,6 +35,7 @@ __all__ = [
     "plan",
     "predict",
     "predictor",
+    "profile",
     "training",
     "verify",
     "__version__",
@@ -50,6 +51,7 @@ _LAZY = {
     "predict": "autotune.run.predict",
     "predictor": "autotune.run.predict",
     "Predictor": "autotune.run.predict",
+    "profile": "autotune.run.profile",
     "training": "autotune.run.apply",
     "load_config": "autotune.run.cfg",
     "load": "autotune.deploy.serve",
@@ -65,6 +67,7 @@ if TYPE_CHECKING:
     from autotune.run.optimize import optimize
     from autotune.run.plan import plan
     from autotune.run.predict import Predictor, predict, predictor
+    from autotune.run.profile import profile
     from autotune.search.result import Result
 
 

@@ -102,6 +102,7 @@ def test_show_prints_the_summary_from_the_files(finished_run, capsys, monkeypatc
     out = capsys.readouterr().out
     assert "baseline vs best" in out and "latency p95" in out and "why it won: " in out
     assert "onnx: model.onnx" in out
+    assert "where the time goes (winner): " in out and "ui.perfetto.dev" in out
     assert main(["show", str(finished_run), "--json"]) == 0
     summary = json.loads(capsys.readouterr().out)
     best = json.loads((finished_run / "best_config.json").read_text())

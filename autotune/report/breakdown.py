@@ -30,7 +30,7 @@ _FAMILY_COLORS = {
     "quantize/dequantize": "#16a34a",
     "other": "#9ca3af",
 }
-_STAGE_COLORS = ["#dc2626", "#f59e0b", "#2563eb", "#7c3aed", "#0891b2", "#16a34a"]
+_STAGE_COLORS = ["#64748b", "#0f766e", "#1e3a8a", "#a16207", "#9d174d", "#4d7c0f"]  # apart from the families
 # A share above these names what still limits the winner.
 LOADER_LIMIT, FAMILY_LIMIT, MOVEMENT_LIMIT = 0.20, 0.50, 0.25
 

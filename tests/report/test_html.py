@@ -85,8 +85,16 @@ def test_report_renders_without_errors_with_every_section_and_plot(finished_run,
         assert remote == []
         for sid, _ in SECTIONS:
             assert page.locator(f"section#{sid}").is_visible(), sid
-        for sid in ("history", "importance", "knobs", "diagnosis"):
+        for sid in ("history", "importance", "knobs", "diagnosis", "breakdown"):
             assert page.locator(f"#{sid} .js-plotly-plot .main-svg").count() > 0, f"no plot drawn in #{sid}"
+        # The operator breakdown: stacked bars, and the top-operators tables of both traces.
+        profile = load_run(finished_run).best["profile"]
+        breakdown = page.locator("#breakdown").inner_text()
+        assert page.locator("#breakdown table.ops").count() == 2
+        for key in ("baseline", "best"):
+            assert profile[key]["operators"][0]["name"] in breakdown
+            assert profile[key]["trace"] in breakdown
+        assert "ui.perfetto.dev" in breakdown and "chrome://tracing" in breakdown
         assert "One objective" in page.locator("#pareto").inner_text()
         trials = page.locator("#trials").inner_text()
         records = load_run(finished_run).records
