@@ -361,3 +361,44 @@ def vector_data(n: int = 128, seed: int = 0) -> list:
     """Samples of 16 normal features, no target."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(16, generator=gen) for _ in range(n)]
+
+
+class LineRecognizer(nn.Module):
+    """A text-line recognizer in miniature: conv layers, then a sequence over the width.
+    ``(batch, 1, 16, W)`` images in, ``(batch, W / 4, classes)`` scores out."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Linear(16 * 4, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.convs(x)  # (batch, 16, 4, W / 4)
+        return self.head(f.permute(0, 3, 1, 2).flatten(2))  # (batch, W / 4, classes)
+
+
+def line_data(n: int = 40, seed: int = 0) -> list:
+    """``((1, 16, W) image, (W / 4,) labels)`` with widths from 16 to 60 in steps of 4."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        width = 4 * int(torch.randint(4, 16, (1,), generator=gen))
+        out.append((torch.randn(1, 16, width, generator=gen), torch.randint(0, 10, (width // 4,), generator=gen)))
+    return out
+
+
+def pad_to_widest(samples: list) -> tuple:
+    """A collate as users write one for text lines: images padded with zeros to the batch's
+    widest, labels with -1."""
+    width = max(x.shape[-1] for x, _ in samples)
+    images = torch.stack([nn.functional.pad(x, (0, width - x.shape[-1])) for x, _ in samples])
+    labels = nn.utils.rnn.pad_sequence([y for _, y in samples], batch_first=True, padding_value=-1)
+    return images, labels

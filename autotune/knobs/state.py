@@ -99,6 +99,8 @@ class BuildExtras:
         int8: How ``int8_fallback`` ranks and judges layers (:class:`autotune.compress.fallback.Int8Plan`).
         token_outputs: The float ``(batch, seq)`` outputs that hold one value per token, found on
             the baseline (:func:`autotune.batching.token_outputs`).
+        ragged: Samples per batch of the guard's batches when the baseline's outputs change shape
+            from batch to batch (:class:`autotune.shapes.Batches`); 0 when they join.
     """
 
     example: Any = None
@@ -113,6 +115,7 @@ class BuildExtras:
     lengths: list[int] | None = None
     int8: Any = None
     token_outputs: tuple[int, ...] = ()
+    ragged: int = 0
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""
