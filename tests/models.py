@@ -402,3 +402,54 @@ def pad_to_widest(samples: list) -> tuple:
     images = torch.stack([nn.functional.pad(x, (0, width - x.shape[-1])) for x, _ in samples])
     labels = nn.utils.rnn.pad_sequence([y for _, y in samples], batch_first=True, padding_value=-1)
     return images, labels
+
+
+class HalfMap(nn.Module):
+    """A dense predictor in miniature: ``(batch, 3, H, W)`` images in, ``(batch, 2, H / 2, W / 2)``
+    score maps out. One strided convolution, then a pointwise one, so a pixel's score depends
+    on its own neighbourhood only and padding beyond the image changes no real pixel's score."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.score = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.score(torch.relu(self.down(x)))
+
+
+def page_data(n: int = 32, seed: int = 0) -> list:
+    """``((3, H, W) image, label)`` pages of several aspect ratios, even sides from 8 to 30."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        h, w = (2 * int(v) for v in torch.randint(4, 16, (2,), generator=gen))
+        out.append((torch.randn(3, h, w, generator=gen), torch.tensor(i % 2)))
+    return out
+
+
+class EncodedImages(torch.utils.data.Dataset):
+    """Images stored compressed (zlib over uint8 pixels, as PNG stores them), decoded, converted
+    and normalised in ``__getitem__``: a pipeline whose loader does real work per sample."""
+
+    def __init__(self, n: int = 48, size: int = 8, seed: int = 0) -> None:
+        import zlib
+
+        gen = torch.Generator().manual_seed(seed)
+        self.size = size
+        self.blobs = [
+            zlib.compress(torch.randint(0, 256, (3, size, size), generator=gen, dtype=torch.uint8).numpy().tobytes())
+            for _ in range(n)
+        ]
+        self.labels = [i % 4 for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int) -> tuple:
+        import zlib
+
+        pixels = torch.frombuffer(bytearray(zlib.decompress(self.blobs[i])), dtype=torch.uint8)
+        image = pixels.reshape(3, self.size, self.size).float().div(255).sub(0.5).div(0.25)
+        return image, torch.tensor(self.labels[i])

@@ -60,3 +60,40 @@ def test_stored_and_read_back():
     out = Batches([torch.ones(2, 3), torch.ones(1, 5)], chunk=2)
     back = from_stored(to_stored(out))
     assert isinstance(back, Batches) and back.chunk == 2 and [tuple(b.shape) for b in back] == [(2, 3), (1, 5)]
+
+
+def test_image_batches_pad_to_a_multiple_and_come_back_in_order_and_cropped():
+    from autotune.batching import Batching
+    from autotune.shapes import dense_crop, image_sizes, pad_images, size_keys
+    from tests.models import HalfMap, page_data
+
+    samples = page_data(20)
+    sizes = image_sizes(samples)
+    batching = Batching(batch_size=4, collate_fn=pad_images, grouping=2, lengths=size_keys(sizes), image_multiple=16)
+    plan = batching.plan(len(samples))
+    assert sorted(i for ids in plan for i in ids) == list(range(len(samples)))
+    # Within a window, neighbours share an aspect ratio more than in dataset order.
+    model, outputs = HalfMap().eval(), [None] * len(samples)
+    with torch.inference_mode():
+        for ids, (images, _) in batching.batches(samples):
+            assert images.shape[-2] % 16 == 0 and images.shape[-1] % 16 == 0
+            for i, piece in zip(
+                ids, dense_crop(model(images), tuple(images.shape[-2:]), [sizes[i] for i in ids]), strict=True
+            ):
+                outputs[i] = piece
+        for (x, _), got in zip(samples, outputs, strict=True):
+            torch.testing.assert_close(got, model(x[None])[0], atol=1e-5, rtol=1e-4)
+
+
+def test_varying_images_get_autotunes_collate_and_only_then_the_image_knobs(cpu_env):
+    from autotune.data import describe
+    from autotune.knobs import SpaceContext, get_knob
+    from tests.models import image_data, page_data
+
+    varying, fixed = describe(page_data(12)), describe(image_data(12))
+    assert (varying.collate, varying.images_vary, fixed.images_vary) == ("image", True, False)
+    for name in ("image_padding", "size_grouping"):
+        knob = get_knob(name)
+        assert len(knob.offer(SpaceContext(cpu_env, varying)).values) == 4
+        offer = knob.offer(SpaceContext(cpu_env, fixed))
+        assert offer.values == [knob.default] and offer.excluded

@@ -17,7 +17,7 @@ from autotune.batching import join_samples, lengths_of, split_samples, token_out
 from autotune.data import call_model, concat_outputs, outputs_to_cpu, pad_batch, slice_batch, tensor_leaves, to_device
 from autotune.errors import InputError, TrialError
 from autotune.knobs.state import BuildState
-from autotune.shapes import Batches, run_chunks, same_shapes
+from autotune.shapes import Batches, pad_images, run_chunks, same_shapes
 from autotune.trial.build import settings_active
 from autotune.trial.fidelity import attention_mask, evaluate, fidelity, fidelity_report, infer_kinds
 
@@ -44,8 +44,11 @@ def collect_outputs(state: BuildState, samples: Sequence[Any], baseline: bool = 
     size = state.batch_size
     ragged = 0 if state.extras is None else state.extras.ragged
     if ragged:
+        # Images autotune pads: the configuration's own padding, dense maps cut back to the baseline's.
+        own = state.extras.collate_fn is pad_images
+        collate = state.batching().collate if own else _collate(state)
         with settings_active(state.settings):
-            return run_chunks(state.model, samples, ragged, size, _collate(state), device)
+            return run_chunks(state.model, samples, ragged, size, collate, device, crop=own)
     chunks = []
     with settings_active(state.settings), torch.inference_mode():
         for start in range(0, len(samples), size):
@@ -75,7 +78,7 @@ def _changing_shapes(chunks: Sequence[Any], size: int) -> str:
 def per_sample(state: BuildState) -> bool:
     """Whether the samples are token sequences, batched with the configuration's padding and
     grouping and compared sample by sample."""
-    return state.extras is not None and state.extras.lengths is not None
+    return state.extras is not None and state.extras.lengths is not None and not state.extras.images
 
 
 def collect_per_sample(state: BuildState, samples: Sequence[Any]) -> tuple[Any, Any]:
@@ -137,6 +140,11 @@ def make_reference(
 ) -> Reference:
     """Run the baseline on the validation samples, score it and tell the kind of each output."""
     mask = attention_mask(samples)
+    extras = state.extras
+    if extras is not None and extras.images and extras.collate_fn is pad_images:
+        # Images autotune pads: every configuration is judged on the baseline's batches, its own
+        # padding cut back, whether or not the baseline's batches happen to share one size.
+        extras.ragged = state.batch_size
     if per_sample(state):
         _find_token_outputs(state, samples)
         outputs, mask = collect_per_sample(state, samples)

@@ -48,8 +48,8 @@ from autotune.trial.spec import WorkerSpec
 __all__ = ["TrialContext", "finetune_dataset"]
 
 _COLLATE_HINT = (
-    "check that collate_fn batches any few samples of the dataset (not only the first ones) and that the "
-    "model runs on every such batch"
+    "check that the model runs on a batch of any few samples of the dataset, not only of the first ones "
+    "(with a collate_fn: on every batch it makes of them)"
 )
 
 
@@ -116,7 +116,6 @@ class TrialContext(Context):
 
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        from autotune.batching import lengths_of
         from autotune.data import calibration_draw
 
         spec = self.spec
@@ -140,7 +139,8 @@ class TrialContext(Context):
             prune_ignore=tuple(spec.prune_ignore),
             seed=spec.seed,
             collate_fn=spec.collate_fn,
-            lengths=lengths_of(spec.dataset) if spec.sequence else None,
+            lengths=_sort_keys(spec),
+            images=spec.images,
         )
 
     def collate(self, samples: list[Any]) -> Any:
@@ -380,6 +380,18 @@ def _describe_output(out: Any) -> str:
     if out is None:
         return "None"
     return f"a {type(out).__name__}"
+
+
+def _sort_keys(spec: WorkerSpec) -> list[Any] | None:
+    """What ``length_grouping`` or ``size_grouping`` sorts samples by: token sequences' lengths,
+    images' shapes and sizes; ``None`` for other samples."""
+    if spec.sequence:
+        return lengths_of(spec.dataset)
+    if spec.images:
+        from autotune.shapes import image_sizes, size_keys
+
+        return size_keys(image_sizes(spec.dataset))
+    return None
 
 
 def finetune_dataset(spec: WorkerSpec) -> Any:

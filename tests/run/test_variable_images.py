@@ -71,4 +71,30 @@ def test_a_failure_while_setting_up_says_in_one_line_what_to_change(tmp_path):
         )
     text = str(caught.value)
     assert "\n" not in text and text.startswith("Running the baseline on the validation samples failed")
-    assert "To fix it, check that collate_fn" in text
+    assert "To fix it, check that the model runs on a batch of any few samples" in text
+
+
+def test_pages_of_many_sizes_batched_by_autotune_come_back_cropped_in_order(tmp_path):
+    from tests.models import HalfMap, page_data
+
+    samples = page_data(32)
+    autotune.optimize(
+        HalfMap(),
+        samples,
+        space={"base": None},
+        fix={"image_padding": "largest_16", "size_grouping": 4},
+        n_trials=2,
+        out_dir=tmp_path,
+        export=("onnx",),
+        device="cpu",
+        isolation="inprocess",
+        measure=FAST,
+        n_verify_pairs=2,
+        baseline_batch_size=8,
+    )
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert best["data"]["collate"] == "image" and best["artifacts"]["onnx"]["status"] == "ok", best["artifacts"]
+    outputs = autotune.predict(HalfMap(), samples, tmp_path, device="cpu")
+    with torch.inference_mode():
+        for (x, _), got in zip(samples, outputs, strict=True):
+            torch.testing.assert_close(got, HalfMap()(x[None])[0], atol=1e-5, rtol=1e-4)
