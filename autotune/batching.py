@@ -217,6 +217,8 @@ class Batching:
         grouping: One of :data:`GROUPINGS` (0: dataset order).
         lengths: Real length of every sample, needed for ``grouping``.
         tokens: The float ``(batch, seq)`` outputs that are token-level (:func:`token_outputs`).
+        image_multiple: Images batched by autotune (:func:`autotune.shapes.pad_images`): each
+            batch padded to its largest height and width rounded up to this multiple.
     """
 
     batch_size: int
@@ -225,10 +227,16 @@ class Batching:
     grouping: int = 0
     lengths: Sequence[int] | None = None
     tokens: Sequence[int] = ()
+    image_multiple: int = 1
 
     def collate(self, samples: list[Any]) -> Any:
         """One batch of ``samples``, padded as this batching says."""
         from torch.utils.data import default_collate
+
+        if self.image_multiple > 1:
+            from autotune.shapes import pad_images
+
+            return pad_images(samples, self.image_multiple)
 
         batch = (self.collate_fn or default_collate)(samples)
         if self.padding == "as_given":

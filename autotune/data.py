@@ -59,7 +59,11 @@ class DataInfo:
             (:class:`autotune.batching.SequenceInfo`); ``None`` otherwise. A length that varies
             between samples is ``-1`` in ``shapes``.
         collate: ``"default"`` (``default_collate``), ``"pad"`` (padded to each batch's longest,
-            :func:`autotune.batching.pad_collate`) or ``"user"`` (the given ``collate_fn``).
+            :func:`autotune.batching.pad_collate`), ``"image"`` (images padded to each batch's
+            largest, :func:`autotune.shapes.pad_images`) or ``"user"`` (the given ``collate_fn``).
+        images_vary: The samples are images (``(C, H, W)`` float inputs) whose height or width
+            varies, over the samples looked at.
+        in_memory: The dataset is a list or tuple of samples: nothing is decoded on reading them.
     """
 
     n_samples: int
@@ -69,6 +73,8 @@ class DataInfo:
     image_input: bool
     sequence: Any = None
     collate: str = "default"
+    images_vary: bool = False
+    in_memory: bool = False
 
 
 def is_number_list(value: Any) -> bool:
@@ -206,15 +212,33 @@ def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int]
         image_input = len(_shape(inputs)) == 3 and _is_float(inputs)
     lists = any(is_number_list(v) for _, v in leaves)
     pad = sequence is not None and (sequence.varying or lists)
+    images_vary = _images_vary(looked)
+    if images_vary and collate_fn is None:
+        collate = "image"
+    else:
+        collate = "user" if collate_fn is not None else "pad" if pad or lists else "default"
     return DataInfo(
         n_samples=n,
         kind=kind,
         shapes=shapes,
-        sample_bytes=sum(_nbytes(v) for _, v in leaves),
+        # The mean over the samples looked at: images of different sizes differ in bytes too.
+        sample_bytes=sum(_nbytes(v) for s in looked for _, v in _leaves(s, strict=strict)) // len(looked),
         image_input=image_input,
         sequence=sequence,
-        collate="user" if collate_fn is not None else "pad" if pad or lists else "default",
+        collate=collate,
+        images_vary=images_vary,
+        in_memory=isinstance(dataset, (list, tuple)),
     )
+
+
+def _images_vary(samples: Sequence[Any]) -> bool:
+    """Whether ``samples`` are images of one channel count whose height or width varies."""
+    from autotune.shapes import image_of
+
+    images = [image_of(s) for s in samples]
+    if any(x is None for x in images) or len({x.shape[0] for x in images}) != 1:
+        return False
+    return len({tuple(x.shape[1:]) for x in images}) > 1
 
 
 def check_collate(collate_fn: Any, samples: Sequence[Any]) -> Any:
@@ -268,6 +292,9 @@ def _common_shapes(
     sequence = sequence_info(samples)
     if not varying:
         return shapes, sequence
+    if collate_fn is None and _images_vary(samples) and all(p in ("sample", "[0]") for p in varying):
+        # Images of different sizes: autotune's image collate pads each batch to its largest.
+        return {p: (shape[0], -1, -1) if p in varying else shape for p, shape in shapes.items()}, sequence
     token_paths = set() if sequence is None else {f"[{k!r}]" for k in (*sequence.keys, MASK_KEY)}
     tokens_only = all(any(p.endswith(t) for t in token_paths) for p in varying)
     if collate_fn is None and not (tokens_only and (sequence.has_mask or pad_values)):

@@ -221,6 +221,11 @@ def nvidia_driver() -> dict[str, Any]:
     return {"version": version, "cuda": cuda, "n_gpus": n_gpus}
 
 
+def host_memory_bytes() -> int:
+    """The machine's memory (RAM), in bytes."""
+    return _mem_bytes()
+
+
 def _mem_bytes() -> int:
     try:
         import psutil

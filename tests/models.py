@@ -361,3 +361,95 @@ def vector_data(n: int = 128, seed: int = 0) -> list:
     """Samples of 16 normal features, no target."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randn(16, generator=gen) for _ in range(n)]
+
+
+class LineRecognizer(nn.Module):
+    """A text-line recognizer in miniature: conv layers, then a sequence over the width.
+    ``(batch, 1, 16, W)`` images in, ``(batch, W / 4, classes)`` scores out."""
+
+    def __init__(self, classes: int = 10) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.Sequential(
+            nn.Conv2d(1, 8, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(8, 16, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+        )
+        self.head = nn.Linear(16 * 4, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = self.convs(x)  # (batch, 16, 4, W / 4)
+        return self.head(f.permute(0, 3, 1, 2).flatten(2))  # (batch, W / 4, classes)
+
+
+def line_data(n: int = 40, seed: int = 0) -> list:
+    """``((1, 16, W) image, (W / 4,) labels)`` with widths from 16 to 60 in steps of 4."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        width = 4 * int(torch.randint(4, 16, (1,), generator=gen))
+        out.append((torch.randn(1, 16, width, generator=gen), torch.randint(0, 10, (width // 4,), generator=gen)))
+    return out
+
+
+def pad_to_widest(samples: list) -> tuple:
+    """A collate as users write one for text lines: images padded with zeros to the batch's
+    widest, labels with -1."""
+    width = max(x.shape[-1] for x, _ in samples)
+    images = torch.stack([nn.functional.pad(x, (0, width - x.shape[-1])) for x, _ in samples])
+    labels = nn.utils.rnn.pad_sequence([y for _, y in samples], batch_first=True, padding_value=-1)
+    return images, labels
+
+
+class HalfMap(nn.Module):
+    """A dense predictor in miniature: ``(batch, 3, H, W)`` images in, ``(batch, 2, H / 2, W / 2)``
+    score maps out. One strided convolution, then a pointwise one, so a pixel's score depends
+    on its own neighbourhood only and padding beyond the image changes no real pixel's score."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.down = nn.Conv2d(3, 8, 3, stride=2, padding=1)
+        self.score = nn.Conv2d(8, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.score(torch.relu(self.down(x)))
+
+
+def page_data(n: int = 32, seed: int = 0) -> list:
+    """``((3, H, W) image, label)`` pages of several aspect ratios, even sides from 8 to 30."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        h, w = (2 * int(v) for v in torch.randint(4, 16, (2,), generator=gen))
+        out.append((torch.randn(3, h, w, generator=gen), torch.tensor(i % 2)))
+    return out
+
+
+class EncodedImages(torch.utils.data.Dataset):
+    """Images stored compressed (zlib over uint8 pixels, as PNG stores them), decoded, converted
+    and normalised in ``__getitem__``: a pipeline whose loader does real work per sample."""
+
+    def __init__(self, n: int = 48, size: int = 8, seed: int = 0) -> None:
+        import zlib
+
+        gen = torch.Generator().manual_seed(seed)
+        self.size = size
+        self.blobs = [
+            zlib.compress(torch.randint(0, 256, (3, size, size), generator=gen, dtype=torch.uint8).numpy().tobytes())
+            for _ in range(n)
+        ]
+        self.labels = [i % 4 for i in range(n)]
+
+    def __len__(self) -> int:
+        return len(self.blobs)
+
+    def __getitem__(self, i: int) -> tuple:
+        import zlib
+
+        pixels = torch.frombuffer(bytearray(zlib.decompress(self.blobs[i])), dtype=torch.uint8)
+        image = pixels.reshape(3, self.size, self.size).float().div(255).sub(0.5).div(0.25)
+        return image, torch.tensor(self.labels[i])

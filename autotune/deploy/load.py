@@ -209,6 +209,8 @@ def _read_parity(out_dir: Path) -> dict[str, Any]:
         # Token sequences: the winner's batches ({"ids", "batch"}) and the real-token mask.
         "batches": data.get("batches"),
         "mask": data.get("mask"),
+        # Outputs that change shape with the batch: the guard's batches, as collated.
+        "chunks": data.get("chunks"),
     }
 
 

@@ -71,7 +71,13 @@ def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any
         return map_tensors(lambda t: t.cpu().float() if t.is_floating_point() else t.cpu(), out)
 
     kinds, mask = data.get("kinds"), attention_mask(samples)
-    if data.get("batches"):
+    if data.get("chunks"):
+        # Outputs that change shape with the batch: the guard's own batches, one output each.
+        from autotune.shapes import Batches
+
+        chunk = expected.chunk if isinstance(expected, Batches) else len(samples)
+        outputs = Batches([cpu(predict(_named_inputs(b))) for b in data["chunks"]], chunk=chunk)
+    elif data.get("batches"):
         # Token sequences: the winner's own batches, each sample's output cut to its real tokens.
         from autotune.batching import join_samples, split_samples
 

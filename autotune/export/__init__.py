@@ -48,20 +48,20 @@ def _example_outputs(model: Any, example: Any) -> Any:
 
 
 def _onnx_runner(
-    model: Any, example: Any, path: Path, device: str, source: Any = None
+    model: Any, example: Any, path: Path, device: str, source: Any = None, spatial: bool = False
 ) -> tuple[dict[str, Any], Callable[..., Any]]:
     from autotune.export.onnx import OrtModule, export_onnx, quantize_onnx
     from autotune.export.parity import restore_like
 
     if source is None:
-        info = export_onnx(model, example, path)
+        info = export_onnx(model, example, path, spatial=spatial)
     else:
         # The nearest exportable form (the pruned float model), quantized on the ONNX side with
         # the winner's method; parity is still measured against the tuned model.
         float_model, method, calibration, *rest = source
         how = rest[0] if rest else {}
         src = path.with_suffix(".float.onnx")
-        info = export_onnx(float_model, example, src)
+        info = export_onnx(float_model, example, src, spatial=spatial)
         try:
             if how.get("keep"):  # layers kept float on the graph, ranked by ONNX Runtime's own int8 error
                 from autotune.compress.fallback import onnx_with_fallback
@@ -103,7 +103,14 @@ def _torchscript_runner(
 
 
 def _export_one(
-    fmt: str, model: Any, example: Any, out_dir: Path, fallback: Any, check: dict, onnx_source: Any = None
+    fmt: str,
+    model: Any,
+    example: Any,
+    out_dir: Path,
+    fallback: Any,
+    check: dict,
+    onnx_source: Any = None,
+    spatial: bool = False,
 ) -> dict[str, Any]:
     from autotune.export.parity import check_parity, describe_error, device_of
 
@@ -111,7 +118,7 @@ def _export_one(
     record: dict[str, Any] = {"path": path.name, "batch_size": check["batch_size"]}
     try:
         if fmt == "onnx":
-            info, run = _onnx_runner(model, example, path, str(device_of(model)), onnx_source)
+            info, run = _onnx_runner(model, example, path, str(device_of(model)), onnx_source, spatial)
         else:
             info, run = _torchscript_runner(model, example, path, fallback)
     except Exception as exc:  # a failed export is recorded, and must not lose the other format
@@ -197,6 +204,7 @@ def export_artifacts(
     mask: Any = None,
     metric_chunk: int | None = None,
     batching: Any = None,
+    spatial: bool = False,
 ) -> dict[str, dict[str, Any]]:
     """Write ``model.onnx`` / ``model.pt`` into ``out_dir`` and check each against ``model``.
 
@@ -224,6 +232,7 @@ def export_artifacts(
         baseline_outputs, kinds, mask, metric_chunk, batching: The untuned model's outputs on
             ``samples`` and how the guard judges them, and for token sequences how the winner
             batches them (see :func:`~autotune.export.parity.check_parity`).
+        spatial: The images vary in size: the ONNX graph takes any height and width.
 
     Returns:
         Per format: ``{"path"`` (file name in ``out_dir``), ``"bytes", "sha256", "batch_size",``
@@ -254,5 +263,6 @@ def export_artifacts(
         "batching": batching,
     }
     return {
-        fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source) for fmt in dict.fromkeys(formats)
+        fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source, spatial)
+        for fmt in dict.fromkeys(formats)
     }

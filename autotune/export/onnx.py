@@ -70,7 +70,9 @@ def _seq_width(names: list[str], inputs: list[torch.Tensor]) -> int | None:
     return None
 
 
-def _export(flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple, *, dynamo: bool) -> None:
+def _export(
+    flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple, *, dynamo: bool, spatial: bool
+) -> None:
     # Token sequences: every (batch, seq, ...) input gets a dynamic sequence axis as well, so the
     # graph takes any length (trimmed padding makes every batch's length its own).
     width = _seq_width(names[0], inputs)
@@ -78,13 +80,27 @@ def _export(flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, nam
     def seq(t: torch.Tensor) -> bool:
         return width is not None and t.dim() >= 2 and t.shape[1] == width
 
+    def image(t: torch.Tensor) -> bool:  # (batch, channels, height, width) of images whose size varies
+        return spatial and t.dim() == 4 and t.is_floating_point()
+
     if dynamo:
         batch, length = torch.export.Dim("batch"), torch.export.Dim("seq")
-        # One entry: the tuple of tensors behind `*flat`; a 0-d input has no batch axis.
-        shapes = tuple(({0: batch, 1: length} if seq(t) else {0: batch}) if t.dim() > 0 else None for t in inputs)
-        axes: dict[str, Any] = {"dynamic_shapes": (shapes,)}
+        # AUTO: the exporter finds what the model needs of a height and width (a multiple of a
+        # stride, say) instead of refusing a free one.
+        side = torch.export.Dim.AUTO
+
+        def dims(t: torch.Tensor) -> Any:
+            if t.dim() == 0:  # a 0-d input has no batch axis
+                return None
+            return {0: batch, 1: length} if seq(t) else {0: batch, 2: side, 3: side} if image(t) else {0: batch}
+
+        # One entry: the tuple of tensors behind `*flat`.
+        axes: dict[str, Any] = {"dynamic_shapes": (tuple(dims(t) for t in inputs),)}
     else:
-        dyn = {n: {0: "batch", 1: "seq"} if seq(t) else {0: "batch"} for n, t in zip(names[0], inputs, strict=True)}
+        dyn = {
+            n: {0: "batch", 1: "seq"} if seq(t) else {0: "batch", 2: "height", 3: "width"} if image(t) else {0: "batch"}
+            for n, t in zip(names[0], inputs, strict=True)
+        }
         axes = {"dynamic_axes": {**dyn, **{name: {0: "batch"} for name in names[1]}}}
     with quiet_warnings():
         program = torch.onnx.export(
@@ -103,16 +119,16 @@ def _export(flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, nam
 
 
 def _export_either(
-    flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple
+    flat: _Flat, inputs: list[torch.Tensor], path: Path, opset: int, names: tuple, spatial: bool = False
 ) -> tuple[str, str | None]:
     """Export with the dynamo exporter, else the TorchScript one: (exporter, dynamo's error)."""
     try:
-        _export(flat, inputs, path, opset, names, dynamo=True)
+        _export(flat, inputs, path, opset, names, dynamo=True, spatial=spatial)
         return "dynamo", None
     except Exception as exc:  # torch.export refuses many models; the older exporter may not
         reason = describe_error(exc)
     try:
-        _export(flat, inputs, path, opset, names, dynamo=False)
+        _export(flat, inputs, path, opset, names, dynamo=False, spatial=spatial)
     except Exception as exc:
         path.unlink(missing_ok=True)
         raise ExportError(
@@ -122,9 +138,12 @@ def _export_either(
     return "torchscript", reason
 
 
-def export_onnx(model: nn.Module, example: Any, path: Path, *, opset: int = 18) -> dict[str, Any]:
+def export_onnx(
+    model: nn.Module, example: Any, path: Path, *, opset: int = 18, spatial: bool = False
+) -> dict[str, Any]:
     """Export ``model`` to an ONNX file with a dynamic batch axis (and, for token sequences with
-    an ``attention_mask``, a dynamic sequence axis), simplified with onnxslim.
+    an ``attention_mask``, a dynamic sequence axis; with ``spatial``, dynamic height and width
+    axes for 4-D float inputs, images whose size varies), simplified with onnxslim.
 
     The dynamo-based exporter (``torch.export``) runs first; the TorchScript-based one is the
     fallback. The onnxslim-simplified graph is kept only if it gives the unsimplified graph's
@@ -136,6 +155,7 @@ def export_onnx(model: nn.Module, example: Any, path: Path, *, opset: int = 18) 
             ``torch.export`` would fix a size-1 axis).
         path: The ``.onnx`` file to write.
         opset: The ONNX opset, at least 17.
+        spatial: Images of many sizes: 4-D float inputs take any height and width.
 
     Returns:
         ``{"path", "opset", "exporter", "fallback_reason", "simplified", "input_names",
@@ -164,7 +184,7 @@ def export_onnx(model: nn.Module, example: Any, path: Path, *, opset: int = 18) 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_name(path.stem + ".raw.onnx")
-    exporter, fallback_reason = _export_either(flat, inputs, raw, opset, (names, output_names))
+    exporter, fallback_reason = _export_either(flat, inputs, raw, opset, (names, output_names), spatial)
     simplified = _simplify(raw, path, dict(zip(names, inputs, strict=True)))
     import onnx
 

@@ -10,6 +10,7 @@ and relative L2 error) and, when a metric is given, scored with it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import re
 import warnings
@@ -31,6 +32,7 @@ from autotune.data import (
 )
 from autotune.errors import AutotuneError, InputError
 from autotune.knobs.state import FrozenCompiled
+from autotune.shapes import Batches, run_chunks
 from autotune.trial.fidelity import evaluate, fidelity
 
 __all__ = [
@@ -269,11 +271,23 @@ def check_parity(
         True
     """
     device = device_of(reference)
+    if isinstance(baseline_outputs, Batches):  # outputs that change shape: the guard's batches
+        chunk, collate = baseline_outputs.chunk, None if batching is None else batching.collate_fn
+
+        def run_all(fn: Any) -> Any:
+            return run_chunks(fn, samples, chunk, batch_size, collate, device)
+
+        batching = None if batching is None else dataclasses.replace(batching, tokens=())
+    else:
+
+        def run_all(fn: Any) -> Any:
+            return _run_batches(fn, samples, batch_size, device, batching)
+
     was_training = reference.training
     if was_training:
         reference.eval()
     try:
-        expected = _run_batches(reference, samples, batch_size, device, batching)
+        expected = run_all(reference)
     finally:
         if was_training:  # only then: a PT2E graph refuses train()
             reference.train()
@@ -281,7 +295,7 @@ def check_parity(
         ("max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity")
     )
     try:
-        outputs = _run_batches(run, samples, batch_size, device, batching)
+        outputs = run_all(run)
     except Exception as exc:  # any failure of the artifact is its verdict, not the caller's crash
         return {**result, "ok": False, "reason": f"the artifact raised {describe_error(exc)}"}
     max_abs, rel_l2, mismatch = _errors(outputs, expected)

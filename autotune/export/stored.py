@@ -17,6 +17,7 @@ __all__ = ["from_stored", "output_type", "rebuild_output", "to_stored"]
 
 _TYPE = "__autotune_output_type__"
 _FIELDS = "fields"
+_BATCHES = "__autotune_batches__"  # outputs kept batch by batch (autotune.shapes.Batches): the chunk
 
 
 def output_type(obj: Any) -> str | None:
@@ -45,6 +46,10 @@ def to_stored(obj: Any) -> Any:
         return torch.from_numpy(obj)
     if isinstance(obj, np.generic):
         return obj.item()
+    from autotune.shapes import Batches
+
+    if isinstance(obj, Batches):
+        return {_BATCHES: obj.chunk, "items": [to_stored(v) for v in obj]}
     path = output_type(obj)
     if path is not None:
         return {_TYPE: path, _FIELDS: {k: to_stored(v) for k, v in obj.items()}}
@@ -57,6 +62,10 @@ def to_stored(obj: Any) -> Any:
 
 def from_stored(obj: Any) -> Any:
     """What :func:`to_stored` wrote, with each ``ModelOutput`` rebuilt (see :func:`rebuild_output`)."""
+    if isinstance(obj, dict) and isinstance(obj.get(_BATCHES), int) and isinstance(obj.get("items"), list):
+        from autotune.shapes import Batches
+
+        return Batches([from_stored(v) for v in obj["items"]], chunk=obj[_BATCHES])
     if isinstance(obj, dict) and isinstance(obj.get(_TYPE), str) and isinstance(obj.get(_FIELDS), dict):
         return rebuild_output(obj[_TYPE], {k: from_stored(v) for k, v in obj[_FIELDS].items()})
     if isinstance(obj, dict):

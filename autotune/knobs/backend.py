@@ -79,7 +79,7 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
     from autotune.export import onnx as ox
 
     config = state.config
-    info = ox.export_onnx(state.model, extras.example, folder / "model.onnx")
+    info = ox.export_onnx(state.model, extras.example, folder / "model.onnx", spatial=bool(extras.ragged))
     path = folder / "model.onnx"
     precision = config["ort_precision"]
     if precision == "fp16":

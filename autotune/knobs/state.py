@@ -99,6 +99,10 @@ class BuildExtras:
         int8: How ``int8_fallback`` ranks and judges layers (:class:`autotune.compress.fallback.Int8Plan`).
         token_outputs: The float ``(batch, seq)`` outputs that hold one value per token, found on
             the baseline (:func:`autotune.batching.token_outputs`).
+        ragged: Samples per batch of the guard's batches when the baseline's outputs change shape
+            from batch to batch (:class:`autotune.shapes.Batches`); 0 when they join.
+        images: The samples are images whose size varies; ``lengths`` then holds their sort
+            keys (:func:`autotune.shapes.size_keys`), for ``size_grouping``.
     """
 
     example: Any = None
@@ -113,6 +117,8 @@ class BuildExtras:
     lengths: list[int] | None = None
     int8: Any = None
     token_outputs: tuple[int, ...] = ()
+    ragged: int = 0
+    images: bool = False
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""
@@ -147,6 +153,9 @@ class BuildState:
         optimizer_impl: Training mode: ``default``, ``foreach`` or ``fused`` optimizer step.
         padding: How batches of token sequences are padded (:data:`autotune.batching.PADDINGS`).
         grouping: Batches of similar lengths from windows of this many batches (0: dataset order).
+        image_padding: How images autotune batches are padded (:data:`autotune.shapes.IMAGE_PADDINGS`).
+        size_grouping: Batches of images of similar shape from windows of this many batches.
+        cache_decoded: Loaders read the dataset through a :class:`~autotune.knobs.cache.CachedDataset`.
     """
 
     model: Any
@@ -170,6 +179,10 @@ class BuildState:
     optimizer_impl: str = "default"
     padding: str = "as_given"
     grouping: int = 0
+    image_padding: str = "largest"
+    size_grouping: int = 0
+    cache_decoded: bool = False
+    cache: Any = None  # the CachedDataset of ``cache_decoded``, kept across this build's loaders
 
     def batching(self, lengths: list[int] | None = None) -> Any:
         """The :class:`~autotune.batching.Batching` of this configuration (lengths default to
@@ -181,10 +194,16 @@ class BuildState:
             batch_size=self.batch_size,
             collate_fn=None if extras is None else extras.collate_fn,
             padding=self.padding,
-            grouping=self.grouping,
+            grouping=self.grouping or self.size_grouping,
             lengths=lengths if lengths is not None else None if extras is None else extras.lengths,
             tokens=() if extras is None else extras.token_outputs,
+            image_multiple=image_multiple(self.image_padding),
         )
+
+
+def image_multiple(value: str) -> int:
+    """The multiple of an ``image_padding`` value: ``"largest_16"`` is 16, ``"largest"`` 1."""
+    return int(value.rsplit("_", 1)[1]) if "_" in value else 1
 
 
 def wrap(source: Any, model: Any = None, *, autocast: bool = True) -> TunedModule:

@@ -198,22 +198,34 @@ def base_collate(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, 
 
     if collate_fn is not None:
         return collate_fn
-    if describe(dataset, None, pad_values).collate == "pad":
+    collate = describe(dataset, None, pad_values).collate
+    if collate == "pad":
         return functools.partial(pad_collate, pad_values=dict(pad_values or {}))
+    if collate == "image":
+        from autotune.shapes import pad_images
+
+        return pad_images
     return default_collate
 
 
 def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[str, int] | None) -> Any:
     from autotune.batching import Batching, lengths_of
     from autotune.data import describe
+    from autotune.knobs.state import image_multiple
+    from autotune.shapes import image_sizes, size_keys
 
-    sequence = describe(dataset, collate_fn, pad_values).sequence is not None
+    info = describe(dataset, collate_fn, pad_values)
+    sequence = info.sequence is not None
+    lengths = lengths_of(dataset) if sequence and cfg["length_grouping"] else None
+    if info.images_vary and cfg["size_grouping"]:
+        lengths = size_keys(image_sizes(dataset))
     return Batching(
         batch_size=cfg["batch_size"],
         collate_fn=base_collate(dataset, collate_fn, pad_values),
         padding=cfg["padding"],
-        grouping=cfg["length_grouping"],
-        lengths=lengths_of(dataset) if sequence and cfg["length_grouping"] else None,
+        grouping=cfg["length_grouping"] or (cfg["size_grouping"] if info.images_vary else 0),
+        lengths=lengths,
+        image_multiple=image_multiple(cfg["image_padding"]) if info.collate == "image" else 1,
     )
 
 
@@ -253,6 +265,10 @@ def dataloader(
     if state.loader_kwargs.get("pin_memory") and not torch.cuda.is_available():
         state.loader_kwargs["pin_memory"] = False
     batching = _batching(dataset, cfg, collate_fn, pad_values)
+    if cfg["cache_decoded"]:
+        from autotune.knobs.cache import cached
+
+        dataset = cached(dataset)
     plan = batching.sampler(len(dataset))
     if plan is not None and not overrides:
         kwargs = {k: v for k, v in state.loader_kwargs.items() if k != "batch_size"}

@@ -39,6 +39,7 @@ class Predictor:
         self.collate_fn = collate_fn
         self.pad_values = pad_values
         self._cached: tuple[Any, Any, list[int]] | None = None  # the last dataset, its loader and order
+        self._sizes: tuple[Any, list[tuple[int, int]]] | None = None  # images: the last dataset's sizes
 
     def __call__(self, dataset: Any) -> Sequence[Any]:
         """Every sample's output of ``dataset`` (samples, or a DataLoader over them), in order."""
@@ -58,6 +59,12 @@ class Predictor:
             self._cached = (dataset, loader, order)
         where = torch.device(self.device)
         non_blocking = bool(loader.pin_memory) and where.type == "cuda"
+        if loader.collate_fn is not None and _pads_images(loader.collate_fn):
+            if self._sizes is None or self._sizes[0] is not dataset:
+                from autotune.shapes import image_sizes
+
+                self._sizes = (dataset, image_sizes(dataset))
+            return _image_outputs(self.model, loader, order, self._sizes[1], where, non_blocking)
         chunks = []
         with torch.inference_mode():
             for batch in loader:
@@ -67,6 +74,37 @@ class Predictor:
         return gather_outputs(chunks, order)
 
     predict = __call__
+
+
+def _pads_images(collate: Any) -> bool:
+    """Whether a tuned loader's collate is autotune's own for images of different sizes."""
+    from autotune.shapes import pad_images
+
+    owner = getattr(collate, "__self__", None)  # a Batching's bound collate
+    return collate is pad_images or (owner is not None and owner.collate_fn is pad_images)
+
+
+def _image_outputs(
+    model: Any, loader: Any, order: list[int], sizes: list[tuple[int, int]], where: Any, non_blocking: bool
+) -> list[Any]:
+    """Every sample's output in dataset order, dense maps cut to its own image's size
+    (:func:`autotune.shapes.dense_crop`); ``sizes``: every image's ``(height, width)``."""
+    import torch
+
+    from autotune.data import call_model, outputs_to_cpu, to_device
+    from autotune.shapes import dense_crop
+
+    outputs: list[Any] = [None] * len(order)
+    position = 0
+    with torch.inference_mode():
+        for batch in loader:
+            images = batch if isinstance(batch, torch.Tensor) else batch[0]  # (b, C, H, W)
+            ids = order[position : position + images.shape[0]]
+            position += len(ids)
+            out = outputs_to_cpu(call_model(model, to_device(batch, where, non_blocking=non_blocking)))
+            for i, piece in zip(ids, dense_crop(out, tuple(images.shape[-2:]), [sizes[i] for i in ids]), strict=True):
+                outputs[i] = piece
+    return outputs
 
 
 def predictor(

@@ -156,6 +156,7 @@ def _worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, 
         output_kind=opts.output_kind,
         collate_fn=_collate(opts, data),
         sequence=data.sequence is not None,
+        images=data.images_vary,
     )
 
 
@@ -170,7 +171,18 @@ def _collate(opts: Options, data: Any) -> Any:
         return opts.collate_fn
     if data.collate == "pad":
         return functools.partial(pad_collate, pad_values=dict(opts.pad_values or {}))
+    if data.collate == "image":
+        from autotune.shapes import pad_images
+
+        return pad_images
     return None
+
+
+def _collate_name(collate: Any) -> str:
+    """How autotune batched the samples itself: ``"pad"``, ``"image"`` or ``"default"``."""
+    from autotune.shapes import pad_images
+
+    return "default" if collate is None else "image" if collate is pad_images else "pad"
 
 
 def _stored_rankings(study: Any) -> dict[str, str]:
@@ -226,7 +238,7 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
         "space": space.values,
         # How samples were batched: what the exported predictor's predict() needs to do the same.
         "data": {
-            "collate": "user" if opts.collate_fn is not None else "pad" if spec.collate_fn is not None else "default",
+            "collate": "user" if opts.collate_fn is not None else _collate_name(spec.collate_fn),
             "pad_values": dict(opts.pad_values or {}),
             "sequence": spec.sequence,
         },

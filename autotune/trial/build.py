@@ -83,6 +83,12 @@ def make_loader(
 
     batching = state.batching()
     kwargs = dict(state.loader_kwargs)
+    if state.cache_decoded:  # one cache for every loader of this build: later epochs read it
+        from autotune.knobs.cache import cached
+
+        if state.cache is None or state.cache.dataset is not dataset:
+            state.cache = cached(dataset)
+        dataset = state.cache
     sequences = batching.lengths is not None and len(batching.lengths) == len(dataset)
     plan = batching.sampler(len(dataset)) if sequences else None
     if timing and sequences:

@@ -39,6 +39,7 @@ import torch
 
 from autotune.data import slice_batch, tensor_leaves, to_device
 from autotune.errors import ConfigError, TrialError
+from autotune.shapes import Batches
 
 __all__ = [
     "KINDS",
@@ -135,6 +136,8 @@ def infer_kinds(reference: Any, samples: Sequence[Any], output_kind: Any = "auto
         One of ``"logits"``, ``"embedding"``, ``"integer"`` per leaf.
     """
     check_output_kind(output_kind)
+    if isinstance(reference, Batches):  # outputs batch by batch: every batch has the same leaves
+        reference = reference[0] if reference else ()
     leaves, names = _leaves(reference), leaf_names(reference)
     if isinstance(output_kind, str):
         asked = [output_kind] * len(leaves)
@@ -298,6 +301,8 @@ def fidelity_report(
         (logits: ``top1``, ``tv_mean``, ``tv_max``; embedding: ``cos_min``, ``cos_mean``,
         ``spread``, ``scale_mean``, ``rel_mean``, ``rel_max``); a structure that changed is one leaf scoring 0.
     """
+    if isinstance(reference, Batches):
+        return _batches_report(outputs, reference, kinds)
     outs, refs, names = _leaves(outputs), _leaves(reference), leaf_names(reference)
     if len(outs) != len(refs):
         return [{"name": "structure", "kind": None, "score": 0.0}]
@@ -312,6 +317,53 @@ def fidelity_report(
             report.append({"name": name, "kind": kind, "score": 0.0})
             continue
         judged = _JUDGES[kind](out, ref, mask)
+        judged["score"] = float(judged["score"]) if math.isfinite(judged["score"]) else 0.0
+        report.append({"name": name, "kind": kind, **judged})
+    return report
+
+
+def _batches_report(outputs: Any, reference: Batches, kinds: Sequence[str] | None) -> list[dict[str, Any]]:
+    """:func:`fidelity_report` of outputs kept batch by batch (:class:`~autotune.shapes.Batches`):
+    each leaf's values over every batch, compared position by position on the same batches.
+    Logits are judged per row of their last axis; other floating leaves as values (their L2
+    error over the baseline's spread), since vectors of different lengths share no mean.
+
+    Raises:
+        TrialError: A leaf's shape differs from the baseline's on some batch (a detector's
+            count of boxes, say): nothing lines the values up without the user's metric.
+    """
+    if not isinstance(outputs, Batches) or len(outputs) != len(reference):
+        return [{"name": "structure", "kind": None, "score": 0.0}]
+    per_batch = [(_leaves(o), _leaves(r)) for o, r in zip(outputs, reference, strict=True)]
+    if any(len(o) != len(r) for o, r in per_batch):
+        return [{"name": "structure", "kind": None, "score": 0.0}]
+    names = leaf_names(reference[0])
+    kinds = list(kinds) if kinds is not None else infer_kinds(reference, [])
+    report = []
+    for j, (name, kind) in enumerate(zip(names, kinds, strict=True)):
+        pairs = [(o[j], r[j]) for o, r in per_batch]
+        for k, (out, ref) in enumerate(pairs):
+            if out.shape != ref.shape:
+                raise TrialError(
+                    "unsupported",
+                    f"output {name!r} has shape {list(out.shape)} on validation batch {k}, the baseline's "
+                    f"{list(ref.shape)}: outputs whose shapes change cannot be compared without a metric; "
+                    "pass metric=... to judge them",
+                )
+        if any(o.is_floating_point() and not torch.isfinite(o).all() for o, _ in pairs):
+            report.append({"name": name, "kind": kind, "score": 0.0})
+            continue
+        last = {r.shape[-1] for _, r in pairs if r.dim() >= 2}
+        if kind == "logits" and len(last) == 1 and all(r.dim() >= 2 for _, r in pairs):
+            width = last.pop()
+            out, ref = (torch.cat([p[i].reshape(-1, width) for p in pairs]) for i in (0, 1))
+            judged = _judge_logits(out, ref, None)
+        else:
+            out, ref = (torch.cat([p[i].reshape(-1) for p in pairs]) for i in (0, 1))
+            if kind == "integer" or not ref.is_floating_point():
+                judged = _judge_integer(out, ref, None)
+            else:
+                judged = _judge_values(out.double(), ref.double())
         judged["score"] = float(judged["score"]) if math.isfinite(judged["score"]) else 0.0
         report.append({"name": name, "kind": kind, **judged})
     return report
@@ -364,10 +416,12 @@ def evaluate(
     if metric is None:
         return 1.0 if reference is None else fidelity(outputs, reference, kinds, mask)
     values, sizes = [], []
-    for start in range(0, len(samples), chunk):
+    batched = isinstance(outputs, Batches)  # already one output per batch of `outputs.chunk` samples
+    chunk = outputs.chunk if batched else chunk
+    for k, start in enumerate(range(0, len(samples), chunk)):
         part = list(samples[start : start + chunk])
         batch = to_device((collate or default_collate)(part), torch.device(device))
-        out = slice_batch(outputs, start + len(part), start)
+        out = outputs[k] if batched else slice_batch(outputs, start + len(part), start)
         batch_mask = (sample_inputs(batch) or {}).get(MASK_KEY)
         if isinstance(batch_mask, torch.Tensor) and batch_mask.dim() == 2:
             out = fit_width(out, batch_mask.shape[1], out, tokens)

@@ -17,18 +17,24 @@ from autotune.batching import join_samples, lengths_of, split_samples, token_out
 from autotune.data import call_model, concat_outputs, outputs_to_cpu, pad_batch, slice_batch, tensor_leaves, to_device
 from autotune.errors import InputError, TrialError
 from autotune.knobs.state import BuildState
+from autotune.shapes import Batches, pad_images, run_chunks, same_shapes
 from autotune.trial.build import settings_active
 from autotune.trial.fidelity import attention_mask, evaluate, fidelity, fidelity_report, infer_kinds
 
 __all__ = ["Reference", "collect_outputs", "fidelity", "fidelity_report", "evaluate"]
 
 
-def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
+def collect_outputs(state: BuildState, samples: Sequence[Any], baseline: bool = False) -> Any:
     """Outputs of the built model on ``samples``, on the CPU, in sample order.
 
     The samples are batched at the trial's batch size, the last batch padded to full size
     (one shape, so a compiled model does not recompile) and its padding sliced off. Token
     sequences go through :func:`collect_per_sample` instead.
+
+    Outputs whose shape changes from batch to batch (images a collate pads to each batch's
+    widest) cannot be joined: they come back as :class:`~autotune.shapes.Batches` over the
+    metric's batches (the baseline batch size), which the baseline's outputs decide once for
+    every configuration.
     """
     from torch.utils.data import default_collate
 
@@ -36,6 +42,13 @@ def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
         return collect_per_sample(state, samples)[0]
     device = torch.device(state.device)
     size = state.batch_size
+    ragged = 0 if state.extras is None else state.extras.ragged
+    if ragged:
+        # Images autotune pads: the configuration's own padding, dense maps cut back to the baseline's.
+        own = state.extras.collate_fn is pad_images
+        collate = state.batching().collate if own else _collate(state)
+        with settings_active(state.settings):
+            return run_chunks(state.model, samples, ragged, size, collate, device, crop=own)
     chunks = []
     with settings_active(state.settings), torch.inference_mode():
         for start in range(0, len(samples), size):
@@ -43,13 +56,29 @@ def collect_outputs(state: BuildState, samples: Sequence[Any]) -> Any:
             batch = pad_batch((_collate(state) or default_collate)(list(part)), size)
             out = call_model(state.model, to_device(batch, device))
             chunks.append(outputs_to_cpu(slice_batch(out, len(part))))
-    return concat_outputs(chunks)
+    if same_shapes(chunks):
+        return concat_outputs(chunks)
+    if not baseline or state.extras is None:
+        raise TrialError("error", _changing_shapes(chunks, size))
+    # The baseline, on the metric's own batches: from now on every configuration is compared on them.
+    state.extras.ragged = size
+    return Batches(chunks, chunk=size)
+
+
+def _changing_shapes(chunks: Sequence[Any], size: int) -> str:
+    first = [list(t.shape) for t in tensor_leaves(chunks[0])]
+    shapes = ([list(t.shape) for t in tensor_leaves(c)] for c in chunks)
+    other = next(s for s in shapes if s != first)
+    return (
+        f"the outputs change shape from batch to batch at batch size {size} ({first} then {other}) though "
+        "not at the baseline's; give every sample one shape, or pass metric= to judge the outputs"
+    )
 
 
 def per_sample(state: BuildState) -> bool:
     """Whether the samples are token sequences, batched with the configuration's padding and
     grouping and compared sample by sample."""
-    return state.extras is not None and state.extras.lengths is not None
+    return state.extras is not None and state.extras.lengths is not None and not state.extras.images
 
 
 def collect_per_sample(state: BuildState, samples: Sequence[Any]) -> tuple[Any, Any]:
@@ -111,11 +140,16 @@ def make_reference(
 ) -> Reference:
     """Run the baseline on the validation samples, score it and tell the kind of each output."""
     mask = attention_mask(samples)
+    extras = state.extras
+    if extras is not None and extras.images and extras.collate_fn is pad_images:
+        # Images autotune pads: every configuration is judged on the baseline's batches, its own
+        # padding cut back, whether or not the baseline's batches happen to share one size.
+        extras.ragged = state.batch_size
     if per_sample(state):
         _find_token_outputs(state, samples)
         outputs, mask = collect_per_sample(state, samples)
     else:
-        outputs = collect_outputs(state, samples)
+        outputs = collect_outputs(state, samples, baseline=True)
     try:
         check_finite(outputs)
     except TrialError as exc:

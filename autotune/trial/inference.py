@@ -7,7 +7,9 @@ rounds, the winner's export, the held-out score and the diagnosis.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,7 +19,7 @@ from autotune.batching import lengths_of
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
 from autotune.data import call_model, to_device
-from autotune.errors import InputError
+from autotune.errors import AutotuneError, InputError
 from autotune.knobs.state import BuildExtras, BuildState, TunedModule, wrap
 from autotune.trial.build import build
 from autotune.trial.context import Context
@@ -45,6 +47,24 @@ from autotune.trial.spec import WorkerSpec
 
 __all__ = ["TrialContext", "finetune_dataset"]
 
+_COLLATE_HINT = (
+    "check that the model runs on a batch of any few samples of the dataset, not only of the first ones "
+    "(with a collate_fn: on every batch it makes of them)"
+)
+
+
+@contextlib.contextmanager
+def _step(doing: str, hint: str) -> Iterator[None]:
+    """Turn an unexpected failure while setting a worker up into an :class:`InputError` that says,
+    in one line, what failed and what to change; autotune's own errors pass as they are."""
+    try:
+        yield
+    except AutotuneError:
+        raise
+    except Exception as exc:
+        raise InputError(f"{doing} failed: {one_line(exc)}. To fix it, {hint}.") from exc
+
+
 _ROUND_KEYS = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "others_cpu", "peak_mem_mib")
 
 
@@ -68,11 +88,16 @@ class TrialContext(Context):
     def __init__(self, spec: WorkerSpec) -> None:
         super().__init__(spec)
         self.model.eval()
-        self.extras = self._extras()
+        with _step("Collating the example and calibration batches", _COLLATE_HINT):
+            self.extras = self._extras()
         started = time.perf_counter()
-        baseline = self.build(spec.baseline)
+        with _step("Building the baseline", "check that the model can be deep-copied and moved to the device"):
+            baseline = self.build(spec.baseline)
         self._probe(baseline)
-        self.reference: Reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
+        with _step("Running the baseline on the validation samples", _COLLATE_HINT):
+            self.reference: Reference = make_reference(
+                baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn
+            )
         # int8_fallback ranks layers by the guard's own judgement, at most about two trials' time.
         one_trial = time.perf_counter() - started + spec.measure.n_windows * spec.measure.window_s
         self.extras.int8 = Int8Plan(
@@ -91,7 +116,6 @@ class TrialContext(Context):
 
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        from autotune.batching import lengths_of
         from autotune.data import calibration_draw
 
         spec = self.spec
@@ -115,7 +139,8 @@ class TrialContext(Context):
             prune_ignore=tuple(spec.prune_ignore),
             seed=spec.seed,
             collate_fn=spec.collate_fn,
-            lengths=lengths_of(spec.dataset) if spec.sequence else None,
+            lengths=_sort_keys(spec),
+            images=spec.images,
         )
 
     def collate(self, samples: list[Any]) -> Any:
@@ -248,6 +273,11 @@ class TrialContext(Context):
             "kinds": self.reference.kinds,
             "max_metric_drop": self.spec.max_metric_drop,
         }
+        if self.extras.ragged:
+            # Outputs that change shape with the batch: verify compares them on the guard's batches.
+            size = self.extras.ragged
+            parts = [self.samples[k : k + size] for k in range(0, len(self.samples), size)]
+            parity["chunks"] = [_plain(self.collate(list(p))) for p in parts]
         if per_sample(state) or self.extras.collate_fn:
             # The batches as the winner makes them (token sequences: the lengths the artifact was
             # checked on), so verify runs it on the same inputs and compares sample by sample.
@@ -281,6 +311,8 @@ class TrialContext(Context):
             "metric_chunk": self.reference.chunk,
             # Token sequences, or a collate of the user's: batched as the winner batches them.
             "batching": state.batching() if per_sample(state) or self.extras.collate_fn else None,
+            # Outputs that change shape with the batch: images of many sizes, so the graph takes any.
+            "spatial": bool(self.extras.ragged),
         }
         size, out = state.batch_size, Path(out_dir)
         by_format = {}
@@ -359,6 +391,18 @@ def _describe_output(out: Any) -> str:
     return f"a {type(out).__name__}"
 
 
+def _sort_keys(spec: WorkerSpec) -> list[Any] | None:
+    """What ``length_grouping`` or ``size_grouping`` sorts samples by: token sequences' lengths,
+    images' shapes and sizes; ``None`` for other samples."""
+    if spec.sequence:
+        return lengths_of(spec.dataset)
+    if spec.images:
+        from autotune.shapes import image_sizes, size_keys
+
+        return size_keys(image_sizes(spec.dataset))
+    return None
+
+
 def finetune_dataset(spec: WorkerSpec) -> Any:
     """What recovery fine-tuning trains on: ``train_dataset``, else the dataset's samples outside
     the validation subset, so nothing trains on what the guard scores."""
@@ -372,7 +416,7 @@ def finetune_dataset(spec: WorkerSpec) -> Any:
 
 def _check_args(common: dict[str, Any]) -> dict[str, Any]:
     """The parity-check arguments among :func:`~autotune.export.export_artifacts`' keywords."""
-    return {k: v for k, v in common.items() if k != "fallback"}
+    return {k: v for k, v in common.items() if k not in ("fallback", "spatial")}
 
 
 def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:

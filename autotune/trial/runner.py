@@ -208,7 +208,8 @@ class SubprocessRunner(Runner):
         self.close()
         if reply[1] == "input":
             raise InputError(reply[2])
-        raise TrialError(reply[1], f"The trial worker failed to start: {reply[2]}")
+        where = f" (the traceback is in {self._log_path})" if reply[1] == "error" else ""
+        raise TrialError(reply[1], f"The trial worker failed to start: {reply[2]}{where}")
 
     def _log_tail(self, n: int = 6) -> str:
         try:

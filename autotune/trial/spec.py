@@ -52,6 +52,8 @@ class WorkerSpec:
             ``None`` for ``default_collate``.
         sequence: The samples are token sequences: batched by the ``padding`` and
             ``length_grouping`` knobs and compared sample by sample.
+        images: The samples are images whose size varies: batched by the ``image_padding`` and
+            ``size_grouping`` knobs.
         int8_rankings: INT8 sensitivity rankings the study holds already, by their key
             (:func:`autotune.compress.fallback.ranking_key`).
         int8_store: Where a worker writes each ranking once computed and reads before ranking
@@ -80,6 +82,7 @@ class WorkerSpec:
     output_kind: Any = "auto"
     collate_fn: Callable[[list[Any]], Any] | None = None
     sequence: bool = False
+    images: bool = False
     int8_rankings: dict[str, str] = dataclasses.field(default_factory=dict)
     int8_store: Any = None
 

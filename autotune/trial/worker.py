@@ -50,7 +50,8 @@ def serve(conn: Any) -> None:
         conn.send(("fail", "input", str(exc)))
         return
     except Exception as exc:
-        conn.send(("fail", "error", f"{one_line(exc)}\n{traceback.format_exc()}"))
+        traceback.print_exc()  # into the worker's log; the message stays one line
+        conn.send(("fail", "error", one_line(exc)))
         return
     conn.send(("ready", ctx.info))
     while True:

@@ -1,0 +1,67 @@
+"""``cache_decoded``: offered for a dataset that decodes its samples and fits in memory, the
+cached dataset gives the same samples, and a run with it completes."""
+
+import json
+
+import torch
+
+import autotune
+from autotune.data import describe
+from autotune.knobs import SpaceContext, get_knob
+from autotune.knobs.cache import CachedDataset
+from tests.models import EncodedImages, TinyCNN, image_data
+
+FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
+
+
+def test_offered_only_for_a_decoding_dataset_that_fits(cpu_env, monkeypatch):
+    knob = get_knob("cache_decoded")
+    assert knob.offer(SpaceContext(cpu_env, describe(EncodedImages()))).values == [False, True]
+    in_list = knob.offer(SpaceContext(cpu_env, describe(image_data())))
+    assert in_list.values == [False] and "already in memory" in in_list.excluded["true"]
+    monkeypatch.setattr("autotune.env._mem_bytes", lambda: 1024)  # a machine with 1 KiB of memory
+    too_big = knob.offer(SpaceContext(cpu_env, describe(EncodedImages())))
+    assert too_big.values == [False] and "GiB" in too_big.excluded["true"]
+
+
+def test_the_cached_dataset_gives_the_same_samples_decoding_each_once():
+    get = EncodedImages(6).__getitem__
+    reads = []
+
+    class Counting(EncodedImages):
+        def __getitem__(self, i):
+            reads.append(i)
+            return get(i)
+
+    counting = Counting(6)
+    cached = CachedDataset(counting)
+    for _ in range(3):  # three epochs
+        for i in range(len(cached)):
+            x, y = cached[i]
+            torch.testing.assert_close(x, get(i)[0], rtol=0, atol=0)
+            assert int(y) == int(get(i)[1])
+    assert sorted(reads) == list(range(6))
+
+
+def test_a_run_with_the_cache_completes_and_its_loader_reads_the_same_samples(tmp_path):
+    data = EncodedImages(48)
+    autotune.optimize(
+        TinyCNN(),
+        data,
+        space={"base": None},
+        fix={"cache_decoded": True, "num_workers": 1, "persistent_workers": True},
+        n_trials=2,
+        out_dir=tmp_path,
+        export=(),
+        device="cpu",
+        measure=FAST,
+        n_verify_pairs=2,
+        baseline_batch_size=8,
+    )
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert best["config"]["cache_decoded"] is True
+    loader = autotune.dataloader(data, best["config"])
+    assert isinstance(loader.dataset, CachedDataset)
+    for _ in range(2):  # two epochs, the second from the cache
+        got = torch.cat([x for x, _ in loader])
+        torch.testing.assert_close(got, torch.stack([data[i][0] for i in range(len(data))]), rtol=0, atol=0)
