@@ -24,6 +24,7 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_cpu_smoke_prints_every_table_and_writes_json(tmp_path):
     proc = run("-m", "benchmarks.run", "--suite", "cpu", "--smoke", "--out", str(tmp_path))
     titles = (

@@ -73,6 +73,7 @@ def _check_outputs(out: Path) -> dict[str, Any]:
     return result
 
 
+@pytest.mark.slow
 def test_quickstart_cli(tmp_path: Path) -> None:
     result = _check_outputs(_run_cfg("quickstart.py", tmp_path))
     assert result["baseline"]["metric"] >= 0.9
@@ -88,6 +89,7 @@ def test_digits_cli(tmp_path: Path) -> None:
     assert result["baseline"]["metric"] >= 0.95
 
 
+@pytest.mark.slow
 def test_api_script(tmp_path: Path) -> None:
     # The script itself exits non-zero when the tuned model disagrees with the original.
     _run([str(EXAMPLES / "api.py"), "--out", str(tmp_path / "out"), "--trials", str(N_TRIALS)], tmp_path)
@@ -125,6 +127,7 @@ def test_deploy_example_serves_every_artifact(tmp_path):
         assert f"{server}: top-1 agreement with the original model 1.000" in done.stdout
 
 
+@pytest.mark.slow
 def test_train_digits_cli(tmp_path: Path) -> None:
     out = _run_cfg("train_digits.py", tmp_path)
     result = json.loads((out / "best_config.json").read_text())

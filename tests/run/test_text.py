@@ -208,7 +208,15 @@ def test_a_user_collate_also_batches_the_guard_for_tuple_samples(tmp_path):
     [
         {"quantization": "int8_dynamic", "int8_fallback": 1},
         # Calibration batches of different widths: the ONNX ranking's one-layer sessions take any.
-        {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_per_channel": True, "int8_fallback": "auto"},
+        pytest.param(
+            {
+                "runtime": "onnxruntime",
+                "ort_precision": "int8_dynamic",
+                "int8_per_channel": True,
+                "int8_fallback": "auto",
+            },
+            marks=pytest.mark.slow,  # ONNX Runtime's layer ranking also runs in tests/compress/test_fallback.py
+        ),
     ],
     ids=["torch", "onnxruntime"],
 )

@@ -186,6 +186,7 @@ def test_no_measurable_speedup_keeps_the_baseline():
     assert unconfirmed["verdict"] == "unconfirmed" and "interrupted" in unconfirmed["sentence"]
 
 
+@pytest.mark.slow
 def test_a_run_beside_busy_processes_claims_no_speedup_and_says_so(tmp_path):
     """With other processes keeping half the machine busy, the run must not present a clean
     speedup: the rounds see the interference, and the summary and report say so."""

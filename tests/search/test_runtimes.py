@@ -4,12 +4,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import autotune
 from tests.models import TinyEncoder, token_data
 
 FAST = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 2, "n_remeasure": 0}
 
 
+@pytest.mark.slow
 def test_cpu_deploy_on_a_transformer_lets_onnxruntime_compete(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text(

@@ -33,6 +33,7 @@ def test_finalists_are_the_fastest_distinct_feasible_trials():
     assert [r["number"] for r in finalists(records, ["throughput"], "k0", 2)] == [1, 2]
 
 
+@pytest.mark.slow
 def test_multi_objective_study_writes_a_feasible_front(tmp_path):
     result = autotune.optimize(
         MLP(),

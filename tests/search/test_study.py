@@ -61,6 +61,7 @@ def test_baseline_first_no_repeats_and_results_written(tmp_path):
     assert len(loaded.trials) == len(trials)
 
 
+@pytest.mark.slow
 def test_existing_study_is_not_touched_without_resume(tmp_path):
     args = dict(
         space={"base": None, "batch_size": [8, 16]},
@@ -140,6 +141,7 @@ def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path):
     assert os.path.getsize(out / "trials.csv") > 0
 
 
+@pytest.mark.slow
 def test_a_study_shared_by_two_kinds_of_hardware_keeps_them_apart(tmp_path, capsys):
     from autotune.cli import main
     from autotune.config import Config
