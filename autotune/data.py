@@ -38,6 +38,7 @@ __all__ = [
     "sequence_info",
     "token_length",
     "as_tensor",
+    "image_of",
 ]
 
 TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})
@@ -231,10 +232,19 @@ def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int]
     )
 
 
+def image_of(sample: Any) -> Any:
+    """The image of a sample: a float ``(C, H, W)`` tensor alone or as the inputs of
+    ``(inputs, target)``; ``None`` otherwise."""
+    import torch
+
+    x = sample[0] if isinstance(sample, (tuple, list)) and sample else sample
+    if isinstance(x, torch.Tensor) and x.dim() == 3 and x.is_floating_point():
+        return x
+    return None
+
+
 def _images_vary(samples: Sequence[Any]) -> bool:
     """Whether ``samples`` are images of one channel count whose height or width varies."""
-    from autotune.shapes import image_of
-
     images = [image_of(s) for s in samples]
     if any(x is None for x in images) or len({x.shape[0] for x in images}) != 1:
         return False

@@ -79,6 +79,7 @@ def run_chunks(
         batch_size_of,
         call_model,
         concat_outputs,
+        image_of,
         outputs_to_cpu,
         pad_batch,
         slice_batch,
@@ -121,19 +122,10 @@ def _pad_widest(samples: list[Any]) -> Any:
 IMAGE_PADDINGS = ("largest", "largest_8", "largest_16", "largest_32")
 
 
-def image_of(sample: Any) -> Any:
-    """The image of a sample: a float ``(C, H, W)`` tensor alone or as the inputs of
-    ``(inputs, target)``; ``None`` otherwise."""
-    import torch
-
-    x = sample[0] if isinstance(sample, (tuple, list)) and sample else sample
-    if isinstance(x, torch.Tensor) and x.dim() == 3 and x.is_floating_point():
-        return x
-    return None
-
-
 def image_sizes(dataset: Any) -> list[tuple[int, int]]:
     """``(height, width)`` of every sample's image, in order (``(0, 0)`` for a sample without one)."""
+    from autotune.data import image_of
+
     out = []
     for i in range(len(dataset)):
         image = image_of(dataset[i])
@@ -170,6 +162,8 @@ def pad_images(samples: Sequence[Any], multiple: int = 1) -> Any:
     """
     import torch
     from torch.utils.data import default_collate
+
+    from autotune.data import image_of
 
     sizes = [tuple(image_of(s).shape[1:]) for s in samples]
     height = _round_up(max(h for h, _ in sizes), multiple)
