@@ -113,6 +113,7 @@ def test_digits_test_accuracy() -> None:
     assert not any(s[0].numpy().tobytes() in tune for s in test_dataset)
 
 
+@pytest.mark.slow  # tests/deploy load and serve each artifact; this runs the whole example script
 def test_deploy_example_serves_every_artifact(tmp_path):
     done = subprocess.run(
         # The run's timeout bounds it whole (search, rounds, export): this test is about serving.

@@ -3,8 +3,8 @@
 The pipeline runs as it is timed (:mod:`autotune.trial.measure`): the configured DataLoader,
 the copy to the device, the tuned model, and here also the outputs' copy back, each step inside
 a ``record_function`` range named for its stage (``autotune::forward`` ...). The profiler's
-schedule skips one step, warms up on one and records the next few, as many as fit in about a
-second (2 to 20), so the cost stays bounded whatever the model. A model that runs through
+schedule skips one step, warms up on one and records the next few, as many as fit in half a
+second unprofiled (2 to 20), so the cost stays bounded whatever the model. A model that runs through
 ONNX Runtime is profiled by ONNX Runtime too (``enable_profiling``): its nodes are the operators.
 
 Nothing here is timed for a figure the run reports: profiling adds its own overhead.
@@ -43,6 +43,11 @@ def _epochs(loader: Any) -> Iterator[Any]:
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# Seconds of unprofiled steps the recorded window holds: enough for a stable operator table,
+# short enough that profiling costs a run a few seconds (the profiler slows each step).
+_ACTIVE_S = 0.5
 
 
 def _active_steps(step: Callable[[], int], target_s: float) -> int:
@@ -124,7 +129,7 @@ def _window(step: Callable[[], int], device: torch.device, trace: Path, names: t
     from autotune.trial.measure import _compiled_frames
 
     started = time.perf_counter()
-    n_active = _active_steps(step, 1.0)
+    n_active = _active_steps(step, _ACTIVE_S)
     orts = _ort_modules(model)
     scratch = Path(tempfile.mkdtemp(prefix="autotune-ort-profile-"))
     for m in orts:  # a fresh session that records its nodes, from here on
