@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--strategy",
         choices=("staged", "tpe"),
-        help="staged: screen each lever, compose those that paid, then TPE; tpe: TPE after a warm start (default)",
+        help="staged (default): screen each lever, compose those that paid, then TPE; tpe: TPE after a warm start",
     )
     run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
     run.add_argument("--no-profile", action="store_true", help="skip profiling the baseline and the winner")
@@ -181,6 +181,10 @@ def _print_result(console: Any, result: Any) -> None:
             f"not shown: {diagnosis['fault']}" if diagnosis.get("fault") else f"not measured: {diagnosis['error']}"
         )
         console.print(f"why it won: {why}", highlight=False, soft_wrap=True)
+    from autotune.search.phases import story_lines
+
+    for line in story_lines(result.search):
+        console.print(line, highlight=False, soft_wrap=True)
     _print_profile(console, result)
     if result.pareto:
         _print_pareto(console, result)

@@ -81,6 +81,14 @@ def test_run_prints_progress_and_table_and_writes_files(tmp_path):
     diagnosis = best["diagnosis"]
     assert "why it won: " in done.stdout and (diagnosis.get("summary") or diagnosis.get("fault"))
     assert (out / "report.html").is_file() and (out / "report.md").is_file()
+    # The default strategy is staged: the phases, with their trials, are in the terminal, the
+    # files and the report, and they count the measured trials the progress lines counted.
+    story = best["search"]
+    assert story["strategy"] == "staged" and story["phases"][0] == {**story["phases"][0], "phase": "baseline"}
+    assert sum(p["n_trials"] for p in story["phases"]) == 4
+    assert story["found"]["trial"] == best["trial"]
+    assert "search (staged): baseline 1" in done.stdout
+    assert "## How the search went" in (out / "report.md").read_text()
 
 
 def test_report_writes_both_files_of_a_finished_run(finished_run, tmp_path, capsys):

@@ -51,6 +51,8 @@ class SpaceContext:
     loader: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     # Why calibration (static int8, int8_fallback) has no samples outside validation, if so.
     no_calibration: str | None = None
+    # How many layers carry weights int8 can quantize (nn.Linear, LSTM, GRU, convolutions), if known.
+    n_quantizable: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -226,6 +226,12 @@ class Int8Fallback(_Int8Setting):
     def offer(self, ctx: SpaceContext) -> Offer:
         if ctx.no_calibration:  # the ranking and auto run on calibration batches
             return Offer([0], {str(c): ctx.no_calibration for c in self.choices[1:]})
+        n = ctx.n_quantizable
+        if n is not None:
+            # Keeping every quantizable layer float (or more than there are) quantizes nothing.
+            why = f"the model has {n} layer{'s' if n != 1 else ''} int8 can quantize: keeping {{}} float leaves none"
+            too_many = [c for c in self.choices if isinstance(c, int) and c > 0 and c >= n]
+            return Offer([c for c in self.choices if c not in too_many], {str(c): why.format(c) for c in too_many})
         return Offer(list(self.choices))
 
 

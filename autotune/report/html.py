@@ -25,6 +25,7 @@ SECTIONS = (
     ("summary", "Baseline vs best"),
     ("diagnosis", "Why it won"),
     ("breakdown", "Where the time goes"),
+    ("search", "How the search went"),
     ("history", "Optimization history"),
     ("importance", "Parameter importances"),
     ("knobs", "Effect of each knob"),
@@ -241,6 +242,32 @@ def _breakdown(run: RunFiles) -> str:
     return _section("breakdown", body, lead)
 
 
+def _search(run: RunFiles) -> str:
+    """The search's phases (trials and seconds each), when the winner was measured, and what
+    screening left out."""
+    story = run.best.get("search") or {}
+    if not story.get("phases"):
+        return _section("search", '<p class="note">This run recorded no phases (made by an earlier version).</p>')
+    rows = [[_e(p["phase"]), str(p["n_trials"]), f"{p['seconds']:.1f}"] for p in story["phases"]]
+    body = _table(["phase", "trials", "seconds of trials"], rows)
+    found = story.get("found")
+    lead = f"Strategy: {_e(story['strategy'])}."
+    if found:
+        lead += (
+            f" The winner (trial {found['trial']}) was measured in the {_e(found['phase'])} phase, after "
+            f"{found['after_trials']} trials and {found['after_s']:.0f} s of trials."
+        )
+    left = story.get("left_out") or []
+    if left:
+        items = "".join(
+            f"<li><code>{_e(', '.join(f'{k}={v}' for k, v in item['changes'].items()))}</code>: measured "
+            f"{item['ratio']:.2f}x</li>"
+            for item in left
+        )
+        body += f"<p>Left out after screening (clearly slower; not run again):</p><ul>{items}</ul>"
+    return _section("search", body, lead)
+
+
 def _pareto(run: RunFiles) -> str:
     from autotune.report.figures import pareto_figure
     from autotune.report.summary import format_value
@@ -357,6 +384,7 @@ def render_html(run: RunFiles) -> str:
         _summary(run),
         _diagnosis(run),
         _breakdown(run),
+        _search(run),
         '<div class="split even">'
         + _section("history", _plot(history_figure(run), "history"), "The first objective of every completed trial; grey points failed the guard.")
         + _section("importance", _plot(importance_figure(run), "importance"), "How much of the variation across completed trials each knob explains (optuna).")

@@ -132,6 +132,17 @@ def _trials(run: RunFiles) -> list[str]:
     return lines
 
 
+def _search(run: RunFiles) -> list[str]:
+    from autotune.search.phases import story_lines
+
+    story = run.best.get("search") or {}
+    if not story.get("phases"):
+        return []
+    rows = [[p["phase"], p["n_trials"], f"{p['seconds']:.1f}"] for p in story["phases"]]
+    lines = ["## How the search went", "", *_table(["phase", "trials", "seconds of trials"], rows)]
+    return lines + [f"- {line[0].upper()}{line[1:]}." for line in story_lines(story)[1:]] + [""]
+
+
 def _pareto(run: RunFiles) -> list[str]:
     from autotune.report.summary import format_value
 
@@ -171,7 +182,7 @@ def _environment(run: RunFiles) -> list[str]:
 def render_markdown(run: RunFiles) -> str:
     """The Markdown report of ``run``."""
     lines = [f"# autotune report: {run.out_dir.name}", "", f"Created {run.best.get('created', '?')}.", ""]
-    for part in (_summary, _diagnosis, _breakdown, _pareto, _trials, _artifacts, _environment):
+    for part in (_summary, _diagnosis, _breakdown, _search, _pareto, _trials, _artifacts, _environment):
         lines += part(run)
     lines += ["Figures (history, importances, effect of each knob): `report.html`.", ""]
     return "\n".join(lines)

@@ -51,7 +51,7 @@ def optimize(
     test_dataset: Any = None,
     export: Sequence[str] | None = None,
     sampler: Any = None,
-    strategy: str = "tpe",
+    strategy: str = "staged",
     optimizer: Any = None,
     effective_batch_size: int | None = None,
     allow_batch_change: bool = False,
@@ -135,10 +135,10 @@ def optimize(
             (``model.onnx``), ``"torchscript"`` (``model.pt``); ``()`` for none. Default both
             in inference mode, none in training mode.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
-        strategy: ``"tpe"`` (TPE after a warm start) or ``"staged"``: each lever (autocast,
-            trimmed padding, compile, int8, batch, threads, ...) measured alone, those that paid
-            composed, then TPE; values screening measured clearly slower are left out
-            (:mod:`autotune.search.strategy`).
+        strategy: ``"staged"`` (the default): each lever (autocast, trimmed padding, compile,
+            int8, batch, threads, ...; with size first, int8 and pruning) measured alone, those
+            that paid composed, then TPE; values screening measured clearly slower are left out
+            (:mod:`autotune.search.strategy`). ``"tpe"``: TPE after a warm start.
         progress: ``True`` (the default) shows the search on stderr: a live display on a
             terminal, one plain line per trial anywhere else (a log file, a pipe, a notebook),
             each naming the knobs that differ from the baseline; a resumed run first says how

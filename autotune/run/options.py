@@ -84,7 +84,7 @@ class Options:
     test_dataset: Any = None
     export: Sequence[str] | str | None = None
     sampler: Any = None
-    strategy: str = "tpe"
+    strategy: str = "staged"
     optimizer: Any = None
     effective_batch_size: int | None = None
     allow_batch_change: bool = False

@@ -11,6 +11,15 @@ from autotune.errors import ConfigError, InputError
 __all__ = ["Inputs", "materialize", "plan", "unpack"]
 
 
+def n_quantizable(model: Any) -> int:
+    """How many layers of ``model`` carry weights int8 can quantize (nn.Linear, LSTM, GRU and
+    convolutions): an upper bound on the layers any int8 method ranks."""
+    from torch import nn
+
+    types = (nn.Linear, nn.LSTM, nn.GRU, nn.Conv1d, nn.Conv2d, nn.Conv3d)
+    return sum(isinstance(m, types) for m in model.modules())
+
+
 def materialize(dataset: Any) -> Any:
     """The dataset, or what its zero-argument factory returns."""
     if callable(dataset) and not hasattr(dataset, "__getitem__"):
@@ -158,6 +167,7 @@ def plan(
         mode=mode,
         loader=dict(inputs.loader),
         no_calibration=_no_calibration(data.n_samples, n_val, loss_fn, train_dataset),
+        n_quantizable=n_quantizable(model),
         effective_batch_size=None
         if mode != "train" or allow_batch_change
         else (effective_batch_size or baseline_batch_size),

@@ -357,6 +357,16 @@ def _strategy(run: Run) -> Any:
     return Staged(run.space, run.objectives, device=run.env.device, cores=run.env.cpu_threads)
 
 
+def _story(run: Run, best: dict[str, Any]) -> dict[str, Any]:
+    """The search's phases, when ``best`` was found and what screening left out."""
+    from autotune.search.phases import search_story
+
+    records = run.records()
+    staged = _strategy(run)
+    left_out = staged.left_out([r for r in records if "status" in r]) if staged is not None else []
+    return search_story(records, run.options.strategy, best.get("number"), left_out)
+
+
 def write(run: Run, *, interrupted: bool = False) -> Any:
     """Write the run's files and return its :class:`~autotune.search.result.Result`.
 
@@ -371,10 +381,12 @@ def write(run: Run, *, interrupted: bool = False) -> Any:
         picked = baseline_and_best(run.study, run.objectives, run.select, required=False)
         if picked is None:
             return None
+        run.summary["search"] = _story(run, picked[1])
         # Keep what was found so far; the ratio then comes from the two trials, unverified.
         return write_best(
             run.out, run.summary, *picked, confirmed=None, stop_reason="interrupted", study=run.study, interrupted=True
         )
+    run.summary["search"] = _story(run, run.best)
     result = write_best(
         run.out,
         run.summary,

@@ -41,6 +41,9 @@ class Result:
         profile: Where the baseline's and the winner's time went (``torch.profiler``): by stage,
             by operator family and the top operators, with their traces' file names; ``None``
             with ``profile=False``.
+        search: How the search went (:func:`autotune.search.phases.search_story`): its phases
+            with the trials and seconds each took, when the winner was measured, and what
+            screening left out with its measured ratio.
         verdict: ``"speedup"`` (confirmed: the interval excludes 1.0 on a quiet machine),
             ``"none"`` (no measurable speedup: the baseline stands), ``"slower"`` (the pick was
             measurably slower: with throughput the only objective the baseline stands; with others
@@ -68,6 +71,7 @@ class Result:
     held_out: dict[str, Any] | None = None
     diagnosis: dict[str, Any] | None = None
     profile: dict[str, Any] | None = None
+    search: dict[str, Any] | None = None
     verdict: str = "speedup"
     claimed: bool = True
     claim: str = ""
@@ -403,5 +407,6 @@ def write_best(
     result.held_out = summary.get("held_out")
     result.diagnosis = summary.get("diagnosis")
     result.profile = summary.get("profile")
+    result.search = summary.get("search")
     result.notes = notes
     return result

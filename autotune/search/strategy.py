@@ -37,7 +37,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import REGISTRY
 from autotune.search.space import SearchSpace
 
-__all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next"]
+__all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next", "size_levers"]
 
 STRATEGIES = ("staged", "tpe")
 # A lever pays when it is at least this much faster than the baseline (measurement noise is a few %).
@@ -45,7 +45,9 @@ MIN_GAIN = 1.03
 # A value is left out when screening measured it below this share of the baseline's speed.
 HARMFUL = 0.8
 # The levers screened alone against the baseline; the others are tried on the composed configuration.
-TIER1 = ("padding", "amp_dtype", "int8", "compile_mode")
+TIER1 = ("padding", "image_shape", "amp_dtype", "int8", "compile_mode")
+# With size first, the levers are the ones that shrink the model, every one screened alone.
+SIZE_TIER1 = ("int8", "prune_ratio")
 
 
 def check_strategy(name: Any) -> str:
@@ -109,6 +111,10 @@ def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
 
     shape = _variants(space, {"padding": ("trim", "trim_8", "trim_16"), "length_grouping": (16, 4, 64)})
     add("padding", shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")}))
+    # Images of many sizes: padded to fewer shapes and batched with their like (grouping alone
+    # behind the user's own collate, which does the padding).
+    image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
+    add("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
     add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
     ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
     auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
@@ -132,6 +138,7 @@ def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
     if workers and base.get("num_workers") == 0:
         add("num_workers", [{"num_workers": _nearest(workers, min(2, cores))}])
     for name, value in (
+        ("cache_decoded", True),
         ("channels_last", True),
         ("optimizer_impl", "fused"),
         ("cudnn_benchmark", True),
@@ -139,6 +146,27 @@ def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
         ("flush_denormal", True),
     ):
         add(name, _variants(space, {name: (value,)}))
+    return found
+
+
+def size_levers(space: SearchSpace) -> list[Lever]:
+    """With size the first objective: int8, then the pruning ratios, largest first. A variant
+    that fails or misses the guard is screened at the next one."""
+    found = []
+    # On the baseline, so in float32 with every layer quantized (int8_fallback 0): the variant
+    # that shrinks most, and on CPUs the only one int8 combines with.
+    int8 = _variants(
+        space,
+        {"quantization": ("int8_dynamic",)},
+        {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)},
+        {"quantization": ("int8_weight_only",)},
+        {"quantization": ("int8_static",)},
+    )
+    if int8:
+        found.append(Lever("int8", tuple(int8)))
+    ratios = sorted((r for r in space.values.get("prune_ratio", ()) if r), reverse=True)
+    if ratios:
+        found.append(Lever("prune_ratio", tuple({"prune_ratio": r} for r in ratios)))
     return found
 
 
@@ -177,7 +205,8 @@ class Staged:
         key, direction = OBJECTIVES[objectives[0]][:2]
         self.key, self.maximize = key, direction == "maximize"
         speed = objectives[0] in ("throughput", "latency")
-        self.levers = levers(space, cores) if speed else []
+        self.levers = levers(space, cores) if speed else size_levers(space) if objectives[0] == "size" else []
+        self.tier1 = TIER1 if speed else SIZE_TIER1
         self.baseline = dict(space.baseline)
         self.baseline_key = Config(self.baseline).key()
 
@@ -251,7 +280,7 @@ class Staged:
         """The screening configurations not yet decided: each lever's next variant, within the
         share of the budget screening may spend."""
         scores, chosen = self._scores(records), []
-        for lever in [lever for lever in self.levers if lever.name in TIER1]:
+        for lever in [lever for lever in self.levers if lever.name in self.tier1]:
             for changes in lever.variants:
                 config = self._full(changes)
                 score = scores.get(Config(config).key(), "untried")
@@ -290,7 +319,7 @@ class Staged:
             key=lambda rc: -rc[0],
         )
         current, held, harmful = self._full(paid[0][1] if paid else {}), [paid[0][1]] if paid else [], []
-        steps = [c for _, c in paid[1:]] + [lever.variants[0] for lever in self.levers if lever.name not in TIER1]
+        steps = [c for _, c in paid[1:]] + [lever.variants[0] for lever in self.levers if lever.name not in self.tier1]
         for changes in steps:
             candidate = self._add(current, held, changes)
             if candidate is None or Config(candidate).key() == Config(current).key():

@@ -58,3 +58,13 @@ def test_multi_objective_study_writes_a_feasible_front(tmp_path):
 def test_unknown_select_is_a_config_error(tmp_path):
     with pytest.raises(autotune.ConfigError, match="`select` must be an objective name"):
         autotune.optimize(MLP(), classification_data(), select="fastest", out_dir=tmp_path)
+
+
+def test_a_few_bytes_fewer_do_not_beat_a_faster_candidate():
+    def sized(key, size, latency):
+        return {"key": key, "status": "ok", "size_bytes_compressed": size, "latency_ms_p95": latency}
+
+    # 0.6% fewer bytes at 0.8x the speed: a tie on size, and the faster one wins.
+    assert choose([sized("fast", 1000, 8.0), sized("slow", 994, 10.0)], ["size", "latency"], "size")["key"] == "fast"
+    # Clearly smaller wins, whatever its speed.
+    assert choose([sized("fast", 1000, 8.0), sized("small", 400, 12.0)], ["size", "latency"], "size")["key"] == "small"

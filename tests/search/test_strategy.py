@@ -124,3 +124,60 @@ def test_strategy_is_checked():
     assert check_strategy("staged") == "staged"
     with pytest.raises(ConfigError, match=r"No strategy named 'greedy'\. Known: staged, tpe\."):
         Options(strategy="greedy")
+
+
+def test_strategy_is_staged_by_default():
+    assert Options().strategy == "staged"
+
+
+def _size(c):
+    """int8 quarters the model and pruning shrinks it by its ratio; a ratio of 0.5 or more
+    breaks the guard."""
+    size = 1000.0 * (0.25 if c["quantization"] == "int8_dynamic" else 1.0) * (1.0 - c["prune_ratio"])
+    return {"status": "ok", "size_bytes_compressed": size, "metric_drop": 0.05 if c["prune_ratio"] >= 0.5 else 0.0}
+
+
+def test_with_size_first_int8_and_pruning_are_screened_then_composed():
+    space = space_of({"quantization": ["none", "int8_dynamic"], "prune_ratio": [0.0, 0.3, 0.5]})
+    table = {k: _size(c) for k, c in configs_of(space).items()}
+    study = optuna.create_study(direction="minimize", sampler=make_sampler(0))
+    run_trials(
+        study,
+        TableRunner(table),
+        space,
+        n_trials=5,
+        timeout=None,
+        max_metric_drop=0.01,
+        objectives=["size"],
+        extra_attrs={},
+        strategy=Staged(space, ["size"]),
+    )
+    staged = Staged(space, ["size"])
+    assert [lever.name for lever in staged.levers] == ["int8", "prune_ratio"]
+    configs = [
+        (t.user_attrs["config"]["quantization"], t.user_attrs["config"]["prune_ratio"]) for t in _measured(study)
+    ]
+    # int8 on the baseline (float32, every layer), the largest ratio (it breaks the guard), the
+    # next, then the two together: the smallest that passes, found by the fifth trial.
+    assert configs[:4] == [("none", 0.0), ("int8_dynamic", 0.0), ("none", 0.5), ("none", 0.3)], configs
+    assert ("int8_dynamic", 0.3) in configs
+
+
+def test_int8_fallback_values_beyond_the_models_layers_are_not_offered():
+    import torch
+    from torch import nn
+
+    from autotune.run.plan import plan
+
+    class Recurrent(nn.Module):  # a GRU and a Linear: two layers int8 can quantize
+        def __init__(self):
+            super().__init__()
+            self.gru, self.head = nn.GRU(8, 16, batch_first=True), nn.Linear(16, 4)
+
+        def forward(self, x):
+            return self.head(self.gru(x)[0][:, -1])
+
+    data = [torch.randn(5, 8) for _ in range(64)]
+    _, _, space = plan(Recurrent(), data, space={"base": None, "quantization": "all", "int8_fallback": "all"}, n_val=16)
+    assert space.values["int8_fallback"] == [0, 1, "auto"]
+    assert "the model has 2 layers int8 can quantize" in space.excluded["int8_fallback"]["2"]

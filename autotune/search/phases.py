@@ -1,0 +1,92 @@
+"""How the search went, told from its trials: the phases with the trials and seconds each took,
+when the winner was found, and what screening left out.
+
+The staged strategy (:mod:`autotune.search.strategy`) marks each configuration it queues with
+its phase (``screen``, ``compose``); the baseline is ``baseline``, and whatever the sampler
+proposed is ``refine`` (``tpe`` under plain TPE, whose warm start is TPE's own). Only measured
+trials count, as the terminal counts them: a repeat answered from an earlier trial, a skipped
+claim or a refusal costs no budget and is not a trial here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["PHASES", "phase_of", "search_story", "story_lines"]
+
+PHASES = ("baseline", "screen", "compose", "refine", "tpe")
+
+
+def phase_of(record: Mapping[str, Any], strategy: str) -> str:
+    """The phase a trial's configuration came from."""
+    if record.get("baseline"):
+        return "baseline"
+    if record.get("phase") in ("screen", "compose"):
+        return record["phase"]
+    return "refine" if strategy == "staged" else "tpe"
+
+
+def _measured(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    found = [r for r in records if r.get("ran") and r.get("repeat_of") is None]
+    return sorted(found, key=lambda r: r.get("number", 0))
+
+
+def search_story(
+    records: Sequence[Mapping[str, Any]],
+    strategy: str,
+    winner: int | None = None,
+    left_out: Sequence[tuple[Mapping[str, Any], float]] = (),
+) -> dict[str, Any]:
+    """The phases in order (``phase``, ``n_trials``, ``seconds``), when the winning trial was
+    measured (``found``: its phase, how many measured trials and seconds of trials it took to
+    get there), and what screening left out (``left_out``: the changes and their measured ratio).
+
+    Example:
+        >>> records = [
+        ...     {"number": 0, "ran": True, "baseline": True, "wall_s": 2.0},
+        ...     {"number": 1, "ran": True, "phase": "screen", "wall_s": 3.0},
+        ...     {"number": 2, "ran": False, "status": "skipped"},
+        ...     {"number": 3, "ran": True, "phase": "compose", "wall_s": 4.0},
+        ... ]
+        >>> story = search_story(records, "staged", winner=3)
+        >>> [(p["phase"], p["n_trials"], p["seconds"]) for p in story["phases"]]
+        [('baseline', 1, 2.0), ('screen', 1, 3.0), ('compose', 1, 4.0)]
+        >>> story["found"]
+        {'trial': 3, 'phase': 'compose', 'after_trials': 3, 'after_s': 9.0}
+    """
+    phases: dict[str, dict[str, Any]] = {}
+    found, elapsed = None, 0.0
+    for i, r in enumerate(_measured(records), start=1):
+        phase = phase_of(r, strategy)
+        wall = float(r.get("wall_s") or 0.0)
+        entry = phases.setdefault(phase, {"phase": phase, "n_trials": 0, "seconds": 0.0})
+        entry["n_trials"] += 1
+        entry["seconds"] = round(entry["seconds"] + wall, 1)
+        elapsed += wall
+        if winner is not None and r.get("number") == winner:
+            found = {"trial": winner, "phase": phase, "after_trials": i, "after_s": round(elapsed, 1)}
+    return {
+        "strategy": strategy,
+        "phases": [phases[p] for p in PHASES if p in phases],
+        "found": found,
+        "left_out": [{"changes": dict(changes), "ratio": round(ratio, 3)} for changes, ratio in left_out],
+    }
+
+
+def story_lines(story: Mapping[str, Any] | None) -> list[str]:
+    """The story in plain sentences, for the terminal and the report."""
+    if not story or not story.get("phases"):
+        return []
+    parts = [f"{p['phase']} {p['n_trials']} ({p['seconds']:.0f} s)" for p in story["phases"]]
+    lines = [f"search ({story['strategy']}): " + ", ".join(parts)]
+    found = story.get("found")
+    if found:
+        lines.append(
+            f"the winner (trial {found['trial']}) was measured in the {found['phase']} phase, "
+            f"after {found['after_trials']} trials and {found['after_s']:.0f} s of trials"
+        )
+    for item in story.get("left_out") or []:
+        what = ", ".join(f"{k}={v}" for k, v in item["changes"].items())
+        lines.append(f"left out after screening: {what} (measured {item['ratio']:.2f}x)")
+    return lines
