@@ -334,14 +334,34 @@ def _tell(
         trial.set_constraint(
             "metric_drop", result.get("metric_drop", 1.0) - max_drop if result["status"] == "ok" else 1.0
         )
-        return study.tell(trial, [float(result[k]) for k in keys])
+        return _told(study, trial, [float(result[k]) for k in keys])
     if result["status"] in _BAD_CONFIG and result.get("kind") != "deadline":
         # Told as pruned, not failed: TPE ignores failed trials, so it kept proposing the same
         # failing code path (measured: 250 of 300 proposals of a text search were TorchScript of
         # static int8, every one ruled out), while pruned ones count against their region. An
         # infeasible trial with its measurements was told above, as a constraint violation.
-        return study.tell(trial, state=TrialState.PRUNED)
-    return study.tell(trial, state=TrialState.FAIL)
+        return _told(study, trial, state=TrialState.PRUNED)
+    return _told(study, trial, state=TrialState.FAIL)
+
+
+def _told(study: optuna.Study, trial: optuna.Trial, *args: Any, **kwargs: Any) -> FrozenTrial:
+    """``study.tell``, where a sampler may stop the study as it would inside ``Study.optimize``
+    (a grid sampler with every point visited calls ``study.stop()``, which raises outside
+    it); :func:`run_trials` then ends with ``"exhausted"``."""
+    local = study._thread_local
+    inside = getattr(local, "in_optimize_loop", False)
+    local.in_optimize_loop = True
+    try:
+        return study.tell(trial, *args, **kwargs)
+    finally:
+        local.in_optimize_loop = inside
+
+
+def _stopped(study: optuna.Study) -> bool:
+    """Whether the sampler stopped the study (:func:`_told`); the flag is cleared for a next run."""
+    stopped = bool(getattr(study, "_stop_flag", False))
+    study._stop_flag = False
+    return stopped
 
 
 def _claim(study: optuna.Study, me: int, key: str, n_trials: int, baseline_key: str) -> tuple[str, Any]:
@@ -419,7 +439,7 @@ def run_trials(
             raise KeyboardInterrupt
         if deadline is not None and time.monotonic() >= deadline:
             return "timeout"
-        if repeats >= _MAX_REPEATS:
+        if repeats >= _MAX_REPEATS or _stopped(study):
             return "exhausted"
         fail_stale(study)
         view = _View(study.get_trials(deepcopy=False), baseline_key)
