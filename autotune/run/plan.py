@@ -11,11 +11,14 @@ from autotune.errors import ConfigError, InputError
 __all__ = ["Inputs", "materialize", "plan", "unpack"]
 
 
-def n_quantizable(model: Any) -> int:
+def n_quantizable(model: Any) -> int | None:
     """How many layers of ``model`` carry weights int8 can quantize (nn.Linear, LSTM, GRU and
-    convolutions): an upper bound on the layers any int8 method ranks."""
+    convolutions): an upper bound on the layers any int8 method ranks. ``None`` for a factory
+    (the model is not built here)."""
     from torch import nn
 
+    if not isinstance(model, nn.Module):
+        return None
     types = (nn.Linear, nn.LSTM, nn.GRU, nn.Conv1d, nn.Conv2d, nn.Conv3d)
     return sum(isinstance(m, types) for m in model.modules())
 
