@@ -111,17 +111,18 @@ def test_report_renders_without_errors_with_every_section_and_plot(finished_run,
 
 # Pairs of text boxes that overlap in any figure: tick labels, panel titles (annotations) and
 # legend entries, each against the others (a rotated tick label's box is its bounding box).
-_OVERLAPS = """
+_OVERLAPS = r"""
 () => {
   const boxes = (fig, sel) => Array.from(fig.querySelectorAll(sel))
     .filter((e) => (e.textContent || "").trim())
-    .map((e) => ({ text: e.textContent, r: e.getBoundingClientRect() }))
+    .map((e) => ({ text: e.textContent, r: e.getBoundingClientRect(), group: e.parentNode.getAttribute("class") }))
     .filter((b) => b.r.width > 0 && b.r.height > 0);
   const hit = (a, b) => a.r.left + 1 < b.r.right && b.r.left + 1 < a.r.right
     && a.r.top + 1 < b.r.bottom && b.r.top + 1 < a.r.bottom;
   const found = [];
   for (const fig of document.querySelectorAll(".js-plotly-plot")) {
-    const ticks = boxes(fig, ".xtick text, .ytick text");
+    // Every axis's tick labels: the first axis's group is "xtick", the others' "x2tick", "y3tick"...
+    const ticks = boxes(fig, "g[class] > text").filter((b) => /^[xy]\d*tick$/.test(b.group));
     const titles = boxes(fig, ".annotation-text");
     const legend = boxes(fig, ".legendtext");
     for (const [one, other] of [[ticks, titles], [ticks, legend], [titles, legend], [titles, titles]]) {
