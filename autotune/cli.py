@@ -172,6 +172,13 @@ def _print_result(console: Any, result: Any) -> None:
         console.print(f"[{colour}]{result.claim}[/{colour}]", highlight=False, soft_wrap=True)
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if result.study is not None:  # the count the progress lines and both reports give
+        from autotune.report.data import trial_counts
+        from autotune.report.summary import trials_sentence
+        from autotune.search.study import trial_record
+
+        counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])
+        console.print(f"trials: {trials_sentence(counts)}", highlight=False, soft_wrap=True)
     busy = _busy_note(result)
     if busy:
         console.print(f"[yellow]{busy}[/yellow]", highlight=False, soft_wrap=True)

@@ -100,3 +100,30 @@ def test_image_data_sets_give_normalized_float_samples_and_pickle_as_their_recip
     blob = pickle.dumps(data)
     assert len(blob) < 1000  # the recipe, not the pixels
     assert torch.equal(pickle.loads(blob)[1][0], image)
+
+
+def test_profile_cost_prints_the_ratio_and_the_profilers_seconds():
+    from benchmarks import profile_cost
+
+    pairs = [
+        {"off": {"wall_s": 40.0}, "on": {"wall_s": 42.0, "profile_s": 1.6}, "ratio": 1.05},
+        {"off": {"wall_s": 40.0}, "on": {"wall_s": 49.0, "profile_s": 1.8}, "ratio": 1.225},
+    ]
+    assert profile_cost.rows(pairs)[0] == [1, "40.0 s", "42.0 s", "1.050", "1.6 s (windows 1.6 s)"]
+    assert profile_cost.verdict(pairs) == (
+        "profiling's overhead: +13.8% of the run's wall time (target <= 10%: not met); profiling took 1.7 s of the run"
+    )
+    failed = [{"off": {"wall_s": 10.0}, "on": {"wall_s": 10.0, "profile_s": None, "error": "x"}, "ratio": 1.0}]
+    assert profile_cost.rows(failed)[0][-1] == "not profiled: x"
+    assert "+0.0%" in profile_cost.verdict(failed) and "met" in profile_cost.verdict(failed)
+
+
+@pytest.mark.slow
+def test_profile_cost_smoke_runs_both_ways_in_one_process(tmp_path):
+    proc = run("-m", "benchmarks.profile_cost", "--smoke", "--out", str(tmp_path))
+    assert "### A run's wall time with and without profiling (quickstart)" in proc.stdout
+    assert "profiling's overhead: " in proc.stdout
+    for label in ("on", "off"):
+        assert (tmp_path / f"pair0-{label}" / "best_config.json").is_file()
+    assert (tmp_path / "pair0-on" / "trace-baseline.json.gz").is_file()
+    assert not (tmp_path / "pair0-off" / "trace-baseline.json.gz").exists()

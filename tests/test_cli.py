@@ -1,5 +1,6 @@
 """The CLI end to end, as a user runs it."""
 
+import html
 import json
 import subprocess
 import sys
@@ -115,6 +116,26 @@ def test_show_prints_the_summary_from_the_files(finished_run, capsys, monkeypatc
     summary = json.loads(capsys.readouterr().out)
     best = json.loads((finished_run / "best_config.json").read_text())
     assert summary["speedup"] == best["speedup"] and summary["diagnosis"] == best["diagnosis"]
+
+
+def test_show_and_both_reports_give_one_trial_count(finished_run, capsys, monkeypatch):
+    # The progress lines count measured trials against n_trials; show and the reports say the
+    # same number, not the study's entries (repeats answered from an earlier trial included).
+    from autotune.report.data import load_run
+    from autotune.report.summary import trials_sentence
+    from autotune.search.study import n_measured
+
+    monkeypatch.setenv("COLUMNS", "400")
+    run = load_run(finished_run)
+    n = n_measured(run.study)
+    sentence = trials_sentence(run.trial_counts())
+    assert sentence.startswith(f"{n} trial{'' if n == 1 else 's'} measured")
+    assert main(["show", str(finished_run)]) == 0
+    assert f"trials: {sentence}" in " ".join(capsys.readouterr().out.split())
+    assert main(["show", str(finished_run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["n_trials"] == n
+    assert sentence in (finished_run / "report.md").read_text()
+    assert html.escape(sentence) in (finished_run / "report.html").read_text()
 
 
 def test_show_of_a_directory_without_a_run_is_one_line_and_exit_2(tmp_path, capsys):

@@ -146,8 +146,17 @@ def _measured(run: RunFiles) -> list[dict[str, Any]]:
     ]
 
 
-def _knob_traces(records: list[dict[str, Any]], name: str, first: bool) -> list[Any]:
-    """A box with its points for the trials that passed the guard, bare points for the rest."""
+_KNOB_LABELS = {"ok": "passed the guard", "infeasible": "infeasible (guard failed)"}
+
+
+def _knob_marker(status: str) -> dict[str, Any]:
+    # One marker for the points and their legend entry, so the legend shows what the panels draw.
+    return {"color": COLORS[status], "size": 7, "opacity": 0.85, "symbol": "circle"}
+
+
+def _knob_traces(records: list[dict[str, Any]], name: str) -> list[Any]:
+    """A box with its points for the trials that passed the guard, bare points for the rest;
+    no legend entries (a box's legend icon is a box, not the points: :func:`_knob_legend`)."""
     import plotly.graph_objects as go
 
     traces = []
@@ -155,33 +164,54 @@ def _knob_traces(records: list[dict[str, Any]], name: str, first: bool) -> list[
         group = [r for r in records if r["status"] == status]
         if not group:
             continue
-        label = "passed the guard" if status == "ok" else "infeasible (guard failed)"
         traces.append(
             go.Box(
                 x=[str(r["config"].get(name)) for r in group],
                 y=[r["samples_per_s"] for r in group],
-                name=label,
+                name=_KNOB_LABELS[status],
                 legendgroup=status,
-                showlegend=first and status == "ok",
+                showlegend=False,
                 boxpoints="all",
                 jitter=0.4,
                 pointpos=0,
                 width=0.5,
-                marker={"color": COLORS[status], "size": 7, "opacity": 0.85},
+                marker=_knob_marker(status),
                 # The box summarises the trials that passed; infeasible ones are points only.
                 line={"width": 1.5 if status == "ok" else 0, "color": COLORS[status]},
                 fillcolor="rgba(37,99,235,0.08)" if status == "ok" else "rgba(0,0,0,0)",
                 hovertext=[f"trial {r['number']}" for r in group],
             )
         )
-        if first and status == "infeasible":  # an outline-less box would have a blank legend entry
-            marker = {"color": COLORS[status], "size": 7}
-            traces.append(go.Scatter(x=[None], y=[None], mode="markers", name=label, legendgroup=status, marker=marker))
     return traces
 
 
+def _knob_legend(records: list[dict[str, Any]]) -> list[Any]:
+    """One legend entry per status present, drawn with the points' own marker."""
+    import plotly.graph_objects as go
+
+    return [
+        go.Scatter(x=[None], y=[None], mode="markers", name=_KNOB_LABELS[s], legendgroup=s, marker=_knob_marker(s))
+        for s in ("ok", "infeasible")
+        if any(r["status"] == s for r in records)
+    ]
+
+
+def _tick_depth(labels: list[str], panel_px: float) -> tuple[int, float]:
+    """(tick angle, pixels the tick labels take below the axis) for one panel's categories:
+    level while they fit side by side, else at -45 degrees, whose depth grows with the longest."""
+    char_px = 7.5  # 12 px sans-serif (DejaVu Sans is among the widest): an estimate that errs on room
+    longest = max((len(t) for t in labels), default=1)
+    if (longest * char_px + 8) * len(labels) <= panel_px:
+        return 0, 22.0
+    return -45, 16.0 + 0.71 * longest * char_px
+
+
 def knobs_figure(run: RunFiles) -> tuple[Any, str | None]:
-    """One panel per searched knob: measured samples/s by value, every trial a point."""
+    """One panel per searched knob: measured samples/s by value, every trial a point.
+
+    The panels' spacing is set in pixels from their tick labels, so labels turned to fit never
+    run into the title of the panel below, nor the last row's into the figure's edge.
+    """
     from plotly.subplots import make_subplots
 
     records = _measured(run)
@@ -192,21 +222,38 @@ def knobs_figure(run: RunFiles) -> tuple[Any, str | None]:
     ]
     if not knobs:
         return None, "No searched knob took more than one value among the measured trials."
-    cols = min(4, len(knobs))
+    cols = min(3, len(knobs))
     rows = math.ceil(len(knobs) / cols)
-    titles = [n for n, _ in knobs]
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=titles, horizontal_spacing=0.07, vertical_spacing=0.12)
+    panel_h, title_px, h_space = 220.0, 34.0, 0.08
+    # The page's figure is about 1100 px wide at a common window width (1280).
+    panel_w = 1000 * (1 - h_space * (cols - 1)) / cols
+    ticks = [_tick_depth(order, panel_w) for _, order in knobs]
+    last = (rows - 1) * cols  # the first panel of the last row, whose labels go into the bottom margin
+    gap = max((d for _, d in ticks[:last]), default=0.0) + title_px  # tick labels, then the next row's titles
+    plot_h = rows * panel_h + (rows - 1) * gap
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=[n for n, _ in knobs],
+        horizontal_spacing=h_space,
+        vertical_spacing=gap / plot_h if rows > 1 else 0.0,
+    )
     axis = _log_axis([r["samples_per_s"] for r in records])
     for i, (name, order) in enumerate(knobs):
         row, col = i // cols + 1, i % cols + 1
-        for trace in _knob_traces(records, name, first=i == 0):
+        for trace in _knob_traces(records, name):
             fig.add_trace(trace, row=row, col=col)
-        fig.update_xaxes(type="category", categoryorder="array", categoryarray=order, row=row, col=col)
+        fig.update_xaxes(
+            type="category", categoryorder="array", categoryarray=order, tickangle=ticks[i][0], row=row, col=col
+        )
         fig.update_yaxes(**axis, row=row, col=col, title="samples/s" if col == 1 else None)
+    for trace in _knob_legend(records):
+        fig.add_trace(trace, row=1, col=1)
     fig.update_layout(boxmode="overlay")
-    style_(fig, 90 + 240 * rows)
-    # Room above the first row for the legend, which would otherwise cover the panel titles.
-    fig.update_layout(margin={"t": 60}, legend={"y": 1 + 50 / (240 * rows), "yanchor": "bottom"})
+    top, bottom = 70.0, max(d for _, d in ticks[last:]) + 14
+    style_(fig, int(top + plot_h + bottom))
+    # The legend sits above the first row's titles, which it would otherwise cover.
+    fig.update_layout(margin={"t": top, "b": bottom}, legend={"y": 1 + (title_px + 4) / plot_h, "yanchor": "bottom"})
     return fig, None
 
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from autotune.report.data import RunFiles, changed_knobs, load_run
 from autotune.report.page import ONERROR, PAGE, STYLE
-from autotune.report.summary import int8_lines
+from autotune.report.summary import COMPARE_NOTE, int8_lines
 
 __all__ = ["SECTIONS", "render_html", "write_reports", "write_reports_safely"]
 
@@ -116,14 +116,6 @@ def _table(head: list[str], rows: list[list[str]], cls: str = "") -> str:
     return f'<div class="scroll"><table class="{cls}"><thead><tr>{th}</tr></thead><tbody>{body}</tbody></table></div>'
 
 
-def _ratio(key: str, base: Any, best: Any) -> str:
-    if not isinstance(base, (int, float)) or not isinstance(best, (int, float)) or not base or key == "batch_size":
-        return ""
-    if key in ("metric",):
-        return f"{best - base:+.4f}"
-    return f"{best / base:.2f}&times;"
-
-
 def _tiles(best: dict[str, Any]) -> str:
     from autotune.report.summary import claim_text, format_value
 
@@ -145,28 +137,31 @@ def _tiles(best: dict[str, Any]) -> str:
 
 
 def _metrics_table(best: dict[str, Any]) -> str:
-    from autotune.report.summary import SUMMARY_FIELDS, format_value
+    from autotune.report.summary import SUMMARY_FIELDS, compare_text, format_value
 
     base_m, best_m = best.get("baseline") or {}, best.get("best") or {}
     rows = [
-        [_e(label), _e(format_value(k, base_m.get(k))), _e(format_value(k, best_m.get(k))), _ratio(k, base_m.get(k), best_m.get(k))]
+        [_e(label), _e(format_value(k, base_m.get(k))), _e(format_value(k, best_m.get(k))), _e(compare_text(k, base_m.get(k), best_m.get(k)))]
         for label, k in SUMMARY_FIELDS
     ]  # fmt: skip
     notes = "".join(f'<p class="note">Note: {_e(n)}.</p>' for n in (best.get("trial_figures") or {}).get("notes") or [])
     return (
-        _table(["", "baseline", "best", "best / baseline"], rows, "metrics")
+        _table(["", "baseline", "best", "change"], rows, "metrics")
         + '<p class="note">Samples/s and latencies are those of the confirmation rounds (baseline and winner '
         "interleaved, fresh after the winner was picked), so their ratio is the speedup above; the other rows "
-        "are each trial's own measurement.</p>" + notes
+        f"are each trial's own measurement. {_e(COMPARE_NOTE)}</p>" + notes
     )
 
 
 def _facts(run: RunFiles) -> str:
+    from autotune.report.summary import trials_sentence
+
     best, guard = run.best, run.best.get("guard") or {}
     chips = "".join(f'<span class="chip">{_e(k)}={_e(v)}</span>' for k, v in changed_knobs(best).items())
     facts = [
         f"winner: trial {_e(best.get('trial'))}",
-        f"{_e(best.get('n_trials'))} trials, stopped by {_e(best.get('stop_reason'))}",
+        f"{_e(trials_sentence(run.trial_counts()))}",
+        f"stopped by {_e(best.get('stop_reason'))}",
         f"objectives: {_e(', '.join(run.objectives))}",
         f"guard: {_e(guard.get('metric', '?'))} may drop by at most {_e(guard.get('max_metric_drop', '?'))}",
     ]
@@ -282,7 +277,7 @@ def _pareto(run: RunFiles) -> str:
 
 
 def _trials(run: RunFiles) -> str:
-    from autotune.report.summary import format_value
+    from autotune.report.summary import format_value, trials_sentence
 
     base_config = run.best.get("baseline_config") or {}
     winner = run.best.get("trial")
@@ -316,7 +311,7 @@ def _trials(run: RunFiles) -> str:
             f'<span class="reason">{reason}</span>',
         ])  # fmt: skip
     head = ["trial", "status", "samples/s", "p95 ms", "peak MiB", "metric drop", "changes vs baseline", "reason"]
-    counts = ", ".join(f"{n} {s}" for s, n in run.status_counts().items())
+    counts = trials_sentence(run.trial_counts())
     source = "the study" if run.study is not None else "trials.csv (the study could not be opened)"
     return _section("trials", _table(head, rows, "trials"), f"{_e(counts)} &middot; from {_e(source)}")
 

@@ -32,7 +32,15 @@ def _speedup_line(speedup: dict[str, Any]) -> str:
 
 
 def _summary(run: RunFiles) -> list[str]:
-    from autotune.report.summary import SUMMARY_FIELDS, busy_note, format_value, pipeline_note
+    from autotune.report.summary import (
+        COMPARE_NOTE,
+        SUMMARY_FIELDS,
+        busy_note,
+        compare_text,
+        format_value,
+        pipeline_note,
+        trials_sentence,
+    )
 
     best = run.best
     base_m, best_m = best.get("baseline") or {}, best.get("best") or {}
@@ -47,12 +55,16 @@ def _summary(run: RunFiles) -> list[str]:
         "Changed knobs: " + (", ".join(f"`{k}={v}`" for k, v in changes.items()) or "none, the baseline won") + "."
     )
     lines.append(
-        f"Winner: trial {best.get('trial')} of {best.get('n_trials')}; stopped by {best.get('stop_reason')}; "
-        f"objectives: {', '.join(run.objectives)}."
+        f"Winner: trial {best.get('trial')}; {trials_sentence(run.trial_counts())}; stopped by "
+        f"{best.get('stop_reason')}; objectives: {', '.join(run.objectives)}."
     )
     lines += ["", "## Baseline vs best", ""]
-    rows = [[label, format_value(k, base_m.get(k)), format_value(k, best_m.get(k))] for label, k in SUMMARY_FIELDS]
-    lines += _table(["", "baseline", "best"], rows)
+    rows = [
+        [label, format_value(k, base_m.get(k)), format_value(k, best_m.get(k)), compare_text(k, base_m.get(k), best_m.get(k))]
+        for label, k in SUMMARY_FIELDS
+    ]  # fmt: skip
+    lines += _table(["", "baseline", "best", "change"], rows)
+    lines += [COMPARE_NOTE, ""]
     held = best.get("held_out")
     if held and "error" not in held:
         lines += [
@@ -100,10 +112,9 @@ def _breakdown(run: RunFiles) -> list[str]:
 
 
 def _trials(run: RunFiles) -> list[str]:
-    from autotune.report.summary import format_value
+    from autotune.report.summary import format_value, trials_sentence
 
-    counts = ", ".join(f"{n} {s}" for s, n in run.status_counts().items())
-    lines = ["## Trials", "", f"{len(run.records)} trials: {counts}.", ""]
+    lines = ["## Trials", "", trials_sentence(run.trial_counts()) + ".", ""]
     base = run.best.get("baseline_config") or {}
     measured = [r for r in run.records if r.get("status") == "ok" and not r.get("repeat_of")]
     fastest = sorted(measured, key=lambda r: -(r.get("samples_per_s") or 0))[:_MAX_TRIAL_ROWS]

@@ -12,6 +12,7 @@ from typing import Any
 from autotune.knobs import REGISTRY
 
 __all__ = [
+    "COMPARE_NOTE",
     "SCHEMA_VERSION",
     "METRIC_KEYS",
     "SUMMARY_FIELDS",
@@ -19,11 +20,13 @@ __all__ = [
     "best_by",
     "busy_note",
     "claim_text",
+    "compare_text",
     "write_trials_csv",
     "write_json",
     "int8_lines",
     "pipeline_note",
     "summary_rows",
+    "trials_sentence",
 ]
 
 SCHEMA_VERSION = 1
@@ -81,6 +84,7 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "kind",
         "reason",
         "baseline",
+        "ran",
         "repeat_of",
         "retry_of",
         "worker",
@@ -126,12 +130,14 @@ def format_value(key: str, value: Any) -> str:
         return f"{value:,}"
     if key.startswith("size_bytes"):
         return f"{value / 2**20:.2f} MiB"
-    if key in ("samples_per_s", "peak_mem_mib"):
+    if key == "samples_per_s" or (key == "peak_mem_mib" and abs(value) >= 10):
         return f"{value:,.0f}"
+    if key == "peak_mem_mib":  # a few MiB: "1" next to "4" would hide a 3.4x change
+        return f"{value:.1f}"
     if key.startswith("latency_ms"):
         return f"{value:.2f}"
     if key == "compile_s":
-        return f"{value:.2f}"
+        return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.3f}"
     if key in ("metric", "metric_drop"):
         return f"{value:.4f}"
     return str(value)
@@ -158,6 +164,73 @@ def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[s
     return [
         (label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in SUMMARY_FIELDS
     ]
+
+
+# Below these, a figure is mostly the measurement's floor (the allocator's or RSS's granularity, a
+# warm-up with nothing to compile), so best / baseline says nothing: the report gives the
+# difference instead. (unit, floor)
+_DIFFERENCE_BELOW = {"peak_mem_mib": ("MiB", 10.0), "compile_s": ("s", 1.0)}
+
+# What the "change" column means, said under the table in both reports.
+COMPARE_NOTE = (
+    "The change column is best / baseline, except for the metric and for peak memory under 10 MiB or a "
+    "compile/warm-up under 1 s, where it is the difference: a ratio of figures near zero means nothing."
+)
+
+
+def compare_text(key: str, baseline: Any, best: Any) -> str:
+    """The summary table's comparison of one row: the ratio best / baseline, or, where either
+    figure is near zero (or the row is the metric), the difference with its unit; ``""`` where
+    no comparison means anything.
+
+    Example:
+        >>> compare_text("samples_per_s", 1000.0, 3300.0)
+        '3.30x'
+        >>> compare_text("peak_mem_mib", 0.2, 85.4), compare_text("compile_s", 0.005, 3.2)
+        ('+85 MiB', '+3.2 s')
+        >>> compare_text("peak_mem_mib", 1.05, 3.59), compare_text("compile_s", 0.0013, 0.0072)
+        ('+2.5 MiB', '+0.0059 s')
+    """
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (baseline, best))
+    if not numbers or key == "batch_size":
+        return ""
+    if key == "metric":
+        return f"{best - baseline:+.4f}"
+    if key in _DIFFERENCE_BELOW:
+        unit, floor = _DIFFERENCE_BELOW[key]
+        if min(abs(baseline), abs(best)) < floor:
+            diff = best - baseline
+            text = f"{diff:+,.0f}" if abs(diff) >= 10 else f"{diff:+.2g}" if abs(diff) < 1 else f"{diff:+.1f}"
+            return f"{text} {unit}"
+    if not baseline:
+        return ""
+    return f"{best / baseline:.2f}x"
+
+
+def trials_sentence(counts: dict[str, Any]) -> str:
+    """How many trials a run measured, by status, and what else its study holds, in the words
+    the terminal, ``show`` and both reports use (``counts`` from
+    :func:`autotune.report.data.trial_counts`).
+
+    Example:
+        >>> trials_sentence({"n_measured": 20, "by_status": {"ok": 19, "infeasible": 1}, "n_repeats": 2, "n_not_measured": 0})
+        '20 trials measured (19 ok, 1 infeasible); 2 repeats of a configuration already measured were answered from it'
+    """
+    n = counts["n_measured"]
+    by = ", ".join(f"{v} {k}" for k, v in counts["by_status"].items())
+    text = f"{n} trial{'' if n == 1 else 's'} measured" + (f" ({by})" if by else "")
+    n_rep, n_not = counts.get("n_repeats", 0), counts.get("n_not_measured", 0)
+    if n_rep:
+        text += (
+            f"; {n_rep} repeat{'s' if n_rep != 1 else ''} of a configuration already measured "
+            f"{'were' if n_rep != 1 else 'was'} answered from it"
+        )
+    if n_not:
+        text += (
+            f"; {n_not} not measured (ruled out by an earlier failure, skipped as a duplicate or over the budget, "
+            "or unfinished)"
+        )
+    return text
 
 
 def claim_text(speedup: dict[str, Any]) -> tuple[str, str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -41,6 +42,7 @@ def profile_run(run: Any) -> None:
         return
     runner, out = run.runners[0], run.out.resolve()
     found: dict[str, Any] = {}
+    started = time.perf_counter()
     try:
         found["baseline"] = runner.call("profile", dict(run.baseline["config"]), str(out / "trace-baseline.json.gz"))
         if run.best.get("key") == run.baseline.get("key"):  # the baseline won: one pipeline, two names
@@ -53,6 +55,9 @@ def profile_run(run: Any) -> None:
         found["error"] = f"not profiled: {_one_line(exc)}"
         warnings.warn(f"Profiling failed ({found['error']}); the run's results stand.", RuntimeWarning, stacklevel=2)
     found["device"] = run.env.device
+    # What profiling cost the run, building both pipelines in the worker included (the windows'
+    # own seconds are each summary's profile_s).
+    found["wall_s"] = round(time.perf_counter() - started, 3)
     run.summary["profile"] = found
 
 

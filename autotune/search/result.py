@@ -317,6 +317,17 @@ def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     }
 
 
+def _counts(study: Any) -> dict[str, Any]:
+    """``n_measured`` and ``n_repeats`` of ``study``'s trials, as the reports count them."""
+    if study is None:
+        return {}
+    from autotune.report.data import trial_counts
+    from autotune.search.study import trial_record
+
+    counts = trial_counts([trial_record(t) for t in study.get_trials(deepcopy=False)])
+    return {"n_measured": counts["n_measured"], "n_repeats": counts["n_repeats"]}
+
+
 def _rebuild_record(summary: dict[str, Any], best: dict[str, Any]) -> dict[str, Any] | None:
     """For an int8 winner, what :func:`autotune.apply` needs to rebuild the very model measured:
     the run's calibration draw and the layers it kept float (``None`` for any other winner)."""
@@ -399,7 +410,10 @@ def write_best(
                 "notes": notes,
             },
             "trial": best["number"],
+            # Every entry of the study, and apart from it what the terminal and the reports count:
+            # the trials measured, and the repeats answered from an earlier measurement.
             "n_trials": len(study.trials) if study is not None else None,
+            **_counts(study),
             "stop_reason": stop_reason,
             "artifacts": summary.get("artifacts", {}),
         },

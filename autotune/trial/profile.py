@@ -12,9 +12,13 @@ Nothing here is timed for a figure the run reports: profiling adds its own overh
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
+import os
+import re
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -33,6 +37,43 @@ RANGE_PREFIX = "autotune::"
 _WAIT, _WARMUP = 1, 1
 # Ranges, not operators: the stages', the schedule's steps, the DataLoader's iteration.
 _RANGES = (RANGE_PREFIX, "ProfilerStep", "enumerate(DataLoader)")
+
+
+# Kineto, the profiler's C++ side, writes a line to stderr at every start and stop of a recording
+# ("USDT:<date> <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start"), at its
+# highest log level: KINETO_LOG_LEVEL cannot drop them without dropping its errors as well.
+_MARKER = re.compile(rb"USDT:[^\n]*\] profiler_(start|stop)\r?\n?")
+
+
+@contextlib.contextmanager
+def markers_dropped() -> Iterator[None]:
+    """Around one call into the profiler (no user code runs in it): what it writes to stderr is
+    held, then written on without Kineto's start/stop markers, so any other line, an error
+    included, still shows. Where there is no stderr to hold, nothing is filtered.
+
+    Example:
+        >>> with markers_dropped():
+        ...     _ = os.write(2, b"USDT:2026-01-01 00:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (AttributeError, OSError, ValueError):
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            kept = _MARKER.sub(b"", held.read())
+            if kept:
+                os.write(2, kept)
 
 
 def _epochs(loader: Any) -> Iterator[Any]:
@@ -138,16 +179,25 @@ def _window(step: Callable[[], int], device: torch.device, trace: Path, names: t
     frames = _compiled_frames()
     n_samples = 0
     try:
-        with profile(
+        prof = profile(
             activities=activities,
             schedule=schedule(wait=_WAIT, warmup=_WARMUP, active=n_active, repeat=1),
             record_shapes=True,
             profile_memory=True,
-        ) as prof:
+        )
+        # The profiler's own calls, not the steps, inside markers_dropped: the pipeline's output
+        # (a DataLoader worker's error) goes straight to stderr, as it comes.
+        with markers_dropped():
+            prof.__enter__()
+        try:
             for i in range(_WAIT + _WARMUP + n_active):
                 done = step()
                 n_samples += done if i >= _WAIT + _WARMUP else 0
-                prof.step()
+                with markers_dropped():
+                    prof.step()
+        finally:
+            with markers_dropped():
+                prof.__exit__(None, None, None)
         trace.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace))
         rows = _op_rows(prof, device.type == "cuda")

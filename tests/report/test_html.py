@@ -109,6 +109,74 @@ def test_report_renders_without_errors_with_every_section_and_plot(finished_run,
         page.close()
 
 
+# Pairs of text boxes that overlap in any figure: tick labels, panel titles (annotations) and
+# legend entries, each against the others (a rotated tick label's box is its bounding box).
+_OVERLAPS = r"""
+() => {
+  const boxes = (fig, sel) => Array.from(fig.querySelectorAll(sel))
+    .filter((e) => (e.textContent || "").trim())
+    .map((e) => ({ text: e.textContent, r: e.getBoundingClientRect(), group: e.parentNode.getAttribute("class") }))
+    .filter((b) => b.r.width > 0 && b.r.height > 0);
+  const hit = (a, b) => a.r.left + 1 < b.r.right && b.r.left + 1 < a.r.right
+    && a.r.top + 1 < b.r.bottom && b.r.top + 1 < a.r.bottom;
+  const found = [];
+  for (const fig of document.querySelectorAll(".js-plotly-plot")) {
+    // Every axis's tick labels: the first axis's group is "xtick", the others' "x2tick", "y3tick"...
+    const ticks = boxes(fig, "g[class] > text").filter((b) => /^[xy]\d*tick$/.test(b.group));
+    const titles = boxes(fig, ".annotation-text");
+    const legend = boxes(fig, ".legendtext");
+    for (const [one, other] of [[ticks, titles], [ticks, legend], [titles, legend], [titles, titles]]) {
+      for (const a of one) for (const b of other) {
+        if (a !== b && hit(a, b)) found.push(`${fig.id}: "${a.text}" overlaps "${b.text}"`);
+      }
+    }
+  }
+  return found;
+}
+"""
+
+
+def _many_knobs(run):
+    """``run`` with seven searched knobs, long values among them: two rows of panels, batch sizes
+    that must be turned to fit, under the next row's titles."""
+    space = {
+        "batch_size": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024],
+        "num_workers": [0, 1, 2, 4],
+        "compile_mode": ["none", "default", "reduce-overhead", "max-autotune-no-cudagraphs"],
+        "amp_dtype": ["none", "bfloat16", "float16"],
+        "channels_last": [False, True],
+        "num_threads": [1, 2],
+        "runtime": ["torch", "onnxruntime"],
+    }
+    records = []
+    for i in range(24):
+        config = {k: v[(i + j) % len(v)] for j, (k, v) in enumerate(space.items())}
+        status = "infeasible" if i % 5 == 4 else "ok"
+        records.append({"number": i, "status": status, "samples_per_s": 1000.0 + 97 * i, "config": config})
+    run.best = {**run.best, "space": space}
+    run.records = records
+    return run
+
+
+def test_no_figure_label_overlaps_another(finished_run, tmp_path, browser):
+    path = tmp_path / "report.html"
+    path.write_text(render_html(_many_knobs(load_run(finished_run))), encoding="utf-8")
+    page, errors, _ = _open(browser, path)
+    try:
+        assert errors == []
+        assert page.locator("#knobs .js-plotly-plot .main-svg").count() > 0
+        assert page.locator("#fig-knobs .annotation-text").count() == 7  # every panel's title drawn
+        assert page.evaluate(_OVERLAPS) == []
+        page.locator("#knobs").screenshot(path=str(_artifacts() / "report-knobs.png"))
+    finally:
+        page.close()
+    page, errors, _ = _open(browser, finished_run / "report.html")  # the run's own figures
+    try:
+        assert errors == [] and page.evaluate(_OVERLAPS) == []
+    finally:
+        page.close()
+
+
 def test_a_run_without_its_study_still_reports_with_notes(finished_run, tmp_path, browser):
     # Results copied without study.db, and the recorded storage gone: the tables come from
     # trials.csv, and the plots that need the study say so.
@@ -134,6 +202,17 @@ def test_importance_needs_two_completed_trials(finished_run):
     run.study, run.records = alone, run.records[:1]
     html = render_html(run)
     assert "Parameter importances need at least two completed trials" in html
+
+
+def test_the_summary_table_compares_figures_near_zero_as_differences(finished_run):
+    from tests.report.test_markdown import _near_zero
+
+    html = render_html(_near_zero(load_run(finished_run)))
+    table = html[html.index('<table class="metrics">') :]
+    table = table[: table.index("</table>")]
+    assert "<td>peak memory (MiB)</td><td>0.2</td><td>85</td><td>+85 MiB</td>" in table
+    assert "<td>compile/warm-up (s)</td><td>0.005</td><td>3.20</td><td>+3.2 s</td>" in table
+    assert "427.00" not in table and "640.00" not in table
 
 
 def test_a_report_failure_warns_and_returns_nothing(tmp_path):

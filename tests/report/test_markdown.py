@@ -28,3 +28,18 @@ def test_report_md_says_when_the_diagnosis_is_missing(finished_run):
     run = load_run(finished_run)
     run.best = {**run.best, "diagnosis": {"error": "TrialError: diagnose failed in the worker"}}
     assert "Not measured: TrialError: diagnose failed in the worker." in render_markdown(run)
+
+
+def _near_zero(run):
+    # The quickstart's figures: the CPU peak memory and the warm-up of an eager model are near zero.
+    base = {**run.best["baseline"], "peak_mem_mib": 0.2, "compile_s": 0.005}
+    best = {**run.best["best"], "peak_mem_mib": 85.4, "compile_s": 3.2}
+    run.best = {**run.best, "baseline": base, "best": best}
+    return run
+
+
+def test_figures_near_zero_are_compared_as_differences(finished_run):
+    text = render_markdown(_near_zero(load_run(finished_run)))
+    assert "| peak memory (MiB) | 0.2 | 85 | +85 MiB |" in text
+    assert "| compile/warm-up (s) | 0.005 | 3.20 | +3.2 s |" in text
+    assert "427.00x" not in text and "640.00x" not in text

@@ -37,6 +37,10 @@ def test_a_finished_run_wrote_both_traces_matching_its_tables(finished_run):
         assert summary["operators"] and {o["name"] for o in summary["operators"]} <= names
         assert sum(v["share"] for v in summary["families"].values()) == pytest.approx(1.0)
         assert summary["profile_s"] < 10  # a second or two per pipeline, on a busy machine too
+    # What profiling added to the run: both windows, and building both pipelines again.
+    pipelines = ("baseline",) if best["profile"].get("same") else ("baseline", "best")  # the baseline won: one
+    windows = sum(best["profile"][k]["profile_s"] for k in pipelines)
+    assert windows <= best["profile"]["wall_s"] < 60
 
 
 def _run(tmp_path, profile=True, call=None):

@@ -3,6 +3,8 @@ up, the stages' ranges, training steps, and ONNX Runtime's own node times."""
 
 import gzip
 import json
+import os
+import sys
 
 import pytest
 import torch
@@ -10,7 +12,7 @@ import torch
 from autotune.config import Config
 from autotune.trial.build import build
 from autotune.trial.opfamily import FAMILIES, STAGES, TRAIN_STAGES, op_family, summarize
-from autotune.trial.profile import profile_state, profile_training
+from autotune.trial.profile import markers_dropped, profile_state, profile_training
 from tests.models import MLP, TinyCNN, classification_data, image_data
 
 
@@ -99,3 +101,20 @@ def test_operator_families():
 def test_an_empty_window_has_zero_shares():
     s = summarize([], {"forward": 0.0}, n_steps=2, n_samples=0)
     assert s["operators"] == [] and s["families"]["other"]["share"] == 0.0
+
+
+def test_the_profilers_start_and_stop_lines_are_dropped_and_nothing_else(capfd):
+    with markers_dropped():
+        os.write(2, b"USDT:2026-11-25 04:35:29 24624:24624 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"[E kineto] CUPTI could not be initialised\n")
+        print("an error from Python", file=sys.stderr)
+        os.write(2, b"USDT:2026-11-25 04:35:29 24624:24624 SyncActivityProfilerHandler.cpp:59] profiler_stop\n")
+    err = capfd.readouterr().err
+    assert "profiler_start" not in err and "profiler_stop" not in err
+    assert "[E kineto] CUPTI could not be initialised\n" in err and "an error from Python\n" in err
+
+
+def test_a_profiled_window_writes_no_marker_lines(tmp_path, capfd):
+    state = build(MLP(), Config({"batch_size": 16}), "cpu")
+    profile_state(state, classification_data(), tmp_path / "trace-best.json.gz")
+    assert "USDT:" not in capfd.readouterr().err
