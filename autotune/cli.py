@@ -173,8 +173,7 @@ def _print_result(console: Any, result: Any) -> None:
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if result.study is not None:  # the count the progress lines and both reports give
-        from autotune.report.data import trial_counts
-        from autotune.report.summary import trials_sentence
+        from autotune.report.summary import trial_counts, trials_sentence
         from autotune.search.study import trial_record
 
         counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])

@@ -9,15 +9,13 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError
+from autotune.report.summary import trial_counts
 
 __all__ = ["RunFiles", "load_result", "load_run", "read_best", "run_summary", "storage_of", "trial_counts"]
-
-_STATUSES = ("ok", "infeasible", "oom", "timeout", "crash", "error", "interrupted")
 
 
 @dataclasses.dataclass
@@ -53,40 +51,6 @@ class RunFiles:
     def trial_counts(self) -> dict[str, Any]:
         """:func:`trial_counts` of the run's trials."""
         return trial_counts(self.records)
-
-
-_NOT_RUN_KINDS = ("screened", "oom-rule", "fault-rule")  # failures decided by a rule, not a measurement
-
-
-def _measured(record: dict[str, Any]) -> bool:
-    """Whether a trial was measured: what counts against ``n_trials``, as the search counts it."""
-    if record.get("repeat_of") not in (None, "") or record.get("status") in (None, "", "skipped", "interrupted"):
-        return False
-    if "ran" in record and record["ran"] not in (None, ""):
-        return record["ran"] in (True, "True", "true")
-    # trials.csv of a run written before it had the "ran" column: a finished status, not by a rule
-    return record["status"] in _STATUSES and record.get("kind") not in _NOT_RUN_KINDS
-
-
-def trial_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many of a study's trials were measured (the count ``n_trials`` budgets and the
-    terminal shows), by status; how many repeated an already measured configuration and were
-    answered from it; how many were not measured at all (ruled out, skipped or unfinished).
-
-    Example:
-        >>> recs = [{"status": "ok", "ran": True}, {"status": "ok", "ran": False, "repeat_of": 0}, {"status": "skipped"}]
-        >>> trial_counts(recs)
-        {'n_measured': 1, 'by_status': {'ok': 1}, 'n_repeats': 1, 'n_not_measured': 1}
-    """
-    measured = [r for r in records if _measured(r)]
-    counts = Counter(r["status"] for r in measured)
-    n_repeats = sum(r.get("repeat_of") not in (None, "") for r in records)
-    return {
-        "n_measured": len(measured),
-        "by_status": {s: counts[s] for s in (*_STATUSES, *sorted(set(counts) - set(_STATUSES))) if counts[s]},
-        "n_repeats": n_repeats,
-        "n_not_measured": len(records) - len(measured) - n_repeats,
-    }
 
 
 def read_best(out_dir: str | Path) -> dict[str, Any]:

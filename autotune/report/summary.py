@@ -6,6 +6,7 @@ import csv
 import datetime as _dt
 import json
 import os
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,41 @@ TRAIN_KEYS = (
     "loss_rel_change",
     "skipped_steps",
 )
+
+
+_STATUSES = ("ok", "infeasible", "oom", "timeout", "crash", "error", "interrupted")
+_NOT_RUN_KINDS = ("screened", "oom-rule", "fault-rule")  # failures decided by a rule, not a measurement
+
+
+def _measured(record: dict[str, Any]) -> bool:
+    """Whether a trial was measured: what counts against ``n_trials``, as the search counts it."""
+    if record.get("repeat_of") not in (None, "") or record.get("status") in (None, "", "skipped", "interrupted"):
+        return False
+    if "ran" in record and record["ran"] not in (None, ""):
+        return record["ran"] in (True, "True", "true")
+    # trials.csv of a run written before it had the "ran" column: a finished status, not by a rule
+    return record["status"] in _STATUSES and record.get("kind") not in _NOT_RUN_KINDS
+
+
+def trial_counts(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many of a study's trials were measured (the count ``n_trials`` budgets and the
+    terminal shows), by status; how many repeated an already measured configuration and were
+    answered from it; how many were not measured at all (ruled out, skipped or unfinished).
+
+    Example:
+        >>> recs = [{"status": "ok", "ran": True}, {"status": "ok", "ran": False, "repeat_of": 0}, {"status": "skipped"}]
+        >>> trial_counts(recs)
+        {'n_measured': 1, 'by_status': {'ok': 1}, 'n_repeats': 1, 'n_not_measured': 1}
+    """
+    measured = [r for r in records if _measured(r)]
+    counts = Counter(r["status"] for r in measured)
+    n_repeats = sum(r.get("repeat_of") not in (None, "") for r in records)
+    return {
+        "n_measured": len(measured),
+        "by_status": {s: counts[s] for s in (*_STATUSES, *sorted(set(counts) - set(_STATUSES))) if counts[s]},
+        "n_repeats": n_repeats,
+        "n_not_measured": len(records) - len(measured) - n_repeats,
+    }
 
 
 def now_iso() -> str:

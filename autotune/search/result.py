@@ -321,7 +321,7 @@ def _counts(study: Any) -> dict[str, Any]:
     """``n_measured`` and ``n_repeats`` of ``study``'s trials, as the reports count them."""
     if study is None:
         return {}
-    from autotune.report.data import trial_counts
+    from autotune.report.summary import trial_counts
     from autotune.search.study import trial_record
 
     counts = trial_counts([trial_record(t) for t in study.get_trials(deepcopy=False)])
