@@ -31,6 +31,7 @@ machine.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import statistics
 import tempfile
@@ -184,6 +185,16 @@ def report(passes: dict[str, list[dict[str, Any]]], others: float) -> None:
     )
 
 
+def claim(out: Path) -> str:
+    """What the run claims and the knobs its winner changed from the baseline."""
+    saved = json.loads((out / "best_config.json").read_text())
+    speedup = saved.get("speedup") or {}
+    said = f"{speedup['speedup']:.2f}x ({speedup.get('verdict')})" if speedup.get("speedup") else "-"
+    chosen, baseline = saved.get("config") or {}, saved.get("baseline_config") or {}
+    changed = " ".join(f"{k}={v}" for k, v in chosen.items() if baseline.get(k) != v)
+    return f"autotune's claim: {said}; winner: {changed or 'the baseline'}"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vision", description=__doc__.split("\n")[0])
     parser.add_argument("--n-trials", type=int, help="trials of the search (default 16; smoke 2)")
@@ -205,8 +216,9 @@ def main(argv: list[str] | None = None) -> None:
     pages = vc.Pages(budget["n_pages"])
     if args.load is None:
         started = time.perf_counter()
-        result = tune(pages, out, budget)
-        print(f"tuned in {time.perf_counter() - started:.0f} s: {result.best_config}")
+        tune(pages, out, budget)
+        print(f"tuned in {time.perf_counter() - started:.0f} s")
+    print(claim(out))
     bf16 = bool({"avx512_bf16", "amx_bf16"} & set(flags))  # native bf16 units, not emulated
     others = OthersCPU()
     passes = measure(pages, out, bf16, budget["rounds"])
