@@ -6,7 +6,7 @@ autotune's winner, timed in one process.
     python -m benchmarks.vision --load OUT      # time a finished run's winner instead of tuning
     python -m benchmarks.vision --smoke         # tiny budget: checks that everything runs
 
-The workload (:mod:`benchmarks.vision_craft`): 48 pages of 224-400 pixels a side in several
+The workload (:mod:`benchmarks.vision_craft`): 32 pages of 168-312 pixels a side in several
 aspect ratios, DejaVu faces and sizes, kept as PNG bytes; ``__getitem__`` decodes, resizes to
 multiples of 32 and normalises. The metric is word-box recall (IoU >= 0.5) against the rendered
 words, by CRAFT's own post-processing of its score maps.
@@ -49,7 +49,7 @@ HAND_BATCH = 8
 HAND_WORKERS = 2
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
 BUDGETS = {
-    "full": {"n_pages": 48, "n_val": 16, "n_trials": 16, "rounds": 2, "measure": {"n_windows": 3, "warmup_batches": 2}},
+    "full": {"n_pages": 32, "n_val": 12, "n_trials": 16, "rounds": 2, "measure": {"n_windows": 3, "warmup_batches": 2}},
     "smoke": {
         "n_pages": 6,
         "n_val": 4,
