@@ -1,7 +1,7 @@
 """CRAFT with its published weights on rendered document pages: baseline, the hand recipe and
 autotune's winner, timed in one process.
 
-    python -m benchmarks.vision                 # tune (16 trials), then time all three; several minutes
+    python -m benchmarks.vision                 # tune (16 trials), then time all three; about 30 minutes on 2 cores
     python -m benchmarks.vision --n-trials 30   # a longer search
     python -m benchmarks.vision --load OUT      # time a finished run's winner instead of tuning
     python -m benchmarks.vision --smoke         # tiny budget: checks that everything runs
