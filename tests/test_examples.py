@@ -57,7 +57,8 @@ def _check_outputs(out: Path) -> dict[str, Any]:
     assert result["schema_version"] == 1
     assert isinstance(result["config"]["batch_size"], int) and result["config"]["batch_size"] > 0
     claim = result["speedup"]
-    assert claim["verdict"] in ("speedup", "none", "noisy") and claim["sentence"]
+    # "slower": the pick was measurably slower in the confirmation rounds, so the baseline stands.
+    assert claim["verdict"] in ("speedup", "none", "noisy", "slower") and claim["sentence"]
     # One number everywhere: the speedup is the ratio of the throughputs shown.
     assert claim["speedup"] == pytest.approx(result["best"]["samples_per_s"] / result["baseline"]["samples_per_s"])
     assert 0 < result["baseline"]["metric"] <= 1
