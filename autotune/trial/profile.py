@@ -29,6 +29,7 @@ import torch
 
 from autotune.data import batch_size_of, call_model, outputs_to_cpu, to_device
 from autotune.trial.build import make_loader, settings_active
+from autotune.trial.measure import _epochs, _sync
 from autotune.trial.opfamily import STAGES, TRAIN_STAGES, summarize
 
 __all__ = ["RANGE_PREFIX", "profile_state", "profile_training"]
@@ -74,16 +75,6 @@ def markers_dropped() -> Iterator[None]:
             kept = _MARKER.sub(b"", held.read())
             if kept:
                 os.write(2, kept)
-
-
-def _epochs(loader: Any) -> Iterator[Any]:
-    while True:
-        yield from loader
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 # Seconds of unprofiled steps the recorded window holds: enough for a stable operator table,
