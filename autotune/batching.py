@@ -306,7 +306,8 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Seque
     Args:
         chunks: ``(outputs, mask)`` of each batch in the order they ran, on the CPU; ``mask`` is
             the batch's ``(batch, seq)`` attention mask, or ``None``.
-        order: The dataset index of every sample, in the order the batches ran.
+        order: The dataset index of every sample, in the order the batches ran (a sequence, or a
+            ``long`` tensor, which a caller that gathers the same order often can keep).
 
     Returns:
         One output per sample, without a batch axis, structured as the model's outputs: a
@@ -325,8 +326,9 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Seque
 
     if not chunks:
         return []
+    index = order if isinstance(order, torch.Tensor) else torch.as_tensor(list(order), dtype=torch.long)
     inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[torch.as_tensor(list(order), dtype=torch.long)] = torch.arange(len(order))
+    inverse[index] = torch.arange(len(order))
     per_batch = [tensor_leaves(out) for out, _ in chunks]
     leaves = [_gather_leaf([(b[j], m) for b, (_, m) in zip(per_batch, chunks, strict=True)], inverse)
               for j in range(len(per_batch[0]))]  # fmt: skip

@@ -254,6 +254,7 @@ def test_readme_measurement_paragraph_matches_the_claims_code():
     assert f"within +-{claims.TARGET_HALF_WIDTH:.0%}" in text
     assert f"wider than +-{claims.MAX_CLAIM_WIDTH:.0%}" in text
     assert "geometric mean" in text and "Student-t" in text
+    assert f"split over {claims.CONFIRM_PROCESSES} fresh worker processes" in text
     for verdict in ("includes 1.0", "below 1.0"):
         assert verdict in text
     # What an earlier version of the protocol did, and the code no longer does.

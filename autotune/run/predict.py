@@ -38,7 +38,8 @@ class Predictor:
         self.device = device
         self.collate_fn = collate_fn
         self.pad_values = pad_values
-        self._cached: tuple[Any, Any, list[int]] | None = None  # the last dataset, its loader and order
+        # The last dataset, its loader, and its order as a list and a tensor.
+        self._cached: tuple[Any, Any, list[int], Any] | None = None
         self._sizes: tuple[Any, list[tuple[int, int]]] | None = None  # images: the last dataset's sizes
 
     def __call__(self, dataset: Any) -> Sequence[Any]:
@@ -52,11 +53,11 @@ class Predictor:
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
         if self._cached is not None and self._cached[0] is dataset:
             # The same samples again: the same loader (its persistent workers stay up) and order.
-            loader, order = self._cached[1:]
+            loader, order = self._cached[1:3]
         else:
             loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values)
             order = [i for ids in loader.batch_sampler for i in ids]
-            self._cached = (dataset, loader, order)
+            self._cached = (dataset, loader, order, torch.as_tensor(order, dtype=torch.long))
         where = torch.device(self.device)
         non_blocking = bool(loader.pin_memory) and where.type == "cuda"
         if loader.collate_fn is not None and _pads_images(loader.collate_fn):
@@ -71,7 +72,7 @@ class Predictor:
                 out = outputs_to_cpu(call_model(self.model, to_device(batch, where, non_blocking=non_blocking)))
                 inputs = sample_inputs(batch)
                 chunks.append((out, None if inputs is None else inputs.get(MASK_KEY)))
-        return gather_outputs(chunks, order)
+        return gather_outputs(chunks, self._cached[3])
 
     predict = __call__
 

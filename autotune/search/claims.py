@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "LEVEL",
+    "CONFIRM_PROCESSES",
     "MAX_CLAIM_WIDTH",
     "TARGET_HALF_WIDTH",
     "Claim",
@@ -51,6 +52,9 @@ MAX_CLAIM_WIDTH = 0.25
 TARGET_HALF_WIDTH = 0.05
 # The intervals' confidence level (the t quantiles below are its two-sided ones).
 LEVEL = 0.95
+# Worker processes the confirmation rounds are split over (where the runner can start a new one):
+# a process's speed on a small model can differ from the next one's for its whole life.
+CONFIRM_PROCESSES = 2
 
 Claim = dict[str, Any]
 
@@ -110,13 +114,18 @@ def enough_rounds(
     return half_width([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]) <= target
 
 
-def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> Claim:
+def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float, processes: Sequence[float] = ()) -> Claim:
     """The verdict on confirmation rounds' ratios (pick / baseline per round).
 
     Args:
         ratios: One ratio per round.
         others_cpu: Mean share of the machine's CPU other processes used during the rounds.
         max_others_cpu: Above this share the machine counts as busy.
+        processes: With rounds in more than one worker process, each process's ratio (the
+            geometric mean of its rounds). A process's threads can run a small model at a speed
+            that holds for its whole life and differs from the next process's (one or both
+            cores used), which rounds within one process cannot show: the interval is widened
+            to contain every process's ratio.
 
     Returns:
         ``{"verdict", "speedup", "low", "high", "median", "min", "max", "n_rounds",
@@ -133,8 +142,12 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> 
         'none'
         >>> judge([0.95, 0.94, 0.96, 0.95, 0.95], 0.0, 0.1)["verdict"]
         'slower'
+        >>> judge([1.5, 1.52, 1.49, 1.51, 0.98, 0.97, 0.99, 0.98], 0.0, 0.1, processes=[1.5, 0.98])["verdict"]
+        'none'
     """
     mid, lo, hi = interval(ratios)
+    if len(processes) > 1:
+        lo, hi = min(lo, *processes), max(hi, *processes)
     claim: Claim = {
         "speedup": mid,
         "low": lo,
@@ -145,8 +158,12 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float) -> 
         "n_rounds": len(ratios),
         "others_cpu": others_cpu,
         "busy": others_cpu > max_others_cpu,
+        "processes": [float(p) for p in processes],
     }
-    span = f"{mid:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(ratios)} rounds)"
+    where = ""
+    if len(processes) > 1:
+        where = f" in {len(processes)} worker processes: " + ", ".join(f"{p:.2f}x" for p in processes)
+    span = f"{mid:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(ratios)} rounds{where})"
     busy = others_cpu > max_others_cpu
     wide = not math.isfinite(hi) or max(hi / mid - 1.0, 1.0 - lo / mid) > MAX_CLAIM_WIDTH
     if lo <= 1.0 <= hi:

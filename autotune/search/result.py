@@ -114,9 +114,13 @@ def _figures(rounds: list[list[dict[str, Any]]], i: int) -> dict[str, Any]:
 def _rounds(
     runner: Any, configs: list[dict[str, Any]], n_min: int, n_max: int, **kw: Any
 ) -> list[list[dict[str, Any]]]:
+    return _rounds_reply(runner, configs, n_min, n_max, **kw)["rounds"]
+
+
+def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max: int, **kw: Any) -> dict[str, Any]:
     # Each round is at most one trial's work per configuration.
     return runner.call("rounds", configs, n_min, n_max, kw.get("target"), kw.get("max_s"), kw.get("diagnose", False),
-                       n_trials=len(configs) * n_max)["rounds"]  # fmt: skip
+                       kw.get("drawn", 0), n_trials=len(configs) * n_max)  # fmt: skip
 
 
 def select(
@@ -168,15 +172,47 @@ def confirm(
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
         :func:`autotune.search.claims.judge`.
     """
-    from autotune.search.claims import TARGET_HALF_WIDTH, judge
+    from autotune.search.claims import CONFIRM_PROCESSES, TARGET_HALF_WIDTH, geomean, judge
 
     target = TARGET_HALF_WIDTH if target is None else target
-    rounds = _rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, target=target, max_s=max_s,
-                     diagnose=diagnose)  # fmt: skip
+    groups, pids = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, CONFIRM_PROCESSES,
+                                   target=target, max_s=max_s, diagnose=diagnose)  # fmt: skip
+    rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
+    processes = [geomean([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in g]) for g in groups]
     base, best = _figures(rounds, 0), _figures(rounds, 1)
     others = statistics.fmean([base["others_cpu"], best["others_cpu"]])
-    return {"claim": judge(ratios, others, settings.max_others_cpu), "baseline": base, "best": best}
+    claim = judge(ratios, others, settings.max_others_cpu, processes=processes if len(groups) > 1 else ())
+    return {"claim": claim, "baseline": base, "best": best, "worker_pids": pids}
+
+
+def _process_rounds(
+    runner: Any, configs: list[dict[str, Any]], n_min: int, n_max: int, n_processes: int, **kw: Any
+) -> tuple[list[list[list[dict[str, Any]]]], list[int | None]]:
+    """Interleaved rounds split over up to ``n_processes`` worker processes, a fresh one each
+    (where the runner can start one): each process's rounds (at least two each), and its pid.
+
+    The first process gets its share of ``max_s``; a later one starts only while at least half
+    a share is left, so a run's timeout still bounds the claim."""
+    import math
+    import time
+
+    max_s = kw.pop("max_s", None)
+    n_processes = n_processes if runner.restarts else 1
+    started, groups, pids, drawn = time.monotonic(), [], [], 0
+    for k in range(n_processes):
+        left = None if max_s is None else max_s - (time.monotonic() - started)
+        share = None if left is None else left / (n_processes - k)
+        if k and ((share is not None and share < 0.5 * max_s / n_processes) or not runner.restart()):
+            break  # too little time left for another process's rounds
+        n_lo = max(2, math.ceil(n_min / n_processes))
+        n_hi = max(n_lo, math.ceil(n_max / n_processes))
+        # Each process draws batches after the earlier ones': no round re-reads another's.
+        reply = _rounds_reply(runner, configs, n_lo, n_hi, max_s=share, drawn=drawn, **kw)
+        groups.append(reply["rounds"])
+        pids.append(reply.get("pid"))
+        drawn = reply.get("drawn", drawn)
+    return groups, pids
 
 
 def claim_speedup(

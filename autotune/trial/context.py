@@ -118,6 +118,7 @@ class Context:
         target: float | None = None,
         max_s: float | None = None,
         diagnose: bool = False,
+        drawn: int = 0,
     ) -> dict[str, Any]:
         """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
 
@@ -126,12 +127,17 @@ class Context:
         is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, each
         round also times every configuration's loader alone and model alone
         (:mod:`autotune.trial.diagnose`), so the diagnosis comes from the same rounds as the
-        end-to-end figures.
+        end-to-end figures. ``drawn``: rounds an earlier worker process already drew batches
+        for; this one draws after them.
 
         Returns:
             ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
-            "others_cpu", ...}, ...per config], ...per round]}``.
+            "others_cpu", ...}, ...per config], ...per round], "drawn": rounds drawn so far,
+            "pid": this process}``.
         """
+        import os
+
+        self.n_rounds = max(self.n_rounds, drawn)
         prepared = self.prepare(configs)
         started = time.perf_counter()
         rounds: list[list[dict[str, Any]]] = []
@@ -148,4 +154,4 @@ class Context:
             rounds.append(row)
             if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
                 break
-        return {"rounds": rounds}
+        return {"rounds": rounds, "drawn": self.n_rounds, "pid": os.getpid()}

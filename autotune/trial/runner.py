@@ -58,6 +58,8 @@ class Runner:
     info: dict[str, Any]
 
     timeout: float = 600.0
+    # Whether :meth:`restart` gives a new process (a worker process's runner does).
+    restarts: bool = False
     # A time.monotonic() instant no wait goes past (a run's ``timeout``): trials, calls and
     # worker restarts get at most what is left of it (one second at least); ``None``: no limit.
     deadline: float | None = None
@@ -85,6 +87,14 @@ class Runner:
 
     def interrupt(self) -> None:
         """Stop the trial in flight from another thread, if the runner can (a worker process can)."""
+
+    def restart(self) -> bool:
+        """Measure from a fresh process from now on, if the runner can (a worker process can).
+
+        Returns:
+            Whether the next call runs in a new process.
+        """
+        return False
 
     def close(self) -> None:
         """Stop the worker, if any."""
@@ -292,6 +302,13 @@ class SubprocessRunner(Runner):
             self._kill()
             raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")
         return reply[1]
+
+    restarts = True
+
+    def restart(self) -> bool:
+        self.close()
+        self._ensure()
+        return True
 
     def interrupt(self) -> None:
         """Kill the worker from another thread; the thread waiting on it gets a ``crash`` reply.

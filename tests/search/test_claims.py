@@ -257,3 +257,39 @@ def test_a_single_finalist_measurably_slower_is_not_shipped(tmp_path):
     assert result.speedup == 1.0 and not result.claimed
     assert saved["speedup"]["rejected"]["high"] < 1.0 and saved["speedup"]["method"] == "pick slower, baseline kept"
     assert "slower" in (tmp_path / "report.md").read_text()
+
+
+def test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_holds_both(tmp_path):
+    """A process's threads can run a small model at a speed that lasts its whole life and differs
+    from the next process's: the claim must not rest on one process. Its rounds are split over two
+    worker processes, each drawing batches no other round read, and its interval contains both
+    processes' ratios."""
+    from autotune.search.result import confirm
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    spec = WorkerSpec(model=_SleepyMLP(), dataset=classification_data(128), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 1})), val_indices=list(range(16)), measure=FAST)  # fmt: skip
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "worker.log")
+    try:
+        baseline = _record(0, dict(Config({"batch_size": 1})), 100.0)
+        pick = _record(1, dict(Config({"batch_size": 32})), 3000.0)
+        confirmed = confirm(runner, baseline, pick, FAST, n_min=4, n_max=4)
+        first_process_pid = confirmed["worker_pids"][0]
+        again = runner.call("rounds", [baseline["config"]], 1, 1)
+    finally:
+        runner.close()
+    claim = confirmed["claim"]
+    pids = confirmed["worker_pids"]
+    assert len(pids) == 2 and pids[0] != pids[1] and first_process_pid != again["pid"], pids
+    assert len(claim["processes"]) == 2 and claim["n_rounds"] == 4
+    assert claim["low"] <= min(claim["processes"]) <= max(claim["processes"]) <= claim["high"]
+    assert claim["verdict"] == "speedup" and "in 2 worker processes" in claim["sentence"]
+    # The second process drew batches after the first's two rounds: rounds 3 and 4.
+    assert again["drawn"] == 5
+
+
+def test_one_process_ratio_at_no_speedup_makes_the_claim_none():
+    """Rounds that show a clear speedup in one process and none in the other: no speedup."""
+    rounds = [1.5, 1.52, 1.49, 0.99, 0.98, 1.0]
+    claim = judge(rounds, 0.0, 0.1, processes=[geomean(rounds[:3]), geomean(rounds[3:])])
+    assert claim["verdict"] in ("none", "noisy") and claim["low"] <= 0.99
