@@ -103,7 +103,9 @@ class PlainProgress:
         from rich.markup import escape
 
         status = rec.get("status", "?")
-        style = {"ok": "green", "infeasible": "yellow", "skipped": "dim"}.get(status, "red")
+        if rec.get("kind") == "screened":  # refused before it ran, not a fault
+            status = "screened"
+        style = {"ok": "green", "infeasible": "yellow", "skipped": "dim", "screened": "dim"}.get(status, "red")
         sps = rec.get("samples_per_s")
         speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
         elapsed = time.monotonic() - self.start

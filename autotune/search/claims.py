@@ -28,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "LEVEL",
+    "CONFIRM_DRAWS",
     "CONFIRM_PROCESSES",
     "MAX_CLAIM_WIDTH",
     "TARGET_HALF_WIDTH",
@@ -55,6 +56,9 @@ LEVEL = 0.95
 # Worker processes the confirmation rounds are split over (where the runner can start a new one):
 # a process's speed on a small model can differ from the next one's for its whole life.
 CONFIRM_PROCESSES = 2
+# Round numbers the confirmation rounds' batch draws start after: the selection rounds' draws
+# count from zero, and the claim times batches that picking the finalist did not read.
+CONFIRM_DRAWS = 1_000_000
 
 Claim = dict[str, Any]
 

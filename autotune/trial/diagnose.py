@@ -12,15 +12,15 @@ The slower half bounds the pipeline. Knows nothing about Optuna.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 
 from autotune.data import batch_size_of, to_device
 from autotune.knobs.state import BuildState
-from autotune.trial.build import make_loader, settings_active
-from autotune.trial.measure import MeasureSettings, call_model
+from autotune.trial.build import settings_active
+from autotune.trial.measure import MeasureSettings, _sync, call_model, timing_batches
 
 __all__ = [
     "BALANCED_MARGIN",
@@ -38,6 +38,8 @@ __all__ = [
 
 # Knobs that change what the loader delivers per second. batch_size acts on both halves.
 LOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+# The model alone is timed over at most this many of the timed batches, cycled.
+MODEL_BATCHES = 8
 # Within this relative margin of each other, neither half clearly bounds the pipeline.
 BALANCED_MARGIN = 0.15
 
@@ -45,16 +47,6 @@ BALANCED_MARGIN = 0.15
 def window_for(settings: MeasureSettings) -> float:
     """Seconds to time each half: half of a full measurement's timed span, 0.05 to 1 s."""
     return max(0.05, min(1.0, settings.n_windows * settings.window_s / 2))
-
-
-def _epochs(loader: Any) -> Iterator[Any]:
-    while True:  # a new epoch restarts non-persistent workers: part of the loader's cost
-        yield from loader
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def loader_samples_per_s(
@@ -65,8 +57,7 @@ def loader_samples_per_s(
     The first ``warmup_batches`` (worker start-up) are not timed.
     """
     device = torch.device(state.device)
-    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size, timing=True, seed=seed)
-    batches = _epochs(loader)
+    batches, _ = timing_batches(dataset, state, warmup_batches, seed)  # the same batches as measure()'s
     try:
         with settings_active(state.settings):
             for _ in range(warmup_batches):
@@ -83,25 +74,28 @@ def loader_samples_per_s(
         batches.close()  # shuts down the loader's workers
 
 
-def model_samples_per_s(state: BuildState, batch: Any, window_s: float, warmup_batches: int = 1) -> float:
-    """Samples/s of ``state``'s model called again and again on one collated ``batch``.
+def model_samples_per_s(state: BuildState, batches: Any, window_s: float, warmup_batches: int = 1) -> float:
+    """Samples/s of ``state``'s model called again and again on collated ``batches`` in turn.
 
-    The batch is moved to the device once, before timing; the first ``warmup_batches`` calls
-    (compilation, autotuning) are not timed.
+    The batches (one, or a list: batches of different lengths cost different times, and the
+    longest alone would understate a text model) are moved to the device once, before timing.
+    Every batch is run once and at least ``warmup_batches`` calls (compilation, autotuning) are
+    made before the clock starts.
     """
     device = torch.device(state.device)
-    batch = to_device(batch, device)
-    per_call = batch_size_of(batch)
+    batches = [to_device(b, device) for b in (batches if isinstance(batches, list) else [batches])]
+    sizes = [batch_size_of(b) for b in batches]
     with settings_active(state.settings), torch.inference_mode():
-        for _ in range(max(1, warmup_batches)):
-            call_model(state.model, batch)
+        for i in range(max(1, warmup_batches, len(batches))):
+            call_model(state.model, batches[i % len(batches)])
         _sync(device)
-        n_calls, start = 0, time.perf_counter()
-        while time.perf_counter() - start < window_s:
-            call_model(state.model, batch)
-            n_calls += 1
+        n_samples, i, start = 0, 0, time.perf_counter()
+        while time.perf_counter() - start < window_s or i % len(batches):  # whole cycles of the batches
+            call_model(state.model, batches[i % len(batches)])
+            n_samples += sizes[i % len(batches)]
+            i += 1
         _sync(device)  # queued CUDA work is part of the window
-        return n_calls * per_call / (time.perf_counter() - start)
+        return n_samples / (time.perf_counter() - start)
 
 
 def classify(loader_sps: float, model_sps: float, margin: float = BALANCED_MARGIN) -> str:
@@ -128,11 +122,14 @@ def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings, s
     """
     window = window_for(settings)
     loader = loader_samples_per_s(dataset, state, window, settings.warmup_batches, seed)
-    # The first batch as the configuration makes it: its collate (the user's, or padding for
-    # samples of different lengths), its padding and its length grouping.
-    ids = state.batching().plan(len(dataset))[0]
-    batch = state.batching().collate([dataset[i] for i in ids])
-    model = model_samples_per_s(state, batch, window, settings.warmup_batches)
+    # The batches the timing reads, as the configuration makes them (its collate, padding and
+    # length grouping), up to MODEL_BATCHES of them: of text, a mix of lengths, not the longest.
+    batches, _ = timing_batches(dataset, state, 0, seed)
+    try:
+        taken = [next(batches) for _ in range(min(MODEL_BATCHES, -(-len(dataset) // state.batch_size)))]
+    finally:
+        batches.close()
+    model = model_samples_per_s(state, taken, window, settings.warmup_batches)
     return {
         "loader_samples_per_s": loader,
         "model_samples_per_s": model,

@@ -61,6 +61,39 @@ class MeasureSettings:
     n_remeasure: int = 2
 
 
+# An epoch of at most this many batches is timed whole, its short last batch included, as a
+# user's pass over the same samples runs it: on a small dataset that batch can be a third of the
+# work (359 samples at batch 256). A longer epoch's last batch is under 1/64 of it and dropped.
+WHOLE_EPOCH_BATCHES = 64
+
+
+def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: int = 0) -> tuple[Iterator[Any], int]:
+    """The endless batches a measurement of ``state`` reads, and how many to run before the clock.
+
+    An epoch of at most :data:`WHOLE_EPOCH_BATCHES` is read whole. Where its batches differ in
+    shape (a short last batch, token sequences), the warm-up runs the first epoch, so every
+    shape is compiled before the clock starts and the windows start at an epoch's beginning.
+    Otherwise the last batch is dropped when short, and ``warmup_batches`` are run.
+
+    Example:
+        >>> import torch
+        >>> from autotune.trial.build import build
+        >>> from autotune.config import Config
+        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> batches, n_warm = timing_batches([torch.randn(8)] * 10, state, 2)
+        >>> n_warm, [len(next(batches)) for _ in range(4)]
+        (3, [4, 4, 2, 4])
+    """
+    loader = make_loader(dataset, state, timing=True, seed=seed)
+    n_batches = len(loader)
+    if n_batches <= WHOLE_EPOCH_BATCHES:
+        extras = state.extras
+        uneven = len(dataset) % state.batch_size != 0 or (extras is not None and extras.lengths is not None)
+        return _epochs(loader), max(warmup_batches, n_batches) if uneven else warmup_batches
+    loader = make_loader(dataset, state, drop_last=True, timing=True, seed=seed)
+    return _epochs(loader), warmup_batches
+
+
 def _epochs(loader: Any) -> Iterator[Any]:
     # A new epoch re-creates the loader's iterator, and with it non-persistent workers: that
     # cost is part of the pipeline, so it is inside the timed windows.
@@ -321,14 +354,12 @@ def measure(
     # A DataLoader's batches are on the CPU already: moving them there would only add a walk
     # over the batch per call, which a small model's baseline would pay and a user's loop not.
     move = device.type != "cpu"
-    # Every timed batch has the same shape: no recompilation inside a window.
-    drop_last = len(dataset) >= state.batch_size
-    loader = make_loader(dataset, state, drop_last=drop_last, timing=True, seed=seed)
-    batches = _epochs(loader)
+    batches, n_warm = timing_batches(dataset, state, settings.warmup_batches, seed)
     use_events = device.type == "cuda"
     latencies: list[float] = []
     windows: list[float] = []
     totals = [0, 0.0]  # samples and seconds over every window
+    sizes: set[int] = set()  # the timed batches' sizes
     others: list[float] = []
     probe = Interference()
     mark = memory_mark(device) if mem_mark is None else mem_mark
@@ -336,7 +367,7 @@ def measure(
     try:
         with settings_active(state.settings), torch.inference_mode():
             start = time.perf_counter()
-            for _ in range(settings.warmup_batches):
+            for _ in range(n_warm):
                 call_model(state.model, to_device(next(batches), device, non_blocking=state.non_blocking))
             _sync(device)
             compile_s = time.perf_counter() - start
@@ -359,6 +390,7 @@ def measure(
                         b_start = time.perf_counter()
                         call_model(state.model, to_device(batch, device) if move else batch)
                         latencies.append((time.perf_counter() - b_start) * 1e3)
+                    sizes.add(batch_size_of(batch))
                     n_samples += batch_size_of(batch)
                     if time.perf_counter() - w_start >= settings.window_s:
                         break
@@ -372,12 +404,11 @@ def measure(
             recompiles = _compiled_frames() - compiled_before
     finally:
         batches.close()  # shuts down the loader's workers
-        del loader
     stats = window_stats(windows, latencies)
-    if state.extras is not None and state.extras.lengths is not None:
-        # Text batches differ in cost: a window of short ones runs fast, so the median window
-        # overstates what an epoch gets (rates of unequal work do not average). All samples
-        # over all the time does not.
+    if (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1:
+        # Batches differ in cost (text lengths, a short last batch): a window of cheap ones runs
+        # fast, so the median window overstates what an epoch gets (rates of unequal work do
+        # not average). All samples over all the time does not.
         stats["samples_per_s"] = totals[0] / totals[1]
     return {
         **stats,

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from autotune.data import batch_size_of, call_model, outputs_to_cpu, to_device
-from autotune.trial.build import make_loader, settings_active
-from autotune.trial.measure import _epochs, _sync
+from autotune.trial.build import settings_active
+from autotune.trial.measure import _sync, timing_batches
 from autotune.trial.opfamily import STAGES, TRAIN_STAGES, summarize
 
 __all__ = ["RANGE_PREFIX", "profile_state", "profile_training"]
@@ -153,14 +153,20 @@ def _ort_rows(path: str, n_active: int) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def _window(step: Callable[[], int], device: torch.device, trace: Path, names: tuple[str, ...], model: Any) -> dict:
+def _window(
+    step: Callable[[], int], device: torch.device, trace: Path, names: tuple[str, ...], model: Any, n_warm: int = 0
+) -> dict:
     """Profile ``step`` (which returns the samples it processed) on a wait/warmup/active schedule
-    and write the Chrome trace to ``trace`` (gzipped when it ends in ``.gz``)."""
+    and write the Chrome trace to ``trace`` (gzipped when it ends in ``.gz``). ``n_warm`` steps
+    run unprofiled first: an epoch whose batches differ in shape, so that what is profiled is
+    the pipeline in use, not torch.compile compiling each shape, as the timing does."""
     from torch.profiler import ProfilerActivity, profile, schedule
 
     from autotune.trial.measure import _compiled_frames
 
     started = time.perf_counter()
+    for _ in range(n_warm):
+        step()
     n_active = _active_steps(step, _ACTIVE_S)
     orts = _ort_modules(model)
     scratch = Path(tempfile.mkdtemp(prefix="autotune-ort-profile-"))
@@ -241,8 +247,7 @@ def profile_state(state: Any, dataset: Any, trace: str | Path, *, seed: int = 0)
         ('aten::addmm', 'forward')
     """
     device = torch.device(state.device)
-    loader = make_loader(dataset, state, drop_last=len(dataset) >= state.batch_size, timing=True, seed=seed)
-    batches = _epochs(loader)
+    batches, n_warm = timing_batches(dataset, state, 0, seed)
 
     def step() -> int:
         with torch.profiler.record_function(RANGE_PREFIX + "loader_wait"):
@@ -258,7 +263,7 @@ def profile_state(state: Any, dataset: Any, trace: str | Path, *, seed: int = 0)
 
     try:
         with settings_active(state.settings), torch.inference_mode():
-            return _window(step, device, Path(trace), STAGES, state.model)
+            return _window(step, device, Path(trace), STAGES, state.model, n_warm)
     finally:
         batches.close()  # shuts down the loader's workers
 

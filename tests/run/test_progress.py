@@ -59,6 +59,18 @@ def test_a_noisy_trial_and_a_bracketed_reason_keep_their_text():
     assert lines[2].endswith("  [bold] is not markup")
 
 
+def test_a_trial_refused_after_screening_reads_screened_not_error():
+    console = _console()
+    with PlainProgress(console, n_trials=4) as progress:
+        progress(_records()[0][0], 1, 4)
+        reason = "left out after screening: measured 0.63x with num_threads=1"
+        progress({"number": 1, "status": "error", "kind": "screened", "reason": reason,
+                  "config": {**BASE, "num_threads": 1}}, 1, 4)  # fmt: skip
+    line = console.file.getvalue().splitlines()[1]
+    assert re.search(r"trial   1  screened +best trial", line), line
+    assert "error" not in line
+
+
 def test_with_a_timeout_each_line_says_the_time_left():
     console = _console()
     with PlainProgress(console, timeout=600, n_trials=4) as progress:

@@ -9,7 +9,7 @@ import torch
 
 from autotune._pristine import restore, snapshot
 from autotune.config import Config
-from autotune.search.claims import MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
+from autotune.search.claims import CONFIRM_DRAWS, MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
 from autotune.search.result import _claim_fields, claim_speedup
 from autotune.trial.inference import TrialContext
 from autotune.trial.measure import MeasureSettings
@@ -273,6 +273,7 @@ def test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_
     try:
         baseline = _record(0, dict(Config({"batch_size": 1})), 100.0)
         pick = _record(1, dict(Config({"batch_size": 32})), 3000.0)
+        trials_pid = runner.call("rounds", [baseline["config"]], 1, 1)["pid"]  # the worker that ran the trials
         confirmed = confirm(runner, baseline, pick, FAST, n_min=4, n_max=4)
         first_process_pid = confirmed["worker_pids"][0]
         again = runner.call("rounds", [baseline["config"]], 1, 1)
@@ -281,11 +282,13 @@ def test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_
     claim = confirmed["claim"]
     pids = confirmed["worker_pids"]
     assert len(pids) == 2 and pids[0] != pids[1] and first_process_pid != again["pid"], pids
+    assert trials_pid not in pids  # both fresh: not the worker whose trials left their state behind
     assert len(claim["processes"]) == 2 and claim["n_rounds"] == 4
     assert claim["low"] <= min(claim["processes"]) <= max(claim["processes"]) <= claim["high"]
     assert claim["verdict"] == "speedup" and "in 2 worker processes" in claim["sentence"]
-    # The second process drew batches after the first's two rounds: rounds 3 and 4.
-    assert again["drawn"] == 5
+    # Confirmation draws batches of its own (after CONFIRM_DRAWS), the second process after the
+    # first's two rounds: neither re-reads a batch draw that the trials worker's round read.
+    assert again["drawn"] == CONFIRM_DRAWS + 5
 
 
 def test_one_process_ratio_at_no_speedup_makes_the_claim_none():

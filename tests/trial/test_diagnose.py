@@ -146,3 +146,24 @@ def test_on_cuda_both_halves_are_timed_with_pinned_batches():
     diag = diagnose_state(state, classification_data(256), SETTINGS)
     assert diag["loader_samples_per_s"] > 0 and diag["model_samples_per_s"] > 0
     assert diag["bound"] in ("data-bound", "compute-bound", "balanced")
+
+
+class _CostByLength(nn.Module):
+    """Costs 1 ms per token position, as a transformer's cost follows its batch's length."""
+
+    def forward(self, x):
+        time.sleep(0.001 * x.shape[1])
+        return x.float().sum(dim=1)
+
+
+def test_the_model_alone_is_timed_over_the_timed_batches_not_the_longest_alone():
+    # Of text grouped by length, the first planned batch is the longest: timed alone it made a
+    # 990 samples/s winner's model look like 323/s, and the diagnosis a fault.
+    from autotune.trial.diagnose import model_samples_per_s
+
+    state = build(_CostByLength(), Config({"batch_size": 4}), "cpu")
+    batches = [torch.ones(4, 40)] + [torch.ones(4, 10)] * 3
+    longest = model_samples_per_s(state, batches[0], 0.2)
+    mixed = model_samples_per_s(state, batches, 0.2)
+    # 4 samples per 40 ms alone; 16 samples per 70 ms over the four.
+    assert mixed > 1.6 * longest, (mixed, longest)

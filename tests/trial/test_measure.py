@@ -124,3 +124,22 @@ def test_timed_text_batches_come_in_a_mixed_order_not_longest_first(grouping):
         assert 0.6 * mean <= statistics.fmean(part) <= 1.4 * mean, (third, widths)
     if grouping:
         assert [max(b) for b in plan] == sorted((max(b) for b in plan), reverse=True)  # longest first
+
+
+class _FixedCostPerCall(torch.nn.Module):
+    """Costs the same per call whatever the batch's size, as a small batch on a wide model does."""
+
+    def forward(self, x):
+        time.sleep(0.004)
+        return x.sum(dim=1)
+
+
+def test_a_small_datasets_short_last_batch_is_timed_as_a_users_pass_pays_it():
+    # 12 samples at batch 8: a user's pass is a batch of 8 and one of 4, two calls for 12
+    # samples. Dropping the short batch would time 8 samples a call, a third more than any pass.
+    state = build(_FixedCostPerCall(), Config({"batch_size": 8}), "cpu")
+    data = [torch.randn(4) for _ in range(12)]
+    r = measure(state, data, MeasureSettings(n_windows=3, window_s=0.1, warmup_batches=1))
+    per_call = 8 / 0.004
+    assert r["samples_per_s"] < 0.85 * per_call, r["samples_per_s"]
+    assert r["recompiles"] == 0
