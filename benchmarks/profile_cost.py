@@ -86,12 +86,23 @@ def rows(pairs: list[dict[str, Any]]) -> list[list[Any]]:
 
 
 def verdict(pairs: list[dict[str, Any]]) -> str:
-    """The median overhead beside its target."""
-    overhead = statistics.median(p["ratio"] for p in pairs) - 1
-    spent = [p["on"]["profile_s"] for p in pairs if p["on"]["profile_s"] is not None]
-    seconds = f"; profiling took {statistics.median(spent):.1f} s of the run" if spent else ""
+    """Profiling's own seconds over the rest of the profiled run, beside its target, and the
+    whole runs' ratio. The runs' other work is the same, but which trials the search runs
+    follows its timings, so two runs' walls differ by more than profiling costs (two unprofiled
+    runs of the quickstart took 220.6 s and 182.3 s): the ratio of walls is printed as a check,
+    the measured seconds decide."""
+    spent = [p["on"]["profile_s"] / (p["on"]["wall_s"] - p["on"]["profile_s"]) for p in pairs if p["on"]["profile_s"]]
+    ratio = statistics.median(p["ratio"] for p in pairs) - 1
+    walls = f"; the whole runs' wall times differ by {ratio:+.1%} (median over pairs), mostly the search's own variance"
+    if not spent:
+        return "profiling's overhead: not measured (no run was profiled)" + walls
+    overhead = statistics.median(spent)
+    seconds = statistics.median(p["on"]["profile_s"] for p in pairs if p["on"]["profile_s"])
     met = "met" if overhead <= TARGET else "not met"
-    return f"profiling's overhead: {overhead:+.1%} of the run's wall time (target <= {TARGET:.0%}: {met}){seconds}"
+    return (
+        f"profiling's overhead: {seconds:.1f} s, {overhead:+.1%} of the rest of the run "
+        f"(target <= {TARGET:.0%}: {met})" + walls
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -357,6 +357,33 @@ class FragileMLP(nn.Module):
         return self.fc(x)
 
 
+class FragileCNN(nn.Module):
+    """Three 3x3 convolutions and a linear head whose second convolution (``convs.2``) reads an
+    outlier channel: per-tensor int8 of its input crushes every other channel, while the other
+    layers quantize well. The convolutional twin of :class:`FragileMLP`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.convs = nn.Sequential(
+            nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+            nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(),
+        )  # fmt: skip
+        self.head = nn.Linear(16, 8)
+        with torch.no_grad():
+            self.convs[0].bias[0] = 300.0  # channel 0 of convs.2's input is ~300, the rest ~1
+            self.convs[2].weight[:, 0] /= 300.0
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.convs(x).mean(dim=(2, 3)))
+
+
+def bare_images(n: int = 128, seed: int = 0) -> list:
+    """Images of 3 x 8 x 8 normal values, no target."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(3, 8, 8, generator=gen) for _ in range(n)]
+
+
 def vector_data(n: int = 128, seed: int = 0) -> list:
     """Samples of 16 normal features, no target."""
     gen = torch.Generator().manual_seed(seed)

@@ -137,6 +137,9 @@ class Predictor:
             pad_values = dict(data.get("pad_values") or {})
             collate_fn = lambda part: pad_collate(part, pad_values)  # noqa: E731
         config = self.run.get("config") or {}
+        images = collate_fn is None and data.get("collate") == "image"
+        if images:
+            return self._predict_images(list(samples), config)
         grouping = int(config.get("length_grouping") or 0)
         batching = Batching(
             batch_size=self.batch_size,
@@ -151,6 +154,34 @@ class Predictor:
             out = self(dict(zip(names, tensors, strict=True)))
             for i, piece in zip(ids, split_samples(out, batch), strict=False):
                 outputs[i] = map_tensors(lambda t: t[0], piece)
+        return outputs
+
+    def _predict_images(self, samples: list[Any], config: Mapping[str, Any]) -> list[Any]:
+        """Images of different sizes, batched as the run batched them (each batch padded to its
+        largest image, rounded up to ``image_padding``'s multiple; with ``size_grouping``,
+        images of similar shape together), every dense map cut back to its own image's size."""
+        from autotune.batching import Batching
+        from autotune.data import image_of
+        from autotune.export.parity import flat_inputs
+        from autotune.knobs.state import image_multiple
+        from autotune.shapes import dense_crop, pad_images, size_keys
+
+        sizes = [tuple(int(n) for n in image_of(s).shape[-2:]) for s in samples]
+        grouping = int(config.get("size_grouping") or 0)
+        batching = Batching(
+            batch_size=self.batch_size,
+            collate_fn=pad_images,
+            grouping=grouping,
+            lengths=size_keys(sizes) if grouping else None,
+            image_multiple=image_multiple(str(config.get("image_padding", "largest"))),
+        )
+        outputs: list[Any] = [None] * len(samples)
+        for ids, batch in batching.batches(samples):
+            names, tensors, _ = flat_inputs(batch)
+            images = batch if isinstance(batch, torch.Tensor) else batch[0]
+            out = self(dict(zip(names, tensors, strict=True)))
+            for i, piece in zip(ids, dense_crop(out, tuple(images.shape[-2:]), [sizes[i] for i in ids]), strict=True):
+                outputs[i] = piece
         return outputs
 
 

@@ -7,7 +7,7 @@ import onnx
 import torch
 
 import autotune
-from tests.models import FragileMLP, vector_data
+from tests.models import FragileCNN, FragileMLP, bare_images, vector_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
 # Size first: the int8 candidate wins on its bytes whatever the timings, so what ships is tested.
@@ -119,6 +119,50 @@ def test_static_int8_fallback_travels_with_the_run(tmp_path):
     with torch.no_grad():
         cosine = torch.nn.functional.cosine_similarity(tuned(x), FragileMLP()(x)).min()
     assert cosine > 0.99
+
+
+def test_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tmp_path):
+    """The CPU conv recipe's int8: PT2E with the x86 inductor quantizer quantizes the
+    convolutions (per-channel weights), and auto keeps the one whose input has an outlier
+    channel float, in the trial and in apply()."""
+    fix = {"quantization": "int8_static", "int8_fallback": "auto"}
+    result = autotune.optimize(
+        FragileCNN(), bare_images(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=(), n_val=64,
+        **COMMON,
+    )  # fmt: skip
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert result.best_config["quantization"] == "int8_static" and result.best["metric_drop"] <= 0.01
+    kept = best["int8"]["kept_float"]
+    assert "convs.2" in kept and len(kept) < best["int8"]["n_layers"] == 4, best["int8"]
+    tuned = autotune.apply(FragileCNN(), tmp_path, dataset=bare_images(), device="cpu")
+    int8 = sum(t.dtype == torch.int8 for t in tuned.state_dict().values() if isinstance(t, torch.Tensor))
+    assert int8 == 4 - len(kept) and int8 >= 2  # convolutions among them, as the run measured
+    x = torch.stack(bare_images(16, seed=1))
+    with torch.no_grad():
+        cosine = torch.nn.functional.cosine_similarity(tuned(x), FragileCNN()(x)).min()
+    assert cosine > 0.99
+
+
+def test_onnx_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tmp_path):
+    """ONNX Runtime's static int8 (QDQ) on the convolutions, the fragile one kept float in the
+    graph that ships."""
+    fix = {"runtime": "onnxruntime", "ort_precision": "int8_static", "int8_fallback": "auto"}
+    autotune.optimize(
+        FragileCNN(), bare_images(), space={"base": None}, fix=fix, n_trials=2, out_dir=tmp_path, export=("onnx",),
+        n_val=64, **COMMON,
+    )  # fmt: skip
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert best["config"]["ort_precision"] == "int8_static" and best["best"]["metric_drop"] <= 0.01, best["int8"]
+    assert 1 <= len(best["int8"]["kept_float"]) < best["int8"]["n_layers"], best["int8"]
+    graph = onnx.load(str(tmp_path / "model.onnx")).graph
+    # QDQ: a quantized convolution reads a DequantizeLinear'd input and weight; a kept one, float
+    # ones. The kept layers are the graph's nodes: find each convolution by its weight's name.
+    producers = {o: n.op_type for n in graph.node for o in n.output}
+    convs = {next(i for i in n.input if ".weight" in i): n for n in graph.node if n.op_type == "Conv"}
+    int8 = {w for w, n in convs.items() if all(producers.get(i) == "DequantizeLinear" for i in n.input[:2])}
+    assert not any("convs.2." in w for w in int8), int8  # the fragile convolution runs in float
+    assert int8 and len(convs) == 3, convs
+    assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"
 
 
 def test_per_channel_onnx_int8_ships_per_channel_scales(tmp_path):

@@ -95,6 +95,11 @@ def test_pages_of_many_sizes_batched_by_autotune_come_back_cropped_in_order(tmp_
     best = json.loads((tmp_path / "best_config.json").read_text())
     assert best["data"]["collate"] == "image" and best["artifacts"]["onnx"]["status"] == "ok", best["artifacts"]
     outputs = autotune.predict(HalfMap(), samples, tmp_path, device="cpu")
+    # The exported artifact, served: the same batching, each map cut back to its own page.
+    served = autotune.load(tmp_path).predict(samples)
     with torch.inference_mode():
-        for (x, _), got in zip(samples, outputs, strict=True):
-            torch.testing.assert_close(got, HalfMap()(x[None])[0], atol=1e-5, rtol=1e-4)
+        for (x, _), got, artifact in zip(samples, outputs, served, strict=True):
+            want = HalfMap()(x[None])[0]
+            torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
+            assert artifact.shape == want.shape
+            torch.testing.assert_close(artifact, want, atol=1e-4, rtol=1e-3)
