@@ -166,7 +166,13 @@ class Predictor:
         from autotune.knobs.state import image_multiple
         from autotune.shapes import dense_crop, pad_images, size_keys
 
-        sizes = [tuple(int(n) for n in image_of(s).shape[-2:]) for s in samples]
+        found = [image_of(s) for s in samples]
+        if any(image is None for image in found):
+            raise InputError(
+                "This run batched images of different sizes: every sample must hold a float "
+                "(channels, height, width) tensor, as its dataset gave them."
+            )
+        sizes = [tuple(int(n) for n in image.shape[-2:]) for image in found]
         grouping = int(config.get("size_grouping") or 0)
         batching = Batching(
             batch_size=self.batch_size,

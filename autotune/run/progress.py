@@ -161,7 +161,8 @@ class LiveProgress(PlainProgress):
 
     def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
         detail = self._update(rec, n_done, n_total)
-        self.last = f"trial {rec['number']} {rec.get('status')}: {detail}"
+        status = "screened" if rec.get("kind") == "screened" else rec.get("status")
+        self.last = f"trial {rec['number']} {status}: {detail}"
         if n_done >= n_total:
             self.last += " - search done: re-measuring the finalists, diagnosing, exporting"
         self.console.print(self.line(rec, detail), highlight=False, soft_wrap=True)

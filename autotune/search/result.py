@@ -206,12 +206,15 @@ def _process_rounds(
     # zero, and would otherwise re-read the batches the selection rounds drew.
     started, groups, pids, drawn = time.monotonic(), [], [], kw.pop("drawn", 0)
     for k in range(n_processes):
-        left = None if max_s is None else max_s - (time.monotonic() - started)
-        share = None if left is None else left / (n_processes - k)
-        if k and share is not None and share < 0.5 * max_s / n_processes:
-            break  # too little time left for another process's rounds
+        if k:
+            left = None if max_s is None else max_s - (time.monotonic() - started)
+            if left is not None and left / (n_processes - k) < 0.5 * max_s / n_processes:
+                break  # too little time left for another process's rounds
         if not runner.restart() and k:
             break
+        # The share is what is left after the new process started: its start counts too.
+        left = None if max_s is None else max_s - (time.monotonic() - started)
+        share = None if left is None else max(left, 0.0) / (n_processes - k)
         n_lo = max(2, math.ceil(n_min / n_processes))
         n_hi = max(n_lo, math.ceil(n_max / n_processes))
         # Each process draws batches after the earlier ones': no round re-reads another's.

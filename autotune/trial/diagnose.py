@@ -74,16 +74,18 @@ def loader_samples_per_s(
         batches.close()  # shuts down the loader's workers
 
 
-def model_samples_per_s(state: BuildState, batches: Any, window_s: float, warmup_batches: int = 1) -> float:
+def model_samples_per_s(state: BuildState, batches: list[Any], window_s: float, warmup_batches: int = 1) -> float:
     """Samples/s of ``state``'s model called again and again on collated ``batches`` in turn.
 
-    The batches (one, or a list: batches of different lengths cost different times, and the
-    longest alone would understate a text model) are moved to the device once, before timing.
-    Every batch is run once and at least ``warmup_batches`` calls (compilation, autotuning) are
-    made before the clock starts.
+    The batches (a list of one or more: batches of different lengths cost different times, and
+    the longest alone would understate a text model) are moved to the device once, before
+    timing. Every batch is run once and at least ``warmup_batches`` calls (compilation,
+    autotuning) are made before the clock starts; the window ends after whole cycles.
     """
     device = torch.device(state.device)
-    batches = [to_device(b, device) for b in (batches if isinstance(batches, list) else [batches])]
+    if not isinstance(batches, list) or not batches:
+        raise TypeError("model_samples_per_s takes a non-empty list of collated batches.")
+    batches = [to_device(b, device) for b in batches]
     sizes = [batch_size_of(b) for b in batches]
     with settings_active(state.settings), torch.inference_mode():
         for i in range(max(1, warmup_batches, len(batches))):

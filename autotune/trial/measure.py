@@ -3,8 +3,9 @@
 End to end: iterate the real DataLoader, move each batch to the device, run the model,
 synchronise the device before reading the clock. The first batches (and any compilation) are
 timed apart as ``compile_s``. Then several windows of at least ``window_s`` seconds each; the
-reported throughput is the median window (for token sequences, whose batches differ in cost, all
-samples over all the windows' time), with min, max and coefficient of variation.
+reported throughput is the median window (for token sequences, or where a small dataset's short
+last batch is timed, whose batches differ in cost: all samples over all the windows' time), with
+min, max and coefficient of variation.
 """
 
 from __future__ import annotations
@@ -44,7 +45,9 @@ class MeasureSettings:
     Attributes:
         n_windows: Timed windows per measurement; the median is reported.
         window_s: Minimum length of one window in seconds.
-        warmup_batches: Batches run before timing starts (compilation happens here).
+        warmup_batches: Batches run before timing starts (compilation happens here); a compiled
+            build's first measurement over a small epoch of several shapes runs whole epochs
+            (see :func:`timing_batches`).
 
         max_cov: Largest coefficient of variation of the windows of a clean measurement.
         max_others_cpu: Largest share of the machine's CPU time (0-1) that other processes may
@@ -71,9 +74,11 @@ def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: i
     """The endless batches a measurement of ``state`` reads, and how many to run before the clock.
 
     An epoch of at most :data:`WHOLE_EPOCH_BATCHES` is read whole. Where its batches differ in
-    shape (a short last batch, token sequences), the warm-up runs the first epoch, so every
-    shape is compiled before the clock starts and the windows start at an epoch's beginning.
-    Otherwise the last batch is dropped when short, and ``warmup_batches`` are run.
+    shape (a short last batch, token sequences) and the build compiles per shape (torch.compile,
+    TorchScript, cuDNN's autotuner), its first measurement warms up through whole epochs, so
+    every shape is compiled before the clock starts and the windows start at an epoch's
+    beginning; later measurements of the same build warm up ``warmup_batches`` as usual. A
+    longer epoch drops its short last batch, and ``warmup_batches`` are run.
 
     Example:
         >>> import torch
@@ -82,15 +87,19 @@ def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: i
         >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
         >>> batches, n_warm = timing_batches([torch.randn(8)] * 10, state, 2)
         >>> n_warm, [len(next(batches)) for _ in range(4)]
-        (3, [4, 4, 2, 4])
+        (2, [4, 4, 2, 4])
     """
     loader = make_loader(dataset, state, timing=True, seed=seed)
     n_batches = len(loader)
-    if n_batches <= WHOLE_EPOCH_BATCHES:
-        extras = state.extras
-        uneven = len(dataset) % state.batch_size != 0 or (extras is not None and extras.lengths is not None)
-        return _epochs(loader), max(warmup_batches, n_batches) if uneven else warmup_batches
-    loader = make_loader(dataset, state, drop_last=True, timing=True, seed=seed)
+    if n_batches > WHOLE_EPOCH_BATCHES:
+        return _epochs(make_loader(dataset, state, drop_last=True, timing=True, seed=seed)), warmup_batches
+    extras = state.extras
+    uneven = len(dataset) % state.batch_size != 0 or (extras is not None and extras.lengths is not None)
+    per_shape = (
+        state.compile_mode != "none" or state.runtime == "torchscript" or bool(state.settings.get("cudnn_benchmark"))
+    )
+    if uneven and per_shape and not state.info.get("shapes_warmed"):  # measure() sets it once warmed
+        return _epochs(loader), n_batches * -(-max(warmup_batches, 1) // n_batches)  # whole epochs
     return _epochs(loader), warmup_batches
 
 
@@ -331,7 +340,8 @@ def measure(
             configurations compared in one round the same.
 
     Returns:
-        ``samples_per_s`` (median window; token sequences: samples over time of all windows) with
+        ``samples_per_s`` (median window; where timed batches differ in size or length, samples
+        over the time of all windows) with
         ``samples_per_s_min``/``_max`` and ``cov``;
         ``latency_ms_p50``/``_p95`` per batch (device time from the copy to the outputs);
         ``others_cpu`` (mean share of the machine's CPU other processes used during the
@@ -370,6 +380,7 @@ def measure(
             for _ in range(n_warm):
                 call_model(state.model, to_device(next(batches), device, non_blocking=state.non_blocking))
             _sync(device)
+            state.info["shapes_warmed"] = True  # every shape of the epoch has run on this build
             compile_s = time.perf_counter() - start
             compiled_before = _compiled_frames()
             timed_start = time.perf_counter()
