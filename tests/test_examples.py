@@ -80,6 +80,7 @@ def test_quickstart_cli(tmp_path: Path) -> None:
     assert result["baseline"]["metric"] >= 0.9
 
 
+@pytest.mark.slow  # tests/export/test_digits.py tunes, exports and checks the digits model; this runs the whole CLI
 def test_digits_cli(tmp_path: Path) -> None:
     result = _check_outputs(_run_cfg("digits.py", tmp_path))
     guard = result["guard"]

@@ -4,6 +4,7 @@ layers travel with the run (best_config.json, apply, the exported graph, verify,
 import json
 
 import onnx
+import pytest
 import torch
 
 import autotune
@@ -143,6 +144,7 @@ def test_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tmp_pat
     assert cosine > 0.99
 
 
+@pytest.mark.slow  # the PT2E conv test above covers the conv fallback in the fast suite
 def test_onnx_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tmp_path):
     """ONNX Runtime's static int8 (QDQ) on the convolutions, the fragile one kept float in the
     graph that ships."""

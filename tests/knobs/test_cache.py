@@ -3,6 +3,7 @@ cached dataset gives the same samples, and a run with it completes."""
 
 import json
 
+import pytest
 import torch
 
 import autotune
@@ -43,6 +44,7 @@ def test_the_cached_dataset_gives_the_same_samples_decoding_each_once():
     assert sorted(reads) == list(range(6))
 
 
+@pytest.mark.slow  # the cache itself is unit-tested above
 def test_a_run_with_the_cache_completes_and_its_loader_reads_the_same_samples(tmp_path):
     data = EncodedImages(48)
     autotune.optimize(

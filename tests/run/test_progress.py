@@ -123,6 +123,7 @@ def _trial_lines(text):
     return [m for m in map(TRIAL_LINE.match, text.splitlines()) if m]
 
 
+@pytest.mark.slow  # the plain lines are unit-tested above; resume by tests/search/test_study.py
 def test_optimize_off_a_terminal_prints_plain_lines_and_a_resumed_run_says_what_it_kept(tmp_path, capsys):
     _tiny(tmp_path, n_trials=2)
     err = capsys.readouterr().err  # captured: not a terminal

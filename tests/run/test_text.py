@@ -148,6 +148,7 @@ def test_lengths_that_nothing_can_batch_name_collate_fn():
     assert data.collate == "pad" and space.values["length_grouping"] == [0, 4, 16, 64]
 
 
+@pytest.mark.slow  # the collate in every phase: tests/run/test_collate_phases.py
 def test_the_cli_takes_a_collate_fn_from_cfg(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text(

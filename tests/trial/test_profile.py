@@ -118,3 +118,15 @@ def test_a_profiled_window_writes_no_marker_lines(tmp_path, capfd):
     state = build(MLP(), Config({"batch_size": 16}), "cpu")
     profile_state(state, classification_data(), tmp_path / "trace-best.json.gz")
     assert "USDT:" not in capfd.readouterr().err
+
+
+@pytest.mark.gpu
+def test_on_cuda_the_window_records_kernels_and_times_them_on_the_device(tmp_path):
+    state = build(TinyCNN(), Config({"batch_size": 8, "amp_dtype": "float16", "pin_memory": True}), "cuda")
+    summary = profile_state(state, image_data(64), tmp_path / "trace-best.json.gz")
+    with gzip.open(tmp_path / "trace-best.json.gz", "rt") as f:
+        events = json.load(f)["traceEvents"]
+    assert any(e.get("cat") == "kernel" for e in events)  # CUDA activity: the device's own kernels
+    assert summary["time_basis"] == "device (kernel) time"
+    assert summary["families"]["conv"]["share"] > 0 and summary["stages"]["host_to_device"]["ms"] > 0
+    _check_shares(summary)
