@@ -137,8 +137,7 @@ class Predictor:
             pad_values = dict(data.get("pad_values") or {})
             collate_fn = lambda part: pad_collate(part, pad_values)  # noqa: E731
         config = self.run.get("config") or {}
-        images = collate_fn is None and data.get("collate") == "image"
-        if images:
+        if collate_fn is None and data.get("collate") == "image":
             return self._predict_images(list(samples), config)
         grouping = int(config.get("length_grouping") or 0)
         batching = Batching(

@@ -401,8 +401,9 @@ def measure(
                         b_start = time.perf_counter()
                         call_model(state.model, to_device(batch, device) if move else batch)
                         latencies.append((time.perf_counter() - b_start) * 1e3)
-                    sizes.add(batch_size_of(batch))
-                    n_samples += batch_size_of(batch)
+                    size = batch_size_of(batch)
+                    sizes.add(size)
+                    n_samples += size
                     if time.perf_counter() - w_start >= settings.window_s:
                         break
                 _sync(device)
