@@ -44,7 +44,7 @@ class TableRunner:
     def __init__(self, table: Mapping[str, Mapping[str, Any]]) -> None:
         self.table, self.calls = table, 0
 
-    def run(self, config: dict[str, Any], timeout: float | None = None) -> Any:
+    def run(self, config: dict[str, Any], timeout: float | None = None, fidelity: Any = None) -> Any:
         from autotune.config import Config
         from autotune.trial.spec import TrialResult
 

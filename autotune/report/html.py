@@ -238,8 +238,10 @@ def _breakdown(run: RunFiles) -> str:
 
 
 def _search(run: RunFiles) -> str:
-    """The search's phases (trials and seconds each), when the winner was measured, and what
-    screening left out."""
+    """The search's phases (trials and seconds each), when the winner was measured, what
+    screening left out, and what shortened timings saved."""
+    from autotune.search.phases import fidelity_line
+
     story = run.best.get("search") or {}
     if not story.get("phases"):
         return _section("search", '<p class="note">This run recorded no phases (made by an earlier version).</p>')
@@ -260,6 +262,9 @@ def _search(run: RunFiles) -> str:
             for item in left
         )
         body += f"<p>Left out after screening (clearly slower; not run again):</p><ul>{items}</ul>"
+    fidelity = fidelity_line(story.get("fidelity"))
+    if fidelity:
+        body += f"<p>{_e(fidelity[0].upper() + fidelity[1:])}.</p>"
     return _section("search", body, lead)
 
 

@@ -58,7 +58,7 @@ TRAIN_KEYS = (
 )
 
 
-_STATUSES = ("ok", "infeasible", "oom", "timeout", "crash", "error", "interrupted")
+_STATUSES = ("ok", "infeasible", "stopped", "oom", "timeout", "crash", "error", "interrupted")
 _NOT_RUN_KINDS = ("screened", "oom-rule", "fault-rule")  # failures decided by a rule, not a measurement
 
 
@@ -137,6 +137,9 @@ def write_trials_csv(path: Path, records: list[dict[str, Any]]) -> None:
         "int8_k",
         "trial_s",
         "wall_s",
+        "phase",
+        "n_windows",
+        "fidelity_saved_s",
     ]
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore")

@@ -187,7 +187,8 @@ class Options:
             return MeasureSettings(**{**DEFAULT_MEASURE, **dict(self.measure or {})})
         except TypeError as exc:
             raise ConfigError(
-                f"`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu and n_remeasure: {exc}."
+                "`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu, n_remeasure and "
+                f"stop_share: {exc}."
             ) from None
 
     def plan_args(self) -> dict[str, Any]:

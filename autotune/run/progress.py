@@ -105,7 +105,8 @@ class PlainProgress:
         status = rec.get("status", "?")
         if rec.get("kind") == "screened":  # refused before it ran, not a fault
             status = "screened"
-        style = {"ok": "green", "infeasible": "yellow", "skipped": "dim", "screened": "dim"}.get(status, "red")
+        style = {"ok": "green", "infeasible": "yellow", "stopped": "dim", "skipped": "dim", "screened": "dim"}
+        style = style.get(status, "red")
         sps = rec.get("samples_per_s")
         speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
         elapsed = time.monotonic() - self.start

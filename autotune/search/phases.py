@@ -1,5 +1,7 @@
 """How the search went, told from its trials: the phases with the trials and seconds each took,
-when the winner was found, and what screening left out.
+when the winner was found, what screening left out, and what shortened timings saved
+(multi-fidelity: a screening trial times half the windows; a trial far below the best so far
+stops after its first window).
 
 The staged strategy (:mod:`autotune.search.strategy`) marks each configuration it queues with
 its phase (``screen``, ``compose``); the baseline is ``baseline``, and whatever the sampler
@@ -13,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PHASES", "phase_of", "search_story", "story_lines"]
+__all__ = ["PHASES", "fidelity_line", "phase_of", "search_story", "story_lines"]
 
 PHASES = ("baseline", "screen", "compose", "refine", "tpe")
 
@@ -66,11 +68,17 @@ def search_story(
         elapsed += wall
         if winner is not None and r.get("number") == winner:
             found = {"trial": winner, "phase": phase, "after_trials": i, "after_s": round(elapsed, 1)}
+    measured = _measured(records)
     return {
         "strategy": strategy,
         "phases": [phases[p] for p in PHASES if p in phases],
         "found": found,
         "left_out": [{"changes": dict(changes), "ratio": round(ratio, 3)} for changes, ratio in left_out],
+        "fidelity": {
+            "short": sum(1 for r in measured if phase_of(r, strategy) == "screen"),
+            "stopped": sum(1 for r in measured if r.get("status") == "stopped"),
+            "saved_s": round(sum(float(r.get("fidelity_saved_s") or 0.0) for r in measured), 1),
+        },
     }
 
 
@@ -89,4 +97,24 @@ def story_lines(story: Mapping[str, Any] | None) -> list[str]:
     for item in story.get("left_out") or []:
         what = ", ".join(f"{k}={v}" for k, v in item["changes"].items())
         lines.append(f"left out after screening: {what} (measured {item['ratio']:.2f}x)")
-    return lines
+    line = fidelity_line(story.get("fidelity"))
+    return [*lines, line] if line else lines
+
+
+def fidelity_line(fidelity: Mapping[str, Any] | None) -> str | None:
+    """What the shortened timings saved, in one sentence (``None`` when nothing was shortened).
+
+    Example:
+        >>> fidelity_line({"short": 5, "stopped": 2, "saved_s": 41.3})
+        'multi-fidelity: 5 screening trials timed on half the windows, 2 trials stopped after their first window (far below the best so far), about 41 s of timing and guarding saved'
+    """
+    if not fidelity or not (fidelity.get("short") or fidelity.get("stopped")):
+        return None
+    parts = []
+    if fidelity.get("short"):
+        parts.append(f"{fidelity['short']} screening trials timed on half the windows")
+    if fidelity.get("stopped"):
+        parts.append(f"{fidelity['stopped']} trials stopped after their first window (far below the best so far)")
+    return (
+        f"multi-fidelity: {', '.join(parts)}, about {fidelity.get('saved_s', 0.0):.0f} s of timing and guarding saved"
+    )

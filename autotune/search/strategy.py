@@ -171,7 +171,8 @@ def size_levers(space: SearchSpace) -> list[Lever]:
 
 
 def _score(record: Mapping[str, Any], key: str, maximize: bool) -> float | None:
-    if record.get("status") != "ok" or record.get(key) in (None, 0):
+    # A trial stopped after its first window was measured far below the best: a speed, not a fault.
+    if record.get("status") not in ("ok", "stopped") or record.get(key) in (None, 0):
         return None
     value = float(record[key])
     return value if maximize else 1.0 / value

@@ -50,7 +50,7 @@ from autotune.search.storage import redact as _redact
 from autotune.trial.runner import Runner
 from autotune.trial.spec import TrialResult
 
-__all__ = ["make_sampler", "open_study", "run_trials", "trial_limit", "trial_record"]
+__all__ = ["make_sampler", "open_study", "run_trials", "trial_fidelity", "trial_limit", "trial_record"]
 
 # Knobs whose values change how much memory a batch needs.
 _MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
@@ -294,6 +294,35 @@ _PATH_KNOBS = tuple(k for k in _CODE_KNOBS if k not in ("int8_fallback", "int8_p
 _BAD_CONFIG = frozenset({"error", "oom", "timeout", "crash", "infeasible"})
 
 
+# A screening trial times this share of the windows: it only has to tell a lever that pays
+# from one that does not; the finalists are timed again in selection rounds anyway.
+SCREEN_SHARE = 0.5
+
+
+def trial_fidelity(
+    phase: str | None, baseline: bool, objectives: Sequence[str], finished: Sequence[FrozenTrial]
+) -> dict[str, Any]:
+    """How fully a trial is timed (multi-fidelity): a screening trial gets :data:`SCREEN_SHARE`
+    of the windows; with throughput first, any trial but the baseline gets the ``best``
+    samples/s measured so far, and stops after its first window if that runs under the timing
+    settings' ``stop_share`` of it.
+
+    Example:
+        >>> trial_fidelity("screen", False, ["latency"], [])
+        {'share': 0.5}
+        >>> trial_fidelity(None, True, ["throughput"], [])
+        {}
+    """
+    fidelity: dict[str, Any] = {"share": SCREEN_SHARE} if phase == "screen" else {}
+    if baseline or not objectives or objectives[0] != "throughput":
+        return fidelity
+    speeds = [t.user_attrs.get("samples_per_s") for t in finished if t.user_attrs.get("status") == "ok"]
+    best = max((float(v) for v in speeds if v), default=None)
+    if best:
+        fidelity["best"] = best
+    return fidelity
+
+
 def _fault_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
     failed = [
         t
@@ -335,11 +364,12 @@ def _tell(
             "metric_drop", result.get("metric_drop", 1.0) - max_drop if result["status"] == "ok" else 1.0
         )
         return _told(study, trial, [float(result[k]) for k in keys])
-    if result["status"] in _BAD_CONFIG and result.get("kind") != "deadline":
+    if result["status"] == "stopped" or (result["status"] in _BAD_CONFIG and result.get("kind") != "deadline"):
         # Told as pruned, not failed: TPE ignores failed trials, so it kept proposing the same
         # failing code path (measured: 250 of 300 proposals of a text search were TorchScript of
         # static int8, every one ruled out), while pruned ones count against their region. An
-        # infeasible trial with its measurements was told above, as a constraint violation.
+        # infeasible trial with its measurements was told above, as a constraint violation. A
+        # trial stopped after its first window (far below the best) is what Optuna calls pruned.
         return _told(study, trial, state=TrialState.PRUNED)
     return _told(study, trial, state=TrialState.FAIL)
 
@@ -629,7 +659,8 @@ def _one_trial(
         result = TrialResult("error", "fault-rule", fault, {"ran": False, **attrs})
     else:
         limit, at_deadline = limits.for_config(config)
-        result = runner.run(config, timeout=limit)
+        fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished)
+        result = runner.run(config, timeout=limit, fidelity=fidelity)
         result.metrics.update(attrs, ran=True)
         if stop is not None and stop.is_set() and result.status == "crash":
             raise KeyboardInterrupt  # its worker was killed to stop: no result to keep

@@ -59,6 +59,8 @@ class Context:
         self.samples = [spec.dataset[i] for i in spec.val_indices]
         self.info: dict[str, Any] = {}
         self.n_rounds = 0  # rounds timed so far: each draws its own batches
+        # How fully the trial in flight is timed (see run_trial); empty: fully.
+        self.fidelity: dict[str, Any] = {}
 
     def fresh_model(self) -> torch.nn.Module:
         """An untouched copy of the model for one build: a deep copy, or the factory's output
@@ -81,12 +83,18 @@ class Context:
         if config.get("compile_mode", "none") != "none":
             torch._dynamo.reset()
 
-    def run_trial(self, config: dict[str, Any]) -> TrialResult:
+    def run_trial(self, config: dict[str, Any], fidelity: Mapping[str, Any] | None = None) -> TrialResult:
         """Try one configuration; never raises: a fault is recorded in the result, with what
-        was measured before it."""
+        was measured before it.
+
+        ``fidelity`` may shorten its timing: ``share`` of the timed windows (a screening
+        trial), and the ``best`` samples/s so far, a share of which (the timing settings'
+        ``stop_share``) stops it after its first window (far below the best: the guard is not run
+        and the trial is ``stopped``)."""
         started = time.perf_counter()
         flat: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
         result = TrialResult()
+        self.fidelity = dict(fidelity or {})
         try:
             self.trial(config, flat)
         except Exception as exc:

@@ -8,6 +8,8 @@ rounds, the winner's export, the held-out score and the diagnosis.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -88,6 +90,7 @@ class TrialContext(Context):
     def __init__(self, spec: WorkerSpec) -> None:
         super().__init__(spec)
         self.model.eval()
+        self._guard_s = 0.0  # the last guard's seconds: what a stopped trial saves of it
         with _step("Collating the example and calibration batches", _COLLATE_HINT):
             self.extras = self._extras()
         started = time.perf_counter()
@@ -182,6 +185,17 @@ class TrialContext(Context):
         result.update(state.info)
         result.update(self._measure_clean(state, mark, draw_seed(self.spec.seed, "trial", config)))
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
+        if result["stopped"]:
+            # Far below the best so far after its first window: neither more timing nor the
+            # guard can make it a contender. What they would have cost is what was saved.
+            result["fidelity_saved_s"] += self._guard_s
+            result.update(
+                status="stopped",
+                kind="early-stop",
+                reason=f"stopped after its first window: {result['samples_per_s']:,.0f} samples/s, under "
+                f"{self.spec.measure.stop_share:.0%} of the best so far ({self.fidelity['best']:,.0f})",
+            )
+            return
         guard_start = time.perf_counter()
         outputs = collect_outputs(state, self.samples)
         check_finite(outputs)
@@ -197,21 +211,43 @@ class TrialContext(Context):
             collate=self.extras.collate_fn,
             tokens=self.extras.token_outputs,
         )
-        result["guard_s"] = time.perf_counter() - guard_start
+        result["guard_s"] = self._guard_s = time.perf_counter() - guard_start
         result["metric"] = value
         result["metric_drop"] = self.reference.metric - value
 
     def _measure_clean(self, state: BuildState, mark: float, seed: int) -> dict[str, Any]:
         """Measure ``state``; measure again (a bounded number of times, each on its own draw of
         batches) while the windows disagree or other processes used the CPU, keep the cleanest,
-        and mark it ``noisy`` if none was clean."""
-        settings = self.spec.measure
+        and mark it ``noisy`` if none was clean.
+
+        With a ``share`` in :attr:`fidelity` (a screening trial) fewer windows are timed; with
+        the ``best`` samples/s so far, a first window under ``stop_share`` of it ends the
+        measurement (``stopped``) and nothing is measured again. ``fidelity_saved_s`` is the
+        timing this saved, in seconds."""
+        full = self.spec.measure
+        settings = full
+        if self.fidelity.get("share"):
+            short = max(2, math.ceil(full.n_windows * self.fidelity["share"]))
+            settings = dataclasses.replace(full, n_windows=min(short, full.n_windows))
+        best = self.fidelity.get("best")
+        stop_below = full.stop_share * best if best and full.stop_share > 0 else None
         best: dict[str, Any] | None = None
         for attempt in range(1 + settings.n_remeasure):
             restore(self.pristine)
             result = measure(
-                state, self.spec.dataset, settings, mem_mark=mark if attempt == 0 else None, seed=seed + attempt
+                state,
+                self.spec.dataset,
+                settings,
+                mem_mark=mark if attempt == 0 else None,
+                seed=seed + attempt,
+                stop_below=stop_below if attempt == 0 else None,
             )
+            # A window lasts about window_s, a little more: the windows not timed are what was saved.
+            per_window = result["timed_s"] / max(1, result["n_windows"])
+            result["fidelity_saved_s"] = (full.n_windows - result["n_windows"]) * per_window
+            if result["stopped"]:
+                result.update(noise=None, n_measurements=1, noisy=False, busy=is_busy(result, settings))
+                return result
             result["noise"] = noise_reason(result, settings)
             if best is None or _noise_rank(result) < _noise_rank(best):
                 best = {**result, "compile_s": best["compile_s"] if best else result["compile_s"]}

@@ -54,6 +54,9 @@ class MeasureSettings:
             use during the windows of a clean measurement.
         n_remeasure: Extra measurements of a trial whose first one was noisy (by the two
             limits above), before it is kept and marked ``noisy``.
+        stop_share: With throughput first, a trial whose first timed window runs under this
+            share of the best trial's samples/s so far stops there, unguarded (``stopped``): far
+            below the best, more windows and the guard cannot make it a contender. 0: never.
     """
 
     n_windows: int = 5
@@ -62,6 +65,7 @@ class MeasureSettings:
     max_cov: float = 0.05
     max_others_cpu: float = 0.10
     n_remeasure: int = 2
+    stop_share: float = 0.4
 
 
 # An epoch of at most this many batches is timed whole, its short last batch included, as a
@@ -326,6 +330,7 @@ def measure(
     *,
     mem_mark: float | None = None,
     seed: int = 0,
+    stop_below: float | None = None,
 ) -> dict[str, Any]:
     """Time ``state`` end to end over ``dataset``.
 
@@ -338,6 +343,9 @@ def measure(
         seed: Which shuffled order token sequences are read in (see
             :func:`~autotune.trial.build.make_loader`): give each measurement its own, and
             configurations compared in one round the same.
+        stop_below: Samples/s under which the measurement stops after its first window (a
+            configuration far slower than the best so far needs no more timing to be ruled
+            out); the result then has ``stopped`` set and one window.
 
     Returns:
         ``samples_per_s`` (median window; where timed batches differ in size or length, samples
@@ -348,7 +356,8 @@ def measure(
         windows) and ``others_cpu_max``; ``peak_mem_mib`` (the trial's own: see
         :func:`memory_mark`); ``compile_s`` (warm-up); ``recompiles`` (graphs torch.compile
         compiled during the timed windows: new shapes the warm-up did not see, timed as they
-        would be in use); ``timed_s``; ``n_windows``; ``batch_size``.
+        would be in use); ``timed_s``; ``n_windows`` (the windows timed); ``stopped``;
+        ``batch_size``.
 
     Example:
         >>> import torch
@@ -412,6 +421,8 @@ def measure(
                 totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s
                 others.append(probe.stop())
                 latencies += [b.elapsed_time(e) for b, e in events]
+                if stop_below is not None and totals[0] / totals[1] < stop_below:
+                    break  # far below the best so far: more windows would not change that
             timed_s = time.perf_counter() - timed_start
             recompiles = _compiled_frames() - compiled_before
     finally:
@@ -431,6 +442,7 @@ def measure(
         "compile_s": compile_s,
         "recompiles": recompiles,
         "timed_s": timed_s,
-        "n_windows": settings.n_windows,
+        "n_windows": len(windows),
+        "stopped": len(windows) < settings.n_windows,
         "batch_size": state.batch_size,
     }

@@ -70,9 +70,12 @@ class Runner:
             return seconds
         return max(1.0, min(seconds, self.deadline - time.monotonic()))
 
-    def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
+    def run(
+        self, config: dict[str, Any], timeout: float | None = None, fidelity: dict[str, Any] | None = None
+    ) -> TrialResult:
         """Measure one configuration within ``timeout`` seconds (default :attr:`timeout`);
-        return what became of it (a worker that died or hung is a result too)."""
+        return what became of it (a worker that died or hung is a result too). ``fidelity``:
+        see :meth:`~autotune.trial.context.Context.run_trial`."""
         raise NotImplementedError
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
@@ -136,12 +139,14 @@ class InProcessRunner(Runner):
         self._ctx = make_context(spec)
         self.info = self._ctx.info
 
-    def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
+    def run(
+        self, config: dict[str, Any], timeout: float | None = None, fidelity: dict[str, Any] | None = None
+    ) -> TrialResult:
         started = time.perf_counter()
         limit = self.bounded(self.timeout if timeout is None else timeout)
         try:
             with _alarm(limit):
-                result = self._ctx.run_trial(config)
+                result = self._ctx.run_trial(config, fidelity)
         except _Overrun:
             reason = f"no result within {limit:g} s while running the trial; it was interrupted"
             return TrialResult("timeout", "timeout", reason, {"trial_s": time.perf_counter() - started})
@@ -273,16 +278,19 @@ class SubprocessRunner(Runner):
             self._proc = None
             self.info = self._start()
 
-    def run(self, config: dict[str, Any], timeout: float | None = None) -> TrialResult:
+    def run(
+        self, config: dict[str, Any], timeout: float | None = None, fidelity: dict[str, Any] | None = None
+    ) -> TrialResult:
         started = time.perf_counter()
         timeout = self.timeout if timeout is None else timeout
         self._ensure()
+        message = ("trial", config, fidelity)
         try:
-            self._send.send(("trial", config))
+            self._send.send(message)
         except (BrokenPipeError, OSError):
             self._kill()
             self._ensure()
-            self._send.send(("trial", config))
+            self._send.send(message)
         reply = self._wait(self.bounded(timeout), "running the trial")
         if reply[0] == "fail":
             self._kill()

@@ -17,8 +17,9 @@ from autotune.trial.measure import MeasureSettings
 __all__ = ["STATUSES", "TrialResult", "WorkerSpec"]
 
 # ok: measured and guarded; infeasible: ruled out (guard, NaN, a method that cannot apply);
-# oom, timeout, crash, error: faults; interrupted and skipped: never finished by this worker.
-STATUSES = ("ok", "infeasible", "oom", "timeout", "crash", "error", "interrupted", "skipped")
+# stopped: its first timed window was far below the best so far, so timing and guard stopped
+# there; oom, timeout, crash, error: faults; interrupted and skipped: never finished by this worker.
+STATUSES = ("ok", "infeasible", "stopped", "oom", "timeout", "crash", "error", "interrupted", "skipped")
 
 
 @dataclasses.dataclass

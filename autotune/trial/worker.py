@@ -57,7 +57,7 @@ def serve(conn: Any) -> None:
     while True:
         message = conn.recv()
         if message[0] == "trial":
-            conn.send(("result", ctx.run_trial(message[1])))
+            conn.send(("result", ctx.run_trial(*message[1:])))
         elif message[0] == "call" and message[1] in ("rounds", "held_out", "export", "diagnose", "profile"):
             try:
                 conn.send(("result", getattr(ctx, message[1])(*message[2:])))
