@@ -56,6 +56,7 @@ shall have a new birth of freedom, and that government of the people, by the peo
 people, shall not perish from the earth."""
 
 FONT_DIRS = ("/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/dejavu", "/usr/local/share/fonts")
+FONT_SIZES = (13, 16, 20, 24)
 FACES = ("DejaVuSans.ttf", "DejaVuSerif.ttf", "DejaVuSans-Bold.ttf", "DejaVuSansMono.ttf", "DejaVuSerif-Italic.ttf")
 
 
@@ -199,7 +200,7 @@ def words() -> list[str]:
     return TEXT.split()
 
 
-def fonts(sizes: tuple[int, ...] = (13, 16, 20, 24)) -> list[Any]:
+def fonts(sizes: tuple[int, ...] = FONT_SIZES) -> list[Any]:
     """DejaVu faces at several sizes; Pillow's own scalable font where no DejaVu is installed."""
     from PIL import ImageFont
 
@@ -210,24 +211,29 @@ def fonts(sizes: tuple[int, ...] = (13, 16, 20, 24)) -> list[Any]:
     return [ImageFont.truetype(str(f), s) for f in files for s in sizes]
 
 
-def render_page(rng: random.Random, height: int, width: int, font_list: list[Any]) -> tuple[bytes, np.ndarray]:
+def render_page(
+    rng: random.Random, height: int, width: int, font_list: list[Any], scan: int = 1
+) -> tuple[bytes, np.ndarray]:
     """One page: lines of words from :data:`TEXT` in one face and size, dark ink on a light
-    background, as PNG bytes, and each word's box ``(n, 4)`` as ``x0, y0, x1, y1`` in pixels."""
+    background, as PNG bytes, and each word's box ``(n, 4)`` as ``x0, y0, x1, y1`` in pixels.
+    With ``scan`` > 1 the page is drawn ``scan`` times larger on each side (``font_list`` at
+    ``scan`` times the sizes), as a scanner delivers it."""
     from PIL import Image, ImageDraw
 
     font = rng.choice(font_list)
     ink, paper = rng.randint(0, 70), rng.randint(215, 255)
-    image = Image.new("RGB", (width, height), (paper, paper, paper - rng.randint(0, 20)))
+    image = Image.new("RGB", (width * scan, height * scan), (paper, paper, paper - rng.randint(0, 20)))
     draw = ImageDraw.Draw(image)
     vocabulary, boxes = words(), []
     k = rng.randrange(len(vocabulary))
-    margin = rng.randint(8, 24)
+    margin = rng.randint(8, 24) * scan
     ascent, descent = font.getmetrics()
     line_h = int((ascent + descent) * rng.uniform(1.3, 1.8))
-    space = max(4, int(font.getlength(" ") * rng.uniform(1.0, 1.6)))
+    space = max(4 * scan, int(font.getlength(" ") * rng.uniform(1.0, 1.6)))
+    height, width = height * scan, width * scan
     y = margin
     while y + line_h <= height - margin and len(boxes) < MAX_WORDS:
-        x = margin + rng.randint(0, 12)
+        x = margin + rng.randint(0, 12) * scan
         while len(boxes) < MAX_WORDS:
             word = vocabulary[k % len(vocabulary)]
             x0, y0, x1, y1 = draw.textbbox((x, y), word, font=font)
@@ -245,6 +251,10 @@ def render_page(rng: random.Random, height: int, width: int, font_list: list[Any
 class Pages(torch.utils.data.Dataset):
     """``n`` rendered pages of several sizes and aspect ratios, kept as PNG bytes.
 
+    With ``scan`` > 1 each page is kept as a scan ``scan`` times larger on each side (12: 2,000-3,700
+    pixels, as a 300-400-dpi scan of a letter page is), and ``__getitem__`` decodes the
+    scan and scales it down to the same size: decoding, not the model, then dominates a pass.
+
     A sample is ``(image, boxes)``: the page decoded, resized to multiples of 32 and normalised,
     ``(3, H, W)`` float32, and its words' boxes in that image's pixels, ``(MAX_WORDS, 4)``, the
     rows past the page's words -1.
@@ -253,10 +263,11 @@ class Pages(torch.utils.data.Dataset):
     # (height, width): portrait, landscape and square, none a multiple of 32 on both sides.
     SIZES = ((232, 168), (168, 232), (264, 200), (200, 264), (296, 216), (200, 200), (248, 248), (216, 312))
 
-    def __init__(self, n: int = 32, seed: int = 0) -> None:
+    def __init__(self, n: int = 32, seed: int = 0, scan: int = 1) -> None:
         rng = random.Random(seed)
-        font_list = fonts()
-        self.pages = [render_page(rng, *rng.choice(self.SIZES), font_list) for _ in range(n)]
+        font_list = fonts(tuple(s * scan for s in FONT_SIZES))
+        self.scan = scan
+        self.pages = [render_page(rng, *rng.choice(self.SIZES), font_list, scan) for _ in range(n)]
 
     def __len__(self) -> int:
         return len(self.pages)
@@ -267,7 +278,7 @@ class Pages(torch.utils.data.Dataset):
         data, boxes = self.pages[i]
         page = Image.open(io.BytesIO(data)).convert("RGB")
         w, h = page.size
-        size_w, size_h = max(32, round(w / 32) * 32), max(32, round(h / 32) * 32)
+        size_w, size_h = max(32, round(w / self.scan / 32) * 32), max(32, round(h / self.scan / 32) * 32)
         page = page.resize((size_w, size_h), Image.BILINEAR)
         pixels = np.asarray(page, dtype=np.float32) / 255.0
         pixels = (pixels - np.asarray(MEAN, np.float32)) / np.asarray(STD, np.float32)
