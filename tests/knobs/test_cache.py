@@ -67,3 +67,17 @@ def test_a_run_with_the_cache_completes_and_its_loader_reads_the_same_samples(tm
     for _ in range(2):  # two epochs, the second from the cache
         got = torch.cat([x for x, _ in loader])
         torch.testing.assert_close(got, torch.stack([data[i][0] for i in range(len(data))]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("preset", ["default", "cpu", "cpu-deploy", "quick", "gpu"])
+def test_every_runtime_preset_offers_the_image_and_loader_knobs_where_they_apply(preset):
+    """A preset lists its knobs: the decoded-sample cache and the image-size knobs must be among
+    them, or a search of a decoding image dataset never tries them (their offers still leave them
+    out where they do not apply)."""
+    from tests.models import HalfMap, page_data
+
+    _, _, space = autotune.plan(TinyCNN(), EncodedImages(), space=preset, device="cpu")
+    assert space.values["cache_decoded"] == [False, True]
+    _, _, pages = autotune.plan(HalfMap(), page_data(), space=preset, device="cpu")
+    assert len(pages.values["image_padding"]) > 1 and len(pages.values["size_grouping"]) > 1
+    assert pages.values["cache_decoded"] == [False]  # a list of samples is in memory already
