@@ -48,6 +48,11 @@ HARMFUL = 0.8
 TIER1 = ("padding", "image_shape", "amp_dtype", "int8", "compile_mode")
 # With size first, the levers are the ones that shrink the model, every one screened alone.
 SIZE_TIER1 = ("int8", "prune_ratio")
+# Knobs whose effect depends on the other's value: a loader worker process takes a core the
+# model's threads wanted (on 2 cores, 2 workers beside 2 threads measured 0.22x; beside 1 thread
+# they hide the decoding). A value measured harmful is left out only beside the partner's value
+# it was measured with.
+PARTNERS = {"num_threads": "num_workers", "num_workers": "num_threads"}
 
 
 def check_strategy(name: Any) -> str:
@@ -136,7 +141,11 @@ def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
         add("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
     workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
     if workers and base.get("num_workers") == 0:
-        add("num_workers", [{"num_workers": _nearest(workers, min(2, cores))}])
+        n = _nearest(workers, min(2, cores))
+        # The workers beside the threads they leave free (a perf guide's recipe: workers plus
+        # threads = cores), then beside the baseline's threads.
+        free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
+        add("num_workers", [*free, {"num_workers": n}])
     for name, value in (
         ("cache_decoded", True),
         ("channels_last", True),
@@ -170,8 +179,24 @@ def size_levers(space: SearchSpace) -> list[Lever]:
     return found
 
 
+def _beside(changes: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
+    """``changes`` with the value of each changed knob's partner (:data:`PARTNERS`) in ``config``,
+    the configuration they were measured in: a left-out value is refused only beside it.
+
+    Example:
+        >>> _beside({"num_workers": 2}, {"num_workers": 2, "num_threads": 2, "batch_size": 8})
+        {'num_workers': 2, 'num_threads': 2}
+    """
+    found = dict(changes)
+    for name in changes:
+        partner = PARTNERS.get(name)
+        if partner is not None and partner in config:
+            found.setdefault(partner, config[partner])
+    return found
+
+
 def _score(record: Mapping[str, Any], key: str, maximize: bool) -> float | None:
-    # A trial stopped after its first window was measured far below the best: a speed, not a fault.
+    # A trial stopped early was measured far below the best: a speed, not a fault.
     if record.get("status") not in ("ok", "stopped") or record.get(key) in (None, 0):
         return None
     value = float(record[key])
@@ -262,7 +287,9 @@ class Staged:
         return self._alone_harmful(records) + self.composition(records)[1]
 
     def _alone_harmful(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], float]]:
-        return [(c, r) for c, r in self.screened(records).values() if r is not None and r < HARMFUL]
+        return [
+            (_beside(c, self._full(c)), r) for c, r in self.screened(records).values() if r is not None and r < HARMFUL
+        ]
 
     def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
         """Why ``config`` is not run (it holds a value left out after screening), or ``None``."""
@@ -320,18 +347,22 @@ class Staged:
             key=lambda rc: -rc[0],
         )
         current, held, harmful = self._full(paid[0][1] if paid else {}), [paid[0][1]] if paid else [], []
-        steps = [c for _, c in paid[1:]] + [lever.variants[0] for lever in self.levers if lever.name not in self.tier1]
-        for changes in steps:
-            candidate = self._add(current, held, changes)
-            if candidate is None or Config(candidate).key() == Config(current).key():
-                continue
-            key, now = Config(candidate).key(), scores.get(Config(current).key())
-            if key not in scores:
-                return candidate, harmful
-            if scores[key] is not None and now and scores[key] / now < HARMFUL:
-                harmful.append((dict(changes), scores[key] / now))
-            if (scores[key] or 0.0) > (now or 0.0):
-                current, held = candidate, [*held, changes]
+        steps = [[c] for _, c in paid[1:]] + [
+            list(lever.variants) for lever in self.levers if lever.name not in self.tier1
+        ]
+        for variants in steps:
+            for changes in variants:  # the next variant only while none before it was kept
+                candidate = self._add(current, held, changes)
+                if candidate is None or Config(candidate).key() == Config(current).key():
+                    continue
+                key, now = Config(candidate).key(), scores.get(Config(current).key())
+                if key not in scores:
+                    return candidate, harmful
+                if scores[key] is not None and now and scores[key] / now < HARMFUL:
+                    harmful.append((_beside(changes, candidate), scores[key] / now))
+                if (scores[key] or 0.0) > (now or 0.0):
+                    current, held = candidate, [*held, changes]
+                    break
         return self._interactions(records, scores, self._alone_harmful(records) + harmful), harmful
 
     def _interactions(self, records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], left_out: list) -> Any:

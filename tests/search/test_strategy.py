@@ -83,6 +83,31 @@ def test_screening_leaves_out_a_value_that_halves_throughput():
     assert Staged(space, ["throughput"]).left_out([t.user_attrs | {"key": t.user_attrs["key"]} for t in measured])
 
 
+def test_loader_workers_are_tried_beside_the_threads_they_leave_free():
+    """On 2 cores a decode-bound pipeline: one thread alone halves the model, 2 workers beside 2
+    threads fight for the cores (0.25x), 2 workers beside 1 thread hide the decoding (2x). Neither
+    harmful value keeps the search from measuring the pair that pays, and each is left out only
+    beside the value it was measured with."""
+
+    def speed(c):
+        workers, threads = c["num_workers"], c["num_threads"]
+        x = {(0, 2): 100.0, (0, 1): 50.0, (2, 2): 25.0, (2, 1): 200.0}[(workers, threads)]
+        return x * (1.01 if c["batch_size"] == 64 else 1.0)
+
+    space = space_of({"batch_size": [32, 64], "num_workers": [0, 2], "num_threads": [1, 2]})
+    table = {k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()}
+    study, _ = _run(space, table, 6)
+    best = max(_measured(study), key=lambda t: t.user_attrs["samples_per_s"])
+    assert (best.user_attrs["config"]["num_workers"], best.user_attrs["config"]["num_threads"]) == (2, 1)
+    assert best.number <= 4, [t.user_attrs.get("config") for t in _measured(study)]
+    assert not [t for t in study.trials if t.user_attrs.get("kind") == "screened"]
+    # One thread measured harmful beside no workers is refused there, not beside 2 workers.
+    staged = Staged(space, ["throughput"])
+    one_thread = [({"num_threads": 1, "num_workers": 0}, 0.5)]
+    assert staged._refuse(staged._full({"num_threads": 1}), one_thread) is not None
+    assert staged._refuse(staged._full({"num_threads": 1, "num_workers": 2}), one_thread) is None
+
+
 def test_a_shared_study_of_two_workers_runs_each_screening_config_once(tmp_path):
     space, table = _table(_independent)
     url = f"sqlite:///{tmp_path / 'study.db'}"
