@@ -1,7 +1,7 @@
 """How the search went, told from its trials: the phases with the trials and seconds each took,
 when the winner was found, what screening left out, and what shortened timings saved
 (multi-fidelity: a screening trial times half the windows; a trial far below the best so far
-stops after its first window).
+stops early).
 
 The staged strategy (:mod:`autotune.search.strategy`) marks each configuration it queues with
 its phase (``screen``, ``compose``); the baseline is ``baseline``, and whatever the sampler
@@ -75,7 +75,8 @@ def search_story(
         "found": found,
         "left_out": [{"changes": dict(changes), "ratio": round(ratio, 3)} for changes, ratio in left_out],
         "fidelity": {
-            "short": sum(1 for r in measured if phase_of(r, strategy) == "screen"),
+            # Timed on fewer windows (screening); a training trial is always timed fully.
+            "short": sum(1 for r in measured if r.get("status") != "stopped" and r.get("fidelity_saved_s")),
             "stopped": sum(1 for r in measured if r.get("status") == "stopped"),
             "saved_s": round(sum(float(r.get("fidelity_saved_s") or 0.0) for r in measured), 1),
         },
@@ -106,7 +107,7 @@ def fidelity_line(fidelity: Mapping[str, Any] | None) -> str | None:
 
     Example:
         >>> fidelity_line({"short": 5, "stopped": 2, "saved_s": 41.3})
-        'multi-fidelity: 5 screening trials timed on half the windows, 2 trials stopped after their first window (far below the best so far), about 41 s of timing and guarding saved'
+        'multi-fidelity: 5 screening trials timed on half the windows, 2 trials stopped early (far below the best so far), about 41 s of timing and guarding saved'
     """
     if not fidelity or not (fidelity.get("short") or fidelity.get("stopped")):
         return None
@@ -114,7 +115,7 @@ def fidelity_line(fidelity: Mapping[str, Any] | None) -> str | None:
     if fidelity.get("short"):
         parts.append(f"{fidelity['short']} screening trials timed on half the windows")
     if fidelity.get("stopped"):
-        parts.append(f"{fidelity['stopped']} trials stopped after their first window (far below the best so far)")
+        parts.append(f"{fidelity['stopped']} trials stopped early (far below the best so far)")
     return (
         f"multi-fidelity: {', '.join(parts)}, about {fidelity.get('saved_s', 0.0):.0f} s of timing and guarding saved"
     )

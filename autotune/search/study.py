@@ -300,12 +300,18 @@ SCREEN_SHARE = 0.5
 
 
 def trial_fidelity(
-    phase: str | None, baseline: bool, objectives: Sequence[str], finished: Sequence[FrozenTrial]
+    phase: str | None,
+    baseline: bool,
+    objectives: Sequence[str],
+    finished: Sequence[FrozenTrial],
+    space: SearchSpace | None = None,
 ) -> dict[str, Any]:
     """How fully a trial is timed (multi-fidelity): a screening trial gets :data:`SCREEN_SHARE`
     of the windows; with throughput first, any trial but the baseline gets the ``best``
-    samples/s measured so far, and stops after its first window if that runs under the timing
-    settings' ``stop_share`` of it.
+    samples/s measured so far, and stops early (once a few batches are timed) if it runs under the timing
+    settings' ``stop_share`` of it. Only trials that can win set the best: with ``space``, those
+    it contains (not the model as given where ``fix`` pins a knob elsewhere, or the one
+    candidate holding the fixed value would be stopped and none would be left).
 
     Example:
         >>> trial_fidelity("screen", False, ["latency"], [])
@@ -316,7 +322,11 @@ def trial_fidelity(
     fidelity: dict[str, Any] = {"share": SCREEN_SHARE} if phase == "screen" else {}
     if baseline or not objectives or objectives[0] != "throughput":
         return fidelity
-    speeds = [t.user_attrs.get("samples_per_s") for t in finished if t.user_attrs.get("status") == "ok"]
+    speeds = [
+        t.user_attrs.get("samples_per_s")
+        for t in finished
+        if t.user_attrs.get("status") == "ok" and (space is None or space.contains(t.user_attrs.get("config") or {}))
+    ]
     best = max((float(v) for v in speeds if v), default=None)
     if best:
         fidelity["best"] = best
@@ -369,7 +379,7 @@ def _tell(
         # failing code path (measured: 250 of 300 proposals of a text search were TorchScript of
         # static int8, every one ruled out), while pruned ones count against their region. An
         # infeasible trial with its measurements was told above, as a constraint violation. A
-        # trial stopped after its first window (far below the best) is what Optuna calls pruned.
+        # trial stopped early (far below the best) is what Optuna calls pruned.
         return _told(study, trial, state=TrialState.PRUNED)
     return _told(study, trial, state=TrialState.FAIL)
 
@@ -659,7 +669,7 @@ def _one_trial(
         result = TrialResult("error", "fault-rule", fault, {"ran": False, **attrs})
     else:
         limit, at_deadline = limits.for_config(config)
-        fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished)
+        fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space)
         result = runner.run(config, timeout=limit, fidelity=fidelity)
         result.metrics.update(attrs, ran=True)
         if stop is not None and stop.is_set() and result.status == "crash":

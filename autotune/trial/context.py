@@ -89,7 +89,7 @@ class Context:
 
         ``fidelity`` may shorten its timing: ``share`` of the timed windows (a screening
         trial), and the ``best`` samples/s so far, a share of which (the timing settings'
-        ``stop_share``) stops it after its first window (far below the best: the guard is not run
+        ``stop_share``) stops it early (far below the best: the guard is not run
         and the trial is ``stopped``)."""
         started = time.perf_counter()
         flat: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}

@@ -186,14 +186,15 @@ class TrialContext(Context):
         result.update(self._measure_clean(state, mark, draw_seed(self.spec.seed, "trial", config)))
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
         if result["stopped"]:
-            # Far below the best so far after its first window: neither more timing nor the
+            # Far below the best so far after its first windows: neither more timing nor the
             # guard can make it a contender. What they would have cost is what was saved.
             result["fidelity_saved_s"] += self._guard_s
             result.update(
                 status="stopped",
                 kind="early-stop",
-                reason=f"stopped after its first window: {result['samples_per_s']:,.0f} samples/s, under "
-                f"{self.spec.measure.stop_share:.0%} of the best so far ({self.fidelity['best']:,.0f})",
+                reason=f"stopped after {result['n_windows']} of {self.spec.measure.n_windows} windows: "
+                f"{result['samples_per_s']:,.0f} samples/s, under {self.spec.measure.stop_share:.0%} of the best so "
+                f"far ({self.fidelity['best']:,.0f})",
             )
             return
         guard_start = time.perf_counter()
@@ -221,7 +222,7 @@ class TrialContext(Context):
         and mark it ``noisy`` if none was clean.
 
         With a ``share`` in :attr:`fidelity` (a screening trial) fewer windows are timed; with
-        the ``best`` samples/s so far, a first window under ``stop_share`` of it ends the
+        the ``best`` samples/s so far, running under ``stop_share`` of it ends the
         measurement (``stopped``) and nothing is measured again. ``fidelity_saved_s`` is the
         timing this saved, in seconds."""
         full = self.spec.measure

@@ -54,9 +54,10 @@ class MeasureSettings:
             use during the windows of a clean measurement.
         n_remeasure: Extra measurements of a trial whose first one was noisy (by the two
             limits above), before it is kept and marked ``noisy``.
-        stop_share: With throughput first, a trial whose first timed window runs under this
-            share of the best trial's samples/s so far stops there, unguarded (``stopped``): far
-            below the best, more windows and the guard cannot make it a contender. 0: never.
+        stop_share: With throughput first, a trial whose timed windows run under this share
+            of the best trial's samples/s so far stops once :data:`STOP_MIN_BATCHES` batches are
+            timed, unguarded (``stopped``): far below the best, more windows and the guard
+            cannot make it a contender. 0: never.
     """
 
     n_windows: int = 5
@@ -67,6 +68,10 @@ class MeasureSettings:
     n_remeasure: int = 2
     stop_share: float = 0.4
 
+
+# A measurement stops early (``stop_below``) only once this many batches were timed: a window
+# of one or two slow batches (a loader worker's first decode, say) is no evidence.
+STOP_MIN_BATCHES = 5
 
 # An epoch of at most this many batches is timed whole, its short last batch included, as a
 # user's pass over the same samples runs it: on a small dataset that batch can be a third of the
@@ -343,9 +348,10 @@ def measure(
         seed: Which shuffled order token sequences are read in (see
             :func:`~autotune.trial.build.make_loader`): give each measurement its own, and
             configurations compared in one round the same.
-        stop_below: Samples/s under which the measurement stops after its first window (a
-            configuration far slower than the best so far needs no more timing to be ruled
-            out); the result then has ``stopped`` set and one window.
+        stop_below: Samples/s under which the measurement stops after a window, once at least
+            :data:`STOP_MIN_BATCHES` batches were timed (a configuration far slower than the
+            best so far needs no more timing to be ruled out); the result then has ``stopped``
+            set and fewer windows.
 
     Returns:
         ``samples_per_s`` (median window; where timed batches differ in size or length, samples
@@ -378,6 +384,7 @@ def measure(
     latencies: list[float] = []
     windows: list[float] = []
     totals = [0, 0.0]  # samples and seconds over every window
+    timed_batches = 0
     sizes: set[int] = set()  # the timed batches' sizes
     others: list[float] = []
     probe = Interference()
@@ -395,7 +402,7 @@ def measure(
             timed_start = time.perf_counter()
             for _ in range(settings.n_windows):
                 events: list[tuple[Any, Any]] = []
-                n_samples = 0
+                n_samples = n_batches = 0
                 probe.start()
                 w_start = time.perf_counter()
                 while True:
@@ -413,6 +420,7 @@ def measure(
                     size = batch_size_of(batch)
                     sizes.add(size)
                     n_samples += size
+                    n_batches += 1
                     if time.perf_counter() - w_start >= settings.window_s:
                         break
                 _sync(device)
@@ -421,8 +429,12 @@ def measure(
                 totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s
                 others.append(probe.stop())
                 latencies += [b.elapsed_time(e) for b, e in events]
-                if stop_below is not None and totals[0] / totals[1] < stop_below:
-                    break  # far below the best so far: more windows would not change that
+                timed_batches += n_batches
+                if stop_below is not None and timed_batches >= STOP_MIN_BATCHES and totals[0] / totals[1] < stop_below:
+                    # Far below the best so far: more windows would not change that, unless the
+                    # windows were slow because they compiled a shape the warm-up had not seen.
+                    if _compiled_frames() == compiled_before:
+                        break
             timed_s = time.perf_counter() - timed_start
             recompiles = _compiled_frames() - compiled_before
     finally:
