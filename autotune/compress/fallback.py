@@ -176,11 +176,16 @@ def _ranking(plan: Int8Plan, key: str, rank: Callable[[], Any]) -> tuple[Any, bo
 
 
 def _info(out: dict[str, Any], ranking: Any, key: str, fresh: bool) -> dict[str, Any]:
-    """What the trial records: the layers kept float, each with its measured int8 error."""
-    errors = {n: ranking.exact_score.get(n, ranking.cheap_error.get(n)) for n in out["kept"]}
+    """What the trial records: the layers kept float, each with its relative output error when it
+    alone runs in int8 (measured for every layer, so one unit for all) and, for the layers the
+    exact pass refined, the guard's criterion on the model's outputs with it alone in int8 (a
+    metric's change, or the fidelity; 0.0 from a metric means that layer alone changed no score)."""
+    errors = {n: ranking.cheap_error.get(n) for n in out["kept"]}
+    scores = {n: ranking.exact_score[n] for n in out["kept"] if n in ranking.exact_score}
     info = {
         "int8_kept": list(out["kept"]),
         "int8_kept_error": json.dumps(errors),
+        "int8_kept_score": json.dumps(scores),
         "int8_k": out["k"],
         "int8_layers": out["n_layers"],
         "int8_fallback_score": out["score"],

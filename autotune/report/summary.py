@@ -379,7 +379,7 @@ def int8_lines(best: dict[str, Any]) -> list[str]:
         lines.append(
             f"INT8 layers kept float: {len(kept)} of {int8['n_layers']}, most sensitive first"
             + (f": {named}" if kept else "")
-            + " (each one's measured int8 error in brackets)."
+            + " (in brackets, each one's relative output error with it alone in int8)."
         )
     if int8.get("float_bytes") and int8.get("bytes"):
         lines.append(f"Weights: {int8['bytes'] / 2**20:.2f} MiB, {int8['float_bytes'] / 2**20:.2f} MiB in float32.")

@@ -342,11 +342,11 @@ def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> st
 
 
 def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
-    """The int8 fallback of the winner: layers kept float (with each one's int8 error), out of how
+    """The int8 fallback of the winner: layers kept float (with each one's int8 output error), out of how
     many, and the weights' bytes before int8; ``None`` for a float winner."""
     if "int8_kept" not in best and "float_bytes" not in best:
         return None
-    errors = best.get("int8_kept_error")
+    errors, scores = best.get("int8_kept_error"), best.get("int8_kept_score")
     config = best.get("config") or {}
     runtime = config.get("runtime", "torch")
     method = config.get("ort_precision") if runtime == "onnxruntime" else config.get("quantization")
@@ -356,7 +356,10 @@ def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
         # Dynamic int8 scales weights per tensor unless asked; the other methods per channel.
         "per_channel": bool(config.get("int8_per_channel")) or method != "int8_dynamic",
         "kept_float": best.get("int8_kept", []),
+        # Each kept layer's relative output error with it alone in int8, and the guard's
+        # criterion with it alone in int8 for the layers the exact pass refined.
         "kept_error": json.loads(errors) if isinstance(errors, str) else errors,
+        "kept_score": json.loads(scores) if isinstance(scores, str) else scores,
         "n_layers": best.get("int8_layers"),
         "float_bytes": best.get("float_bytes"),
         "bytes": best.get("size_bytes"),

@@ -135,6 +135,12 @@ def test_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tmp_pat
     assert result.best_config["quantization"] == "int8_static" and result.best["metric_drop"] <= 0.01
     kept = best["int8"]["kept_float"]
     assert "convs.2" in kept and len(kept) < best["int8"]["n_layers"] == 4, best["int8"]
+    # Every kept layer's error is its relative output error alone in int8, in one unit: the
+    # fragile convolution's is the largest and none is an unmeasured 0.
+    errors = best["int8"]["kept_error"]
+    assert set(errors) == set(kept) and all(e > 0 for e in errors.values()), best["int8"]
+    assert errors["convs.2"] == max(errors.values())
+    assert set(best["int8"]["kept_score"]) <= set(kept)
     tuned = autotune.apply(FragileCNN(), tmp_path, dataset=bare_images(), device="cpu")
     int8 = sum(t.dtype == torch.int8 for t in tuned.state_dict().values() if isinstance(t, torch.Tensor))
     assert int8 == 4 - len(kept) and int8 >= 2  # convolutions among them, as the run measured
