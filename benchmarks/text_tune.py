@@ -14,6 +14,7 @@ docs/text-workload.md)::
     python -m benchmarks.text_tune                       # search (about 15 min on 2 cores), then compare
     python -m benchmarks.text_tune --load OUT            # compare a finished search again
     python -m benchmarks.text_tune --kept 2,4,6          # int8 rows with that many layers float, by autotune's ranking
+    python -m benchmarks.text_tune --natural --trials 16 --space default   # natural lengths, the user's own collate
 """
 
 from __future__ import annotations
@@ -30,15 +31,27 @@ import torch
 MAX_DROP = 0.02
 
 
-def search(out: Path, n: int, n_trials: int, timeout: float, space: str) -> dict[str, Any]:
-    """Tune the padded dataset; the run's directory holds the result."""
-    import autotune
-    from benchmarks.text import PAD_TO, dataset, minilm
+def user_data(n: int, natural: bool) -> tuple[list[dict[str, torch.Tensor]], Any]:
+    """The samples and collate a user brings: padded to 64 tokens (``default_collate``), or at
+    their natural lengths behind a collate that pads each batch to its longest."""
+    from benchmarks.text import PAD_TO, dataset, pad_collate
 
+    if natural:
+        return dataset(n, max_length=PAD_TO), pad_collate
+    return dataset(n, padded=PAD_TO), None
+
+
+def search(out: Path, n: int, n_trials: int, timeout: float, space: str, natural: bool = False) -> dict[str, Any]:
+    """Tune the user's dataset; the run's directory holds the result."""
+    import autotune
+    from benchmarks.text import minilm
+
+    samples, collate = user_data(n, natural)
     started = time.perf_counter()
     result = autotune.optimize(
         minilm,
-        dataset(n, padded=PAD_TO),
+        samples,
+        collate_fn=collate,
         space=space,
         max_metric_drop=MAX_DROP,
         n_trials=n_trials,
@@ -61,8 +74,9 @@ def _changes(config: dict[str, Any]) -> str:
     return " ".join(f"{k}={v}" for k, v in config.items() if REGISTRY[k].default not in (None, v)) or "the baseline"
 
 
-def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]]) -> tuple[str, Any]:
-    """The tuned pipeline as a recipe: the run's model (``autotune.apply``) fed the run's batches."""
+def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]], collate: Any = None) -> tuple[str, Any]:
+    """The tuned pipeline as a recipe: the run's model (``autotune.apply``) fed the run's batches
+    (made by the user's ``collate``, if the run had one)."""
     import autotune
     from autotune.batching import Batching, lengths_of, split_samples
     from autotune.data import call_model
@@ -73,6 +87,7 @@ def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]]) -> tuple[str
     grouping = config["length_grouping"]
     batching = Batching(
         config["batch_size"],
+        collate_fn=collate,
         padding=config["padding"],
         grouping=grouping,
         lengths=lengths_of(samples) if grouping else None,
@@ -139,12 +154,12 @@ def ranked_recipes(work: Path, n: int, kept: list[int]) -> list[tuple[str, Any]]
     return recipes
 
 
-def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None) -> dict[str, Any]:
+def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None, natural: bool = False) -> dict[str, Any]:
     """Check, then time, the baseline, the hand recipes, int8 with ``kept`` layers float by
     autotune's ranking, and the tuned pipeline."""
     import tempfile
 
-    from benchmarks.text import PAD_TO, dataset, minilm, sentences
+    from benchmarks.text import minilm, sentences
     from benchmarks.text_recipes import _recipes, check, describe_machine, time_rounds
 
     texts = sentences(n)
@@ -153,7 +168,7 @@ def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None) -> 
     with tempfile.TemporaryDirectory() as tmp:
         recipes = _recipes(model, n, Path(tmp), sensitivity=False, n_keep_fp32=0)
         recipes += ranked_recipes(Path(tmp), n, kept or [])
-        recipes.append(tuned_recipe(out, dataset(n, padded=PAD_TO)))
+        recipes.append(tuned_recipe(out, *user_data(n, natural)))
         checks = check(recipes, texts)
         timing = time_rounds(recipes, n, n_rounds)
     base = timing["seconds"][recipes[0][0]]
@@ -185,6 +200,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmark-out/text"), help="the run's directory")
     parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")
     parser.add_argument(
+        "--natural",
+        action="store_true",
+        help="the user's samples at their natural lengths behind a collate that pads each batch (default: padded to 64)",
+    )
+    parser.add_argument(
         "--kept",
         default="4,6",
         help="also time int8 with these many layers kept float by autotune's ranking (default 4,6; none: '')",
@@ -192,8 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.load or args.out
     if args.load is None:
-        search(out, args.n, args.trials, args.timeout, args.space)
-    result = compare(out, args.n, args.rounds, [int(k) for k in args.kept.split(",") if k.strip()])
+        search(out, args.n, args.trials, args.timeout, args.space, args.natural)
+    kept = [int(k) for k in args.kept.split(",") if k.strip()]
+    result = compare(out, args.n, args.rounds, kept, args.natural)
     (out / "text-benchmark.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     return 0
 
