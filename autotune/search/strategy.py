@@ -139,6 +139,13 @@ def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
     fewer = [n for n in space.values.get("num_threads", ()) if n is not None and n < (base.get("num_threads") or 0)]
     if fewer:
         add("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
+    # Decoding once before loader workers: over repeated epochs (or repeated inference over a
+    # fixed set) the cache removes the decoding that workers would only hide, and leaves the
+    # cores to the model. Beside workers it needs them persistent, or each epoch loses it.
+    add(
+        "cache_decoded",
+        _variants(space, {"cache_decoded": (True,)}, {"cache_decoded": (True,), "persistent_workers": (True,)}),
+    )
     workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
     if workers and base.get("num_workers") == 0:
         n = _nearest(workers, min(2, cores))
@@ -147,7 +154,6 @@ def levers(space: SearchSpace, cores: int | None = None) -> list[Lever]:
         free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
         add("num_workers", [*free, {"num_workers": n}])
     for name, value in (
-        ("cache_decoded", True),
         ("channels_last", True),
         ("optimizer_impl", "fused"),
         ("cudnn_benchmark", True),

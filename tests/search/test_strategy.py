@@ -108,6 +108,30 @@ def test_loader_workers_are_tried_beside_the_threads_they_leave_free():
     assert staged._refuse(staged._full({"num_threads": 1, "num_workers": 2}), one_thread) is None
 
 
+def test_decoding_once_is_tried_before_workers_that_only_hide_it():
+    """A decode-bound pipeline over a fixed set: the cache (decode once, every core to the model)
+    beats workers beside fewer threads; non-persistent workers lose their cache every epoch."""
+
+    def speed(c):
+        cached = c["cache_decoded"] and (c["num_workers"] == 0 or c["persistent_workers"])
+        if cached:
+            x = 200.0 if c["num_threads"] == 2 else 100.0
+        else:
+            x = {(0, 2): 100.0, (0, 1): 60.0, (2, 2): 25.0, (2, 1): 180.0}[(c["num_workers"], c["num_threads"])]
+        return x * (1.01 if c["batch_size"] == 64 else 1.0)
+
+    values = {"batch_size": [32, 64], "num_workers": [0, 2], "persistent_workers": [False, True]}
+    space = space_of({**values, "cache_decoded": [False, True], "num_threads": [1, 2]})
+    table = {k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()}
+    study, _ = _run(space, table, 6)
+    best = max(_measured(study), key=lambda t: t.user_attrs["samples_per_s"])
+    config = best.user_attrs["config"]
+    assert config["cache_decoded"] and config["num_threads"] == 2, [
+        t.user_attrs.get("config") for t in _measured(study)
+    ]
+    assert best.number <= 4
+
+
 def test_a_shared_study_of_two_workers_runs_each_screening_config_once(tmp_path):
     space, table = _table(_independent)
     url = f"sqlite:///{tmp_path / 'study.db'}"
