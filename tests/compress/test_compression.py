@@ -42,6 +42,7 @@ def test_destructive_prune_is_infeasible_and_never_selected(tmp_path, digits):
     assert result.best_config["prune_ratio"] == 0.0
 
 
+@pytest.mark.slow  # CI time: tests/compress/test_quantize.py checks int8's size and agreement, test_fallback its guard
 def test_quantized_trial_is_smaller_and_guarded(tmp_path):
     from tests.compress.test_quantize import MLP  # Linear 256-512-512-10
 

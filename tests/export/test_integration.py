@@ -70,6 +70,7 @@ def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_pa
     assert art["status"] == "ok", art
 
 
+@pytest.mark.slow  # CI time: test_a_torch_fallback_winner_ships_onnx_with_layers_kept_float takes the same path
 def test_int8_winner_onnx_is_the_pruned_float_model_quantized_by_onnxruntime(tmp_path):
     from tests.compress.test_quantize import MLP
 
