@@ -328,6 +328,15 @@ def _compiled_frames() -> int:
     return 0 if utils is None else int(utils.counters["frames"]["total"])
 
 
+def _far_below(stop_below: float | None, n_batches: int, totals: list[Any], compiled_before: int) -> bool:
+    """Whether a measurement may stop: at least :data:`STOP_MIN_BATCHES` batches timed, under
+    ``stop_below`` samples/s so far, and no shape compiled in its windows (a window slowed by a
+    compile the warm-up had not seen says nothing of the configuration's speed)."""
+    if stop_below is None or n_batches < STOP_MIN_BATCHES or totals[0] / totals[1] >= stop_below:
+        return False
+    return _compiled_frames() == compiled_before
+
+
 def measure(
     state: BuildState,
     dataset: Any,
@@ -430,11 +439,8 @@ def measure(
                 others.append(probe.stop())
                 latencies += [b.elapsed_time(e) for b, e in events]
                 timed_batches += n_batches
-                if stop_below is not None and timed_batches >= STOP_MIN_BATCHES and totals[0] / totals[1] < stop_below:
-                    # Far below the best so far: more windows would not change that, unless the
-                    # windows were slow because they compiled a shape the warm-up had not seen.
-                    if _compiled_frames() == compiled_before:
-                        break
+                if _far_below(stop_below, timed_batches, totals, compiled_before):
+                    break
             timed_s = time.perf_counter() - timed_start
             recompiles = _compiled_frames() - compiled_before
     finally:

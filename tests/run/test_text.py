@@ -127,6 +127,7 @@ def test_a_user_metric_sees_the_batches_the_collate_makes(tmp_path):
     assert result.baseline["metric"] == pytest.approx(1.0, abs=1e-4)  # unit-norm embeddings
 
 
+@pytest.mark.slow  # CI time: the Hugging Face test exports text of any length and verifies it too
 def test_the_artifacts_take_any_length_and_verify_on_the_winners_batches(tmp_path):
     data = text_data(48)
     fixed = {"padding": "trim_8", "length_grouping": 4}

@@ -107,6 +107,7 @@ def _measured(trials):
     return [t for t in trials if t.user_attrs.get("ran") and t.user_attrs.get("repeat_of") is None]
 
 
+@pytest.mark.slow  # CI time: the staged strategy's two-worker test and the killed-worker test share studies too
 def test_four_workers_share_one_study(shared, tmp_path):
     url, name, flags = shared
     cfg = _cfg(tmp_path, [1, 2, 4, 8, 16, 32, 64])
