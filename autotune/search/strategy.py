@@ -45,7 +45,8 @@ MIN_GAIN = 1.03
 # A value is left out when screening measured it below this share of the baseline's speed.
 HARMFUL = 0.8
 # The levers screened alone against the baseline; the others are tried on the composed configuration.
-TIER1 = ("padding", "image_shape", "amp_dtype", "int8", "compile_mode")
+# The optimizer's implementation is training's own first-tier lever (inference offers one value).
+TIER1 = ("padding", "image_shape", "amp_dtype", "int8", "compile_mode", "optimizer_impl")
 # With size first, the levers are the ones that shrink the model, every one screened alone.
 SIZE_TIER1 = ("int8", "prune_ratio")
 # Knobs whose effect depends on the other's value: a loader worker process takes a core the

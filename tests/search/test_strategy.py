@@ -249,3 +249,46 @@ def test_int8_fallback_values_beyond_the_models_layers_are_not_offered():
     _, _, space = plan(Recurrent(), data, space={"base": None, "quantization": "all", "int8_fallback": "all"}, n_val=16)
     assert space.values["int8_fallback"] == [0, 1, "auto"]
     assert "the model has 2 layers int8 can quantize" in space.excluded["int8_fallback"]["2"]
+
+
+def test_training_mode_screens_the_training_knobs_and_leaves_out_what_halves_a_step(cpu_env):
+    """A training space as plan() resolves it (micro-batches dividing the effective batch, the
+    optimizer's implementations): the optimizer's implementation is screened alone against the
+    baseline, and one thread, which halves the step, is measured once and left out, so the fused
+    optimizer wins beside both threads."""
+    import dataclasses
+
+    import autotune
+    from tests.models import MLP, classification_data
+
+    _, _, planned = autotune.plan(
+        MLP(), classification_data(n=256), mode="train", space={"base": None, "optimizer_impl": "all"}
+    )
+    assert planned.values["optimizer_impl"] == ["default", "foreach", "fused"]
+    assert planned.values["quantization"] == ["none"] and planned.values["compile_mode"] == ["none"]
+    # The thread counts pinned, so the test holds on a machine of any core count.
+    space = dataclasses.replace(
+        planned,
+        values={**planned.values, "num_threads": [1, 2], "batch_size": [8, 16, 32]},
+        baseline={**planned.baseline, "num_threads": 2, "batch_size": 32},
+    )
+
+    def speed(c):
+        x = 100.0 * {"default": 1.0, "foreach": 1.1, "fused": 1.5}[c["optimizer_impl"]]
+        return x * (0.5 if c["num_threads"] == 1 else 1.0) * {8: 0.7, 16: 0.9, 32: 1.0}[c["batch_size"]]
+
+    table = {k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()}
+    study, runner = _run(space, table, 8)
+    measured = _measured(study)
+    changed = [
+        {k: v for k, v in t.user_attrs["config"].items() if v != space.baseline[k]}
+        for t in measured
+        if t.user_attrs.get("phase") == "screen"
+    ]
+    assert changed == [{"optimizer_impl": "fused"}], changed
+    assert len([t for t in measured if t.user_attrs["config"]["num_threads"] == 1]) == 1
+    refused = [t for t in study.trials if t.user_attrs.get("kind") == "screened"]
+    assert refused and all("num_threads=1" in t.user_attrs["reason"] for t in refused)
+    best = max(measured, key=lambda t: t.user_attrs["samples_per_s"])
+    assert best.user_attrs["config"]["optimizer_impl"] == "fused" and best.user_attrs["config"]["num_threads"] == 2
+    assert runner.calls == len(measured)
