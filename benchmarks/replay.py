@@ -15,8 +15,14 @@ Tables:
   effects multiply, with the interaction bf16 x trimmed padding and one thread halving.
 * ``quickstart``: part 2's 48 measured configurations (``benchmarks/search.py``), when its cache
   ``search-quickstart.json`` is given with ``--quickstart PATH``.
+* ``text``: measured with ``--text OUT``: all-MiniLM-L6-v2 on 384 real sentences pre-padded to
+  64 tokens (the issue's workload), padding x length grouping x autocast x batch x threads (32
+  configurations, a few minutes), measured once by the tuner's own worker and cached in
+  ``OUT/search-text.json`` for the next run on the same machine and software. Compile and ONNX
+  Runtime are left out of the measured table: each of their configurations costs a compile or
+  an export, and the factorial would take an hour.
 
-Run: ``python -m benchmarks.replay [--seeds 20] [--trials 24] [--quickstart OUT/search-quickstart.json]``.
+Run: ``python -m benchmarks.replay [--seeds 20] [--trials 24] [--quickstart OUT/search-quickstart.json] [--text OUT]``.
 """
 
 from __future__ import annotations
@@ -125,12 +131,36 @@ def text_table() -> tuple[Any, dict[str, dict[str, Any]]]:
     return space, table
 
 
-def quickstart_table(path: str | Path) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """Part 2's cached measurements (``search-quickstart.json``) and the space they span."""
+def cached_table(path: str | Path) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """A cache of ``benchmarks/search.py``'s measurements (``search-NAME.json``) and the space
+    they span (the baseline runs the most threads measured)."""
     doc = json.loads(Path(path).read_text())
     values = {k: v for k, v in doc["fingerprint"]["space"].items() if len(v) > 1}
-    threads = doc["fingerprint"]["space"].get("num_threads", [2])[0]
+    threads = max(doc["fingerprint"]["space"].get("num_threads", [2]))
     return space_of(values, threads), doc["results"]
+
+
+TEXT_MEASURED = {
+    "base": None,
+    "padding": ["as_given", "trim"],
+    "length_grouping": [0, 16],
+    "amp_dtype": ["float32", "bfloat16"],
+    "batch_size": [32, 64],
+    "num_threads": [1, 2],
+}
+
+
+def text_table_measured(out: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """The real-text table (:data:`TEXT_MEASURED` on MiniLM, 384 real sentences pre-padded to 64
+    tokens), measured by the tuner's worker, or reused from ``out``'s cache."""
+    from benchmarks.search import MEASURE, enumerate_space
+    from benchmarks.text import PAD_TO, dataset, minilm
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {"model": minilm, "dataset": dataset(384, padded=PAD_TO)}
+    enum = enumerate_space("text", cfg, out, TEXT_MEASURED, MEASURE)
+    print(f"  text: {len(enum['results'])} configurations measured in {enum['enumerate_s']:.0f} s", flush=True)
+    return cached_table(out / "search-text.json")
 
 
 def replay(space: Any, table: Mapping[str, Mapping[str, Any]], strategy: str, seed: int, n_trials: int) -> dict:
@@ -182,11 +212,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--trials", type=int, default=24, help="budget of measured trials per replay")
     parser.add_argument("--quickstart", help="part 2's cache, search-quickstart.json")
+    parser.add_argument("--text", type=Path, help="measure the real-text table here (or reuse its cache)")
     args = parser.parse_args(argv)
     tables = {"text-synthetic (SYNTHETIC)": text_table()}
     if args.quickstart:
-        tables["quickstart (measured)"] = quickstart_table(args.quickstart)
+        tables["quickstart (measured)"] = cached_table(args.quickstart)
+    if args.text:
+        tables["real text (measured)"] = text_table_measured(args.text)
     for name, (space, table) in tables.items():
+        missing = [k for k in configs_of(space) if k not in table]
+        if missing:  # the study would propose configurations the table cannot answer
+            raise SystemExit(
+                f"{name}: {len(missing)} configurations of its space are not in the table, e.g. {missing[0]}"
+            )
         print(f"\n{name}: {len(table)} configurations, budget {args.trials} trials, {args.seeds} seeds")
         print("strategy | trials to 95%: median [p10-p90] | trials to 99%: median [p10-p90]")
         for strategy in STRATEGIES:

@@ -13,6 +13,8 @@ docs/text-workload.md)::
 
     python -m benchmarks.text_tune                       # search (about 15 min on 2 cores), then compare
     python -m benchmarks.text_tune --load OUT            # compare a finished search again
+    python -m benchmarks.text_tune --search-only --out OUT && python -m benchmarks.text_tune --load OUT
+                                                         # the comparison in a fresh process
     python -m benchmarks.text_tune --kept 2,4,6          # int8 rows with that many layers float, by autotune's ranking
     python -m benchmarks.text_tune --natural --trials 16 --space default   # natural lengths, the user's own collate
 """
@@ -200,6 +202,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("benchmark-out/text"), help="the run's directory")
     parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")
     parser.add_argument(
+        "--search-only",
+        action="store_true",
+        help="search, then stop: compare it with --load in a fresh process, as a user's would re-time it",
+    )
+    parser.add_argument(
         "--natural",
         action="store_true",
         help="the user's samples at their natural lengths behind a collate that pads each batch (default: padded to 64)",
@@ -213,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     out = args.load or args.out
     if args.load is None:
         search(out, args.n, args.trials, args.timeout, args.space, args.natural)
+        if args.search_only:
+            return 0
     kept = [int(k) for k in args.kept.split(",") if k.strip()]
     result = compare(out, args.n, args.rounds, kept, args.natural)
     (out / "text-benchmark.json").write_text(json.dumps(result, indent=2, default=str) + "\n")

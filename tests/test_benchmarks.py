@@ -130,3 +130,22 @@ def test_profile_cost_smoke_runs_both_ways_in_one_process(tmp_path):
         assert (tmp_path / f"pair0-{label}" / "best_config.json").is_file()
     assert (tmp_path / "pair0-on" / "trace-baseline.json.gz").is_file()
     assert not (tmp_path / "pair0-off" / "trace-baseline.json.gz").exists()
+
+
+def test_a_cached_table_replays_from_the_most_threads_measured(tmp_path):
+    """A table measured over one and two threads replays with two as the baseline's (the user's
+    stock setting), and the replay answers every configuration its space can propose."""
+    from autotune.config import Config
+    from benchmarks.replay import cached_table, configs_of, replay, space_of
+
+    values = {"batch_size": [32, 64], "num_threads": [1, 2]}
+    measured = space_of(values)
+    results = {
+        k: {"status": "ok", "samples_per_s": 100.0 * c["batch_size"] / 32 * c["num_threads"], "metric_drop": 0.0}
+        for k, c in configs_of(measured).items()
+    }
+    path = tmp_path / "search-text.json"
+    path.write_text(json.dumps({"fingerprint": {"space": {**measured.values, **values}}, "results": results}))
+    space, table = cached_table(path)
+    assert space.baseline["num_threads"] == 2 and Config(space.baseline).key() in table
+    assert replay(space, table, "staged", 0, 4)[0.99] <= 4
