@@ -102,6 +102,15 @@ def test_explain_names_the_knobs_that_acted_on_the_bound_half():
     )
     assert "(no loader workers: loading took 43% of its time)" in serial
     assert "(no loader workers: loading took 23% of its time)" in compute
+    # The decoded-sample cache acts on the loader (CRAFT over 16x scans, data-bound: the sentence
+    # had said "no loader knob changed" beside a loader 3,500x faster).
+    cached = explain(
+        {"loader_samples_per_s": 6, "model_samples_per_s": 10, "bound": "data-bound"},
+        {"loader_samples_per_s": 21062, "model_samples_per_s": 21, "bound": "compute-bound"},
+        {"num_workers": 0, "cache_decoded": False, "amp_dtype": "float32"},
+        {"num_workers": 0, "cache_decoded": True, "amp_dtype": "bfloat16"},
+    )
+    assert "; cache_decoded=True raised the loader to 21,062;" in cached and "amp_dtype" not in cached
     same = {"batch_size": 32}
     diag = {"loader_samples_per_s": 100, "model_samples_per_s": 900, "bound": "data-bound"}
     assert explain(diag, diag, same, same).endswith("so it is also the winner")
