@@ -131,11 +131,11 @@ def start_worker(
         ``(runner, search_space, env)``; the caller closes the runner.
     """
     import autotune
-    from autotune.data import validation_indices
     from autotune.run.options import DEFAULT_MEASURE as _DEFAULT_MEASURE
+    from autotune.run.options import Options
+    from autotune.run.stages import _worker_spec
     from autotune.trial.measure import MeasureSettings
     from autotune.trial.runner import SubprocessRunner, pickle_spec
-    from autotune.trial.spec import WorkerSpec
 
     plan_options, spec_options = {}, {}
     if train is not None:
@@ -143,18 +143,21 @@ def start_worker(
         plan_options = {"mode": "train", "effective_batch_size": effective, "baseline_batch_size": effective}
         spec_options = {"mode": "train", "loss_fn": cfg["loss_fn"], "optimizer": train["optimizer"]}
         spec_options["effective_batch_size"] = effective
-    env, data, search_space = autotune.plan(cfg["model"], cfg["dataset"], space=space, **plan_options)
-    spec = WorkerSpec(
-        model=cfg["model"],
-        dataset=cfg["dataset"],
+    collate = cfg.get("options", {}).get("collate_fn")
+    env, data, search_space = autotune.plan(
+        cfg["model"], cfg["dataset"], space=space, collate_fn=collate, **plan_options
+    )
+    # The spec optimize would send (token sequences batched by the padding knobs, images by the
+    # image knobs, the user's collate): a spec of its own had left length grouping without lengths.
+    opts = Options(
         metric=cfg.get("metric"),
-        device=env.device,
-        baseline=search_space.baseline,
-        val_indices=validation_indices(data.n_samples, cfg.get("options", {}).get("n_val", 512)),
-        measure=MeasureSettings(**{**_DEFAULT_MEASURE, **(measure or {})}),
         max_metric_drop=cfg.get("max_metric_drop", 0.01),
+        n_val=cfg.get("options", {}).get("n_val", 512),
+        collate_fn=collate,
         **spec_options,
     )
+    timing = MeasureSettings(**{**_DEFAULT_MEASURE, **(measure or {})})
+    spec = _worker_spec(cfg["model"], cfg["dataset"], opts, env, search_space, data, timing)
     runner = SubprocessRunner(pickle_spec(spec), TRIAL_TIMEOUT_S, out / "logs" / f"{name}.log")
     return runner, search_space, env
 
