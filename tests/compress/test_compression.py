@@ -158,7 +158,7 @@ def test_shrink_finds_int8_that_quarters_a_recurrent_classifier(tmp_path):
     torch.manual_seed(0)
     model = _DigitsGRU()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    for _ in range(6):
+    for _ in range(20):  # about 3 s: 94% on the held-out digits (6 epochs gave 78%)
         for i in range(0, 1400, 64):
             opt.zero_grad()
             torch.nn.functional.cross_entropy(model(x[i : i + 64]), y[i : i + 64]).backward()
