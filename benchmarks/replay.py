@@ -19,10 +19,11 @@ Tables:
   64 tokens (the issue's workload), padding x length grouping x autocast x batch x threads (32
   configurations, a few minutes), measured once by the tuner's own worker and cached in
   ``OUT/search-text.json`` for the next run on the same machine and software. Compile and ONNX
-  Runtime are left out of the measured table: each of their configurations costs a compile or
-  an export, and the factorial would take an hour.
+  Runtime are left out of this table: each of their configurations costs a compile or an
+  export. ``--text-full OUT`` measures them too (``search-text-full.json``: compile, ONNX
+  Runtime fp32 and int8 with 0 or 4 layers kept float; 84 configurations, about half an hour).
 
-Run: ``python -m benchmarks.replay [--seeds 20] [--trials 24] [--quickstart OUT/search-quickstart.json] [--text OUT]``.
+Run: ``python -m benchmarks.replay [--seeds 20] [--trials 24] [--quickstart OUT/search-quickstart.json] [--text OUT] [--text-full OUT]``.
 """
 
 from __future__ import annotations
@@ -150,17 +151,29 @@ TEXT_MEASURED = {
 }
 
 
-def text_table_measured(out: Path) -> tuple[Any, dict[str, dict[str, Any]]]:
-    """The real-text table (:data:`TEXT_MEASURED` on MiniLM, 384 real sentences pre-padded to 64
-    tokens), measured by the tuner's worker, or reused from ``out``'s cache."""
+# With torch.compile, ONNX Runtime fp32 and int8 (every layer, or the 4 most sensitive kept
+# float): 84 configurations, about half an hour on 2 cores.
+TEXT_FULL = {
+    **TEXT_MEASURED,
+    "compile_mode": ["none", "default"],
+    "runtime": ["torch", "onnxruntime"],
+    "ort_precision": ["fp32", "int8_dynamic"],
+    "int8_fallback": [0, 4],
+}
+
+
+def text_table_measured(out: Path, full: bool = False) -> tuple[Any, dict[str, dict[str, Any]]]:
+    """The real-text table (:data:`TEXT_MEASURED`, or :data:`TEXT_FULL`, on MiniLM, 384 real
+    sentences pre-padded to 64 tokens), measured by the tuner's worker, or reused from ``out``'s cache."""
     from benchmarks.search import MEASURE, enumerate_space
     from benchmarks.text import PAD_TO, dataset, minilm
 
     out.mkdir(parents=True, exist_ok=True)
+    name = "text-full" if full else "text"
     cfg = {"model": minilm, "dataset": dataset(384, padded=PAD_TO)}
-    enum = enumerate_space("text", cfg, out, TEXT_MEASURED, MEASURE)
-    print(f"  text: {len(enum['results'])} configurations measured in {enum['enumerate_s']:.0f} s", flush=True)
-    return cached_table(out / "search-text.json")
+    enum = enumerate_space(name, cfg, out, TEXT_FULL if full else TEXT_MEASURED, MEASURE)
+    print(f"  {name}: {len(enum['results'])} configurations measured in {enum['enumerate_s']:.0f} s", flush=True)
+    return cached_table(out / f"search-{name}.json")
 
 
 def replay(space: Any, table: Mapping[str, Mapping[str, Any]], strategy: str, seed: int, n_trials: int) -> dict:
@@ -213,12 +226,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--trials", type=int, default=24, help="budget of measured trials per replay")
     parser.add_argument("--quickstart", help="part 2's cache, search-quickstart.json")
     parser.add_argument("--text", type=Path, help="measure the real-text table here (or reuse its cache)")
+    parser.add_argument(
+        "--text-full", type=Path, help="the same with compile and ONNX Runtime fp32/int8 (about half an hour)"
+    )
     args = parser.parse_args(argv)
     tables = {"text-synthetic (SYNTHETIC)": text_table()}
     if args.quickstart:
         tables["quickstart (measured)"] = cached_table(args.quickstart)
     if args.text:
         tables["real text (measured)"] = text_table_measured(args.text)
+    if args.text_full:
+        tables["real text with compile and ONNX Runtime (measured)"] = text_table_measured(args.text_full, full=True)
     for name, (space, table) in tables.items():
         missing = [k for k in configs_of(space) if k not in table]
         if missing:  # the study would propose configurations the table cannot answer

@@ -68,6 +68,8 @@ def enumerate_space(name: str, cfg: dict, out: Path, space: dict, measure: dict)
     runner, _, _ = start_worker(cfg, out, f"search-{name}", space=space, measure=measure)
     try:
         for i, config in enumerate(configs):
+            if Config(config).key() in results:  # a knob that does not apply here: measured already
+                continue
             r = runner.run(config).to_attrs()
             results[Config(config).key()] = {k: r.get(k) for k in RESULT_KEYS}
             changes = " ".join(f"{k}={config[k]}" for k in search_space.searched)
