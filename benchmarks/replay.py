@@ -59,7 +59,9 @@ class TableRunner:
         found = self.table.get(Config(config).key())
         if found is None:
             return TrialResult("error", "runtime", "not in the table", {"wall_s": 1.0})
-        return TrialResult.from_attrs({"wall_s": 1.0, **found})
+        # A cached result holds every key, None where the trial had no such figure (a trial
+        # ruled out before it was timed has no samples/s): the study sees it as a worker sends it.
+        return TrialResult.from_attrs({"wall_s": 1.0, **{k: v for k, v in found.items() if v is not None}})
 
 
 def space_of(values: Mapping[str, list[Any]], threads: int = 2) -> Any:
