@@ -133,7 +133,7 @@ def start_worker(
     import autotune
     from autotune.run.options import DEFAULT_MEASURE as _DEFAULT_MEASURE
     from autotune.run.options import Options
-    from autotune.run.stages import _worker_spec
+    from autotune.run.stages import worker_spec
     from autotune.trial.measure import MeasureSettings
     from autotune.trial.runner import SubprocessRunner, pickle_spec
 
@@ -157,7 +157,7 @@ def start_worker(
         **spec_options,
     )
     timing = MeasureSettings(**{**_DEFAULT_MEASURE, **(measure or {})})
-    spec = _worker_spec(cfg["model"], cfg["dataset"], opts, env, search_space, data, timing)
+    spec = worker_spec(cfg["model"], cfg["dataset"], opts, env, search_space, data, timing)
     runner = SubprocessRunner(pickle_spec(spec), TRIAL_TIMEOUT_S, out / "logs" / f"{name}.log")
     return runner, search_space, env
 

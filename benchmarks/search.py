@@ -68,10 +68,11 @@ def enumerate_space(name: str, cfg: dict, out: Path, space: dict, measure: dict)
     runner, _, _ = start_worker(cfg, out, f"search-{name}", space=space, measure=measure)
     try:
         for i, config in enumerate(configs):
-            if Config(config).key() in results:  # a knob that does not apply here: measured already
+            key = Config(config).key()
+            if key in results:  # a knob that does not apply here: measured already
                 continue
             r = runner.run(config).to_attrs()
-            results[Config(config).key()] = {k: r.get(k) for k in RESULT_KEYS}
+            results[key] = {k: r.get(k) for k in RESULT_KEYS}
             changes = " ".join(f"{k}={config[k]}" for k in search_space.searched)
             sps = f"{r['samples_per_s']:>10,.0f} samples/s" if r.get("samples_per_s") else ""
             print(f"  {name} {i + 1:>2}/{len(configs)} {time.perf_counter() - started:5.0f} s  {changes:<70} {sps}")

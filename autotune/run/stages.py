@@ -24,7 +24,17 @@ from autotune.errors import ConfigError, InputError
 from autotune.run.finish import finalize, finalize_reserve, overrun_margin
 from autotune.run.options import Options
 
-__all__ = ["Run", "execute", "finalize", "finalize_reserve", "overrun_margin", "prepare", "search", "write"]
+__all__ = [
+    "Run",
+    "execute",
+    "finalize",
+    "finalize_reserve",
+    "overrun_margin",
+    "prepare",
+    "search",
+    "worker_spec",
+    "write",
+]
 
 
 @dataclasses.dataclass
@@ -125,7 +135,10 @@ def _check_space(opts: Options, space: Any, data: Any) -> Options:
     return opts.replace(effective_batch_size=effective)
 
 
-def _worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, data: Any, timing: Any) -> Any:
+def worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, data: Any, timing: Any) -> Any:
+    """The spec every trial worker of a run gets: the model, the samples and how they batch
+    (token sequences, images of many sizes, the base collate), the validation split, the guard
+    and the timing. Benchmarks start their workers with it too, so their trials are the tuner's."""
     from autotune.data import calibration_split, validation_indices
     from autotune.trial.spec import WorkerSpec
 
@@ -300,7 +313,7 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
         grace_period_s=opts.grace_period_s,
     )
     timing = opts.timing()
-    spec = _worker_spec(model, inputs.dataset, opts, env, space, data, timing)
+    spec = worker_spec(model, inputs.dataset, opts, env, space, data, timing)
     spec.int8_rankings = _stored_rankings(study)
     if isinstance(storage, str):  # each ranking stored as soon as computed, read before ranking again
         from autotune.compress.fallback import StudyRankings

@@ -170,7 +170,7 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float, pro
         "max": max(ratios),
         "n_rounds": len(ratios),
         "others_cpu": others_cpu,
-        "busy": others_cpu > max_others_cpu,
+        "busy": busy,
         "processes": [float(p) for p in processes],
         "wide": wide,
     }
