@@ -45,6 +45,7 @@ __all__ = [
     "SequenceInfo",
     "fit_width",
     "gather_outputs",
+    "inverse_order",
     "join_samples",
     "lengths_of",
     "pad_collate",
@@ -307,7 +308,8 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Seque
         chunks: ``(outputs, mask)`` of each batch in the order they ran, on the CPU; ``mask`` is
             the batch's ``(batch, seq)`` attention mask, or ``None``.
         order: The dataset index of every sample, in the order the batches ran (a sequence, or a
-            ``long`` tensor, which a caller that gathers the same order often can keep).
+            ``long`` tensor), or what :func:`inverse_order` made of it, which a caller that
+            gathers the same order often can keep.
 
     Returns:
         One output per sample, without a batch axis, structured as the model's outputs: a
@@ -326,9 +328,7 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Seque
 
     if not chunks:
         return []
-    index = order if isinstance(order, torch.Tensor) else torch.as_tensor(list(order), dtype=torch.long)
-    inverse = torch.empty(len(order), dtype=torch.long)
-    inverse[index] = torch.arange(len(order))
+    inverse = inverse_order(order)
     per_batch = [tensor_leaves(out) for out, _ in chunks]
     leaves = [_gather_leaf([(b[j], m) for b, (_, m) in zip(per_batch, chunks, strict=True)], inverse)
               for j in range(len(per_batch[0]))]  # fmt: skip
@@ -336,8 +336,40 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Seque
     if isinstance(template, torch.Tensor):
         return leaves[0]
     leaves = [list(leaf) if isinstance(leaf, Rows) else leaf for leaf in leaves]
-    rows = zip(*leaves, strict=True) if leaves else ([] for _ in order)
+    rows = zip(*leaves, strict=True) if leaves else ([] for _ in range(len(inverse)))
     return [map_tensors(lambda _, it=iter(row): next(it), template) for row in rows]
+
+
+def inverse_order(order: Any) -> Any:
+    """For ``order`` (every sample's dataset index, in the order the batches ran): the position
+    each dataset index ran at, as a ``long`` tensor, or ``None`` when the batches ran in dataset
+    order (nothing to permute). A :class:`_Inverse` given back is returned as it is.
+
+    Example:
+        >>> inverse_order([2, 0, 1]).positions.tolist(), inverse_order(range(3)).positions
+        ([1, 2, 0], None)
+    """
+    import torch
+
+    if isinstance(order, _Inverse):
+        return order
+    index = order if isinstance(order, torch.Tensor) else torch.as_tensor(list(order), dtype=torch.long)
+    if torch.equal(index, torch.arange(len(index))):
+        return _Inverse(None, len(index))
+    positions = torch.empty(len(index), dtype=torch.long)
+    positions[index] = torch.arange(len(index))
+    return _Inverse(positions, len(index))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inverse:
+    """Where each dataset index ran (``positions``; ``None``: in dataset order), for ``n`` samples."""
+
+    positions: Any
+    n: int
+
+    def __len__(self) -> int:
+        return self.n
 
 
 class Rows(Sequence):
@@ -380,7 +412,8 @@ def _gather_leaf(parts: list[tuple[Any, Any]], inverse: Any) -> list[Any]:
         return [parts[0][0]] * len(inverse)
     token = [isinstance(m, torch.Tensor) and m.dim() == 2 and _token_level(t, m.shape[1]) for t, m in parts]
     if not any(token) and len({tuple(t.shape[1:]) for t, _ in parts}) == 1:
-        return Rows(torch.cat([t for t, _ in parts]).index_select(0, inverse))
+        joined = torch.cat([t for t, _ in parts]) if len(parts) > 1 else parts[0][0]
+        return Rows(joined if inverse.positions is None else joined.index_select(0, inverse.positions))
     pieces: list[Any] = []
     for (t, m), cut in zip(parts, token, strict=True):
         if cut:  # the real positions of every row, row after row, then split by each row's count
@@ -388,7 +421,7 @@ def _gather_leaf(parts: list[tuple[Any, Any]], inverse: Any) -> list[Any]:
             pieces += list(t[real].split(real.sum(1).tolist()))
         else:
             pieces += list(t.unbind(0))
-    return [pieces[i] for i in inverse.tolist()]
+    return pieces if inverse.positions is None else [pieces[i] for i in inverse.positions.tolist()]
 
 
 def _token_level(t: Any, width: int) -> bool:
