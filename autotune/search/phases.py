@@ -4,7 +4,7 @@ when the winner was found, what screening left out, and what shortened timings s
 stops early).
 
 The staged strategy (:mod:`autotune.search.strategy`) marks each configuration it queues with
-its phase (``screen``, ``compose``); the baseline is ``baseline``, and whatever the sampler
+its phase (``recipe``, ``screen``, ``compose``); the baseline is ``baseline``, and whatever the sampler
 proposed is ``refine`` (``tpe`` under plain TPE, whose warm start is TPE's own). Only measured
 trials count, as the terminal counts them: a repeat answered from an earlier trial, a skipped
 claim or a refusal costs no budget and is not a trial here.
@@ -17,14 +17,14 @@ from typing import Any
 
 __all__ = ["PHASES", "fidelity_line", "phase_of", "search_story", "story_lines"]
 
-PHASES = ("baseline", "screen", "compose", "refine", "tpe")
+PHASES = ("baseline", "recipe", "screen", "compose", "refine", "tpe")
 
 
 def phase_of(record: Mapping[str, Any], strategy: str) -> str:
     """The phase a trial's configuration came from."""
     if record.get("baseline"):
         return "baseline"
-    if record.get("phase") in ("screen", "compose"):
+    if record.get("phase") in ("recipe", "screen", "compose"):
         return record["phase"]
     return "refine" if strategy == "staged" else "tpe"
 

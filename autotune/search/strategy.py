@@ -5,14 +5,24 @@ then puts together the ones that paid, largest first, and keeps each addition on
 measured better. TPE alone does not: it finds the big levers one at a time and seldom combines
 them within a small budget. So a study run with ``strategy="staged"`` goes through three phases:
 
+* **Recipe.** Right after the baseline, the levers the machine and the data already vouch for
+  are measured together, as an engineer would start: padding trimmed with length grouping
+  (token sequences), images padded to fewer shapes (images of many sizes), autocast (offered
+  only where the device has 16-bit units) and, for throughput, a larger batch. Their effects
+  multiply, so together they are the predicted best of those levers; when it pays, the search
+  builds on it at once instead of measuring each alone first. On a measured table of real
+  MiniLM text (108 configurations with compile and ONNX Runtime) it reaches 95% of the optimum
+  in 4 trials, where screening each lever alone first took 7.
 * **Screen.** Each *lever* (the knobs that form one idea: autocast, trimmed padding with
   length grouping, ``torch.compile``, ONNX Runtime int8, a larger batch, fewer threads, ...)
   is measured alone at its most promising value. A lever whose first value cannot run or
   fails the guard is screened at its next value.
-* **Compose.** The levers that paid are combined: first all of them at once (their effects
-  multiply, so that is the predicted best), then greedily, largest measured effect first,
-  keeping each addition only if measured better. Combinations the space knows cannot run
-  (autocast with CPU int8) are not proposed.
+* **Compose.** The levers that paid are combined greedily onto the best start (the recipe
+  when it paid and beats every lever alone, else the largest lever), largest measured effect
+  first, keeping each addition only if measured better. Combinations the space knows cannot
+  run (autocast with CPU int8) are not proposed. When the recipe paid, only the levers outside
+  it are screened (alone) before composing, and each of the recipe's levers is taken back out
+  once around the best (an ablation): one that costs inside the recipe is found that way.
 * **Refine.** Nothing is queued any more: the study's TPE sampler proposes the rest, and it
   has seen every trial measured so far.
 
@@ -47,6 +57,10 @@ HARMFUL = 0.8
 # The levers screened alone against the baseline; the others are tried on the composed configuration.
 # The optimizer's implementation is training's own first-tier lever (inference offers one value).
 TIER1 = ("padding", "image_shape", "amp_dtype", "int8", "compile_mode", "optimizer_impl")
+# The levers measured together right after the baseline (their first variants), where the space
+# offers at least two of them: what the data (padding, image sizes) and the device (16-bit units,
+# since autocast is offered only there) already vouch for. The batch joins only for throughput.
+RECIPE = ("padding", "image_shape", "amp_dtype", "batch_size")
 # With size first, the levers are the ones that shrink the model, every one screened alone.
 SIZE_TIER1 = ("int8", "prune_ratio")
 # Knobs whose effect depends on the other's value: a loader worker process takes a core the
@@ -242,6 +256,45 @@ class Staged:
         self.tier1 = TIER1 if speed else SIZE_TIER1
         self.baseline = dict(space.baseline)
         self.baseline_key = Config(self.baseline).key()
+        names = RECIPE if objectives[0] == "throughput" else tuple(n for n in RECIPE if n != "batch_size")
+        self.recipe_levers = [lever for lever in self.levers if lever.name in names] if speed else []
+
+    def recipe(self) -> dict[str, Any] | None:
+        """The recipe (:data:`RECIPE`: each lever's first variant, together), or ``None`` when the
+        space offers fewer than two of its levers (one alone is what screening measures) or they
+        cannot run together."""
+        parts = [lever.variants[0] for lever in self.recipe_levers]
+        if len(parts) < 2:
+            return None
+        config = self._full({k: v for part in parts for k, v in part.items()})
+        if not self.runnable(config) or not all(self._keeps(config, part) for part in parts):
+            return None
+        return config
+
+    def _on_recipe(self, scores: Mapping[str, float | None]) -> list[str]:
+        """The first-tier levers outside a recipe that paid which can be added to it (their first
+        variant runs on it and masks none of it): they are screened on the recipe instead of
+        alone. Empty when the recipe did not pay."""
+        recipe = self.recipe() if self._recipe_paid(scores) is not None else None
+        if recipe is None:
+            return []
+        parts = [lever.variants[0] for lever in self.recipe_levers]
+        names = [lever.name for lever in self.recipe_levers]
+        return [
+            lever.name
+            for lever in self.levers
+            if lever.name in self.tier1
+            and lever.name not in names
+            and any(self._add(recipe, parts, v) is not None for v in lever.variants)
+        ]
+
+    def _recipe_paid(self, scores: Mapping[str, float | None]) -> float | None:
+        """The recipe's speed against the baseline when it was measured and paid, else ``None``."""
+        recipe, base = self.recipe(), scores.get(self.baseline_key)
+        found = scores.get(Config(recipe).key()) if recipe is not None else None
+        if found is None or not base or found < MIN_GAIN * base:
+            return None
+        return found / base
 
     def _full(self, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The whole configuration as the study loop builds it from the same parameters:
@@ -319,11 +372,13 @@ class Staged:
 
     # ---- what to measure next -------------------------------------------------------------
 
-    def screening(self, records: Sequence[Mapping[str, Any]], n_trials: int) -> list[dict[str, Any]]:
-        """The screening configurations not yet decided: each lever's next variant, within the
-        share of the budget screening may spend."""
+    def screening(
+        self, records: Sequence[Mapping[str, Any]], n_trials: int, skip: Sequence[str] = ()
+    ) -> list[dict[str, Any]]:
+        """The screening configurations not yet decided: each first-tier lever's next variant,
+        but for the levers named in ``skip``."""
         scores, chosen = self._scores(records), []
-        for lever in [lever for lever in self.levers if lever.name in self.tier1]:
+        for lever in [lever for lever in self.levers if lever.name in self.tier1 and lever.name not in skip]:
             for changes in lever.variants:
                 config = self._full(changes)
                 score = scores.get(Config(config).key(), "untried")
@@ -346,7 +401,9 @@ class Staged:
             return None
         return merged
 
-    def composition(self, records: Sequence[Mapping[str, Any]]) -> tuple[dict[str, Any] | None, list[Any]]:
+    def composition(
+        self, records: Sequence[Mapping[str, Any]], first_tier_only: bool = False
+    ) -> tuple[dict[str, Any] | None, list[Any]]:
         """The next configuration to compose, or ``None`` when composing is done, and the
         changes measured clearly harmful on top of the composed configuration.
 
@@ -361,29 +418,74 @@ class Staged:
         """
         scores = self._scores(records)
         paid = sorted(
-            ((r, c) for c, r in self.screened(records).values() if r is not None and r >= MIN_GAIN),
+            ((r, [c]) for c, r in self.screened(records).values() if r is not None and r >= MIN_GAIN),
             key=lambda rc: -rc[0],
         )
-        current, held, harmful = self._full(paid[0][1] if paid else {}), [paid[0][1]] if paid else [], []
-        steps = [[c] for _, c in paid[1:]] + [
-            list(lever.variants) for lever in self.levers if lever.name not in self.tier1
+        recipe = self._recipe_paid(scores)
+        parts = [dict(lever.variants[0]) for lever in self.recipe_levers]
+        if recipe is not None:
+            # The recipe is one start among the levers alone: the fastest one is built on, and
+            # the recipe's levers are steps when a lever alone beat it.
+            paid = sorted([(recipe, parts), *paid], key=lambda rc: -rc[0])
+        start = paid[0][1] if paid else []
+        current = self._full({k: v for c in start for k, v in c.items()})
+        held: list[Mapping[str, Any]] = list(start)
+        harmful: list[Any] = []
+        # After a recipe that paid, the first-tier levers it can take are screened on it, not alone.
+        on_recipe = self._on_recipe(scores)
+        first = [[c] for _, cs in paid[1:] for c in cs if c not in held] + [
+            list(lever.variants) for lever in self.levers if lever.name in on_recipe
         ]
-        for variants in steps:
-            for changes in variants:  # the next variant only while none before it was kept
-                candidate = self._add(current, held, changes)
-                if candidate is None or Config(candidate).key() == Config(current).key():
-                    continue
-                key, now = Config(candidate).key(), scores.get(Config(current).key())
-                if key not in scores:
-                    return candidate, harmful
-                if scores[key] is not None and now and scores[key] / now < HARMFUL:
-                    harmful.append((_beside(changes, candidate), scores[key] / now))
-                if (scores[key] or 0.0) >= MIN_GAIN * (now or 0.0):
-                    current, held = candidate, [*held, changes]
-                    break
-        return self._interactions(records, scores, self._alone_harmful(records) + harmful), harmful
+        # The recipe's own levers (its batch) are not tried again on what was built on it.
+        inside = {lever.name for lever in self.recipe_levers} if recipe is not None else set()
+        second = [
+            list(lever.variants)
+            for lever in self.levers
+            if not first_tier_only and lever.name not in self.tier1 and lever.name not in inside
+        ]
+        for tier, steps in enumerate((first, second)):
+            if tier and recipe is not None:
+                # The batch around a recipe was climbed before screening: the second tier goes
+                # on the fastest configuration holding the rest of what was kept.
+                current, held = self._climbed(records, scores, current, held)
+            for variants in steps:
+                for changes in variants:  # the next variant only while none before it was kept
+                    candidate = self._add(current, held, changes)
+                    if candidate is None or Config(candidate).key() == Config(current).key():
+                        continue
+                    key, now = Config(candidate).key(), scores.get(Config(current).key())
+                    if key not in scores:
+                        return candidate, harmful
+                    if scores[key] is not None and now and scores[key] / now < HARMFUL:
+                        harmful.append((_beside(changes, candidate), scores[key] / now))
+                    if (scores[key] or 0.0) >= MIN_GAIN * (now or 0.0):
+                        current, held = candidate, [*held, changes]
+                        break
+        left_out = self._alone_harmful(records) + harmful
+        return self._interactions(records, scores, left_out, batch_only=first_tier_only), harmful
 
-    def _interactions(self, records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], left_out: list) -> Any:
+    def _climbed(
+        self,
+        records: Sequence[Mapping[str, Any]],
+        scores: Mapping[str, Any],
+        current: dict[str, Any],
+        held: list[Mapping[str, Any]],
+    ) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
+        """``current`` moved to the fastest measured configuration that holds every change in
+        ``held`` but the batch size (the batch neighbours measured around it), with the batch
+        left out of ``held``; as it was when none is faster."""
+        held = [{k: v for k, v in c.items() if k != "batch_size"} for c in held]
+        held = [c for c in held if c]
+        best, now = current, scores.get(Config(current).key()) or 0.0
+        for r in records:
+            score = scores.get(r.get("key", ""))
+            if "config" in r and score is not None and score > now and all(self._keeps(r["config"], c) for c in held):
+                best, now = dict(r["config"]), score
+        return best, held
+
+    def _interactions(
+        self, records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], left_out: list, batch_only: bool = False
+    ) -> Any:
         """Around the best configuration measured so far, the first untried of: the batch size
         one step larger (the batch interacts with everything), each first-tier lever that did
         not pay at the baseline's batch, at the best's, the batch size one step smaller, and
@@ -412,7 +514,15 @@ class Staged:
             and best.get("batch_size") != self._full(changes).get("batch_size")
         ]
         dynamic = [{"compile_dynamic": True}] if best.get("padding", "as_given") != "as_given" else []
-        moves = [*larger, *again, *smaller, *dynamic]
+        # Each of the recipe's levers (but the batch, which the neighbours cover) taken back out of
+        # the best, when the recipe paid: measured only together, one of them may cost inside it.
+        ablations = []
+        if self._recipe_paid(scores) is not None:
+            for lever in self.recipe_levers:
+                part = lever.variants[0]
+                if lever.name != "batch_size" and self._keeps(best, part):
+                    ablations.append({k: self.baseline[k] for k in part})
+        moves = [*larger, *smaller] if batch_only else [*larger, *again, *smaller, *ablations, *dynamic]
         for changes in moves:
             candidate = self._full(changes, best)
             key = Config(candidate).key()
@@ -424,9 +534,22 @@ class Staged:
     def next_configs(self, records: Sequence[Mapping[str, Any]], n_trials: int) -> tuple[str, list[dict[str, Any]]]:
         """The phase the study is in and what to queue for it: the screening configurations
         left, else the next composition, else nothing (``"refine"``: TPE proposes)."""
-        if self.baseline_key not in self._scores(records):
+        scores = self._scores(records)
+        if self.baseline_key not in scores:
             return "baseline", []  # queued by the study loop itself
-        screen = self.screening(records, n_trials)
+        recipe = self.recipe()
+        if recipe is not None and Config(recipe).key() not in scores:
+            return "recipe", [recipe]
+        # A recipe that paid stands for its levers' screening (they are measured inside it), and
+        # the levers it can take are screened on it, in the composition.
+        skip = []
+        if self._recipe_paid(scores) is not None:
+            # Built on first: the first-tier levers it can take, then the batch around the best.
+            composed, _ = self.composition(records, first_tier_only=True)
+            if composed is not None:
+                return "compose", [composed]
+            skip = [lever.name for lever in self.recipe_levers] + self._on_recipe(scores)
+        screen = self.screening(records, n_trials, skip)
         if screen:
             return "screen", screen
         composed, _ = self.composition(records)
