@@ -137,9 +137,11 @@ def optimize(
             (``model.onnx``), ``"torchscript"`` (``model.pt``); ``()`` for none. Default both
             in inference mode, none in training mode.
         sampler: An Optuna sampler to use instead of the seeded TPE sampler.
-        strategy: ``"staged"`` (the default): each lever (autocast, trimmed padding, compile,
-            int8, batch, threads, ...; with size first, int8 and pruning) measured alone, those
-            that paid composed, then TPE; values screening measured clearly slower are left out
+        strategy: ``"staged"`` (the default): the levers the data and device vouch for
+            (trimmed padding, padded image sizes, 16-bit autocast, a larger batch) measured
+            together and built on when they pay, each other lever (compile, int8, threads, ...;
+            with size first, int8 and pruning) measured alone, those that paid composed, then
+            TPE; values screening measured clearly slower are left out
             (:mod:`autotune.search.strategy`). ``"tpe"``: TPE after a warm start.
         progress: ``True`` (the default) shows the search on stderr: a live display on a
             terminal, one plain line per trial anywhere else (a log file, a pipe, a notebook),
