@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=30, help="trials of the search (default 30)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds of the search (default 1200)")
     parser.add_argument("--space", default="cpu-deploy", help="preset to search (default cpu-deploy)")
-    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of the comparison (default 3)")
+    parser.add_argument("--rounds", type=int, default=9, help="timed rounds of the comparison (default 9)")
     parser.add_argument("--out", type=Path, default=Path("benchmark-out/text"), help="the run's directory")
     parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")
     parser.add_argument(
