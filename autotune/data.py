@@ -9,14 +9,16 @@ and every other key is a keyword argument of the model.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from autotune.errors import InputError
 
 __all__ = [
+    "collector_frozen",
     "TARGET_KEYS",
     "DataInfo",
     "describe",
@@ -531,6 +533,45 @@ def concat_outputs(chunks: list[Any]) -> Any:
     if isinstance(first, (tuple, list)):
         return type(first)(concat_outputs([c[i] for c in chunks]) for i in range(len(first)))
     return first
+
+
+@contextlib.contextmanager
+def collector_frozen() -> Iterator[None]:
+    """Python's cyclic garbage collector leaves out every object alive when the block starts
+    (``gc.freeze``), and takes them back at its end (``gc.unfreeze``): nothing is leaked.
+
+    A full collection walks every object the process holds. After torch's import and a model
+    trained with ``torch.optim`` (which imports the compiler stack) that is about 300,000 objects
+    and 135 ms, and the quickstart's tuned loop (batch 1024) set one off about every 1.2 s: 12%
+    of its time, which a pass over the samples need not pay. Inside the block a full collection
+    walks only what the pass itself made. Where the collector is off, or something froze it
+    already, the block leaves it as it is.
+
+    Example:
+        >>> import gc
+        >>> with collector_frozen():
+        ...     gc.get_freeze_count() > 0
+        True
+        >>> gc.get_freeze_count()
+        0
+    """
+    import gc
+
+    # Inside a block of ours (predict's pass over the tuned loader's) nothing more to do, and no
+    # gc.get_freeze_count(), which walks every frozen object.
+    if _FROZEN[0] or not gc.isenabled() or gc.get_freeze_count():
+        yield
+        return
+    gc.freeze()
+    _FROZEN[0] += 1
+    try:
+        yield
+    finally:
+        _FROZEN[0] -= 1
+        gc.unfreeze()
+
+
+_FROZEN = [0]  # blocks of collector_frozen() that froze the collector and have not ended
 
 
 def outputs_to_cpu(out: Any) -> Any:

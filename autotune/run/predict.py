@@ -47,7 +47,7 @@ class Predictor:
         import torch
 
         from autotune.batching import MASK_KEY, gather_outputs, inverse_order
-        from autotune.data import call_model, outputs_to_cpu, sample_inputs, to_device
+        from autotune.data import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
         from autotune.run.apply import _unloaded, dataloader
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
@@ -70,7 +70,7 @@ class Predictor:
                 self._sizes = (dataset, image_sizes(dataset))
             return _image_outputs(self.model, loader, order, self._sizes[1], where, non_blocking)
         chunks = []
-        with torch.inference_mode():
+        with torch.inference_mode(), collector_frozen():
             for batch in loader:
                 out = call_model(self.model, to_device(batch, where, non_blocking=non_blocking) if move else batch)
                 inputs = sample_inputs(batch)
@@ -95,12 +95,12 @@ def _image_outputs(
     (:func:`autotune.shapes.dense_crop`); ``sizes``: every image's ``(height, width)``."""
     import torch
 
-    from autotune.data import call_model, outputs_to_cpu, to_device
+    from autotune.data import call_model, collector_frozen, outputs_to_cpu, to_device
     from autotune.shapes import dense_crop
 
     outputs: list[Any] = [None] * len(order)
     position = 0
-    with torch.inference_mode():
+    with torch.inference_mode(), collector_frozen():
         for batch in loader:
             images = batch if isinstance(batch, torch.Tensor) else batch[0]  # (b, C, H, W)
             ids = order[position : position + images.shape[0]]
