@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from autotune.data import map_tensors, to_device
+from autotune.data import collector_frozen, map_tensors, to_device
 
-__all__ = ["BuildExtras", "BuildState", "FrozenCompiled", "TunedModule", "unwrap", "wrap"]
+__all__ = ["BuildExtras", "BuildState", "FrozenCompiled", "TunedDataLoader", "TunedModule", "unwrap", "wrap"]
 
 
 class TunedModule(torch.nn.Module):
@@ -53,6 +53,21 @@ class TunedModule(torch.nn.Module):
             out = self.model(*args, **kwargs)
         # Callers get float32, as from the untuned model: a drop-in replacement.
         return _to_float32(out)
+
+
+class TunedDataLoader(torch.utils.data.DataLoader):
+    """The DataLoader :func:`autotune.dataloader` returns: a ``torch.utils.data.DataLoader``
+    whose each pass runs with the objects alive before it left out of Python's full garbage
+    collections (:func:`autotune.data.collector_frozen`), given back at the pass's end or when
+    the loop is left."""
+
+    def __iter__(self) -> Any:
+        return _frozen_pass(super().__iter__())
+
+
+def _frozen_pass(batches: Any) -> Any:
+    with collector_frozen():
+        yield from batches
 
 
 class FrozenCompiled(torch.nn.Module):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -253,7 +252,7 @@ def dataloader(
     """
     import torch
 
-    from autotune.knobs.state import BuildState
+    from autotune.knobs.state import BuildState, TunedDataLoader
 
     cfg = _read_config(config)
     dataset, collate_fn = _unloaded(dataset, collate_fn)
@@ -271,33 +270,10 @@ def dataloader(
 
         dataset = cached(dataset)
     plan = batching.sampler(len(dataset))
-    loader_class = _tuned_loader_class()
     if plan is not None and not overrides:
         kwargs = {k: v for k, v in state.loader_kwargs.items() if k != "batch_size"}
-        return loader_class(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)
-    return loader_class(dataset, **{**state.loader_kwargs, "collate_fn": batching.collate, **overrides})
-
-
-@functools.cache
-def _tuned_loader_class() -> type:
-    """The DataLoader :func:`dataloader` returns: a ``torch.utils.data.DataLoader`` whose each
-    pass runs with the objects alive before it left out of Python's full garbage collections
-    (:func:`autotune.data.collector_frozen`), given back at the pass's end or when it is left."""
-    import torch
-
-    from autotune.data import collector_frozen
-
-    def passes(batches: Any) -> Any:
-        with collector_frozen():
-            yield from batches
-
-    class TunedDataLoader(torch.utils.data.DataLoader):
-        __doc__ = _tuned_loader_class.__doc__
-
-        def __iter__(self) -> Any:
-            return passes(super().__iter__())
-
-    return TunedDataLoader
+        return TunedDataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)
+    return TunedDataLoader(dataset, **{**state.loader_kwargs, "collate_fn": batching.collate, **overrides})
 
 
 def _effective_from(config: Any) -> int | None:

@@ -258,12 +258,18 @@ class Staged:
         self.baseline_key = Config(self.baseline).key()
         names = RECIPE if objectives[0] == "throughput" else tuple(n for n in RECIPE if n != "batch_size")
         self.recipe_levers = [lever for lever in self.levers if lever.name in names] if speed else []
+        # Each recipe lever's first variant: the changes the recipe holds.
+        self.recipe_parts = [dict(lever.variants[0]) for lever in self.recipe_levers]
+        self._recipe = self._make_recipe()
 
     def recipe(self) -> dict[str, Any] | None:
         """The recipe (:data:`RECIPE`: each lever's first variant, together), or ``None`` when the
         space offers fewer than two of its levers (one alone is what screening measures) or they
         cannot run together."""
-        parts = [lever.variants[0] for lever in self.recipe_levers]
+        return None if self._recipe is None else dict(self._recipe)
+
+    def _make_recipe(self) -> dict[str, Any] | None:
+        parts = self.recipe_parts
         if len(parts) < 2:
             return None
         config = self._full({k: v for part in parts for k, v in part.items()})
@@ -275,23 +281,21 @@ class Staged:
         """The first-tier levers outside a recipe that paid which can be added to it (their first
         variant runs on it and masks none of it): they are screened on the recipe instead of
         alone. Empty when the recipe did not pay."""
-        recipe = self.recipe() if self._recipe_paid(scores) is not None else None
-        if recipe is None:
+        if self._recipe_paid(scores) is None:
             return []
-        parts = [lever.variants[0] for lever in self.recipe_levers]
         names = [lever.name for lever in self.recipe_levers]
         return [
             lever.name
             for lever in self.levers
             if lever.name in self.tier1
             and lever.name not in names
-            and any(self._add(recipe, parts, v) is not None for v in lever.variants)
+            and any(self._add(self._recipe, self.recipe_parts, v) is not None for v in lever.variants)
         ]
 
     def _recipe_paid(self, scores: Mapping[str, float | None]) -> float | None:
         """The recipe's speed against the baseline when it was measured and paid, else ``None``."""
-        recipe, base = self.recipe(), scores.get(self.baseline_key)
-        found = scores.get(Config(recipe).key()) if recipe is not None else None
+        base = scores.get(self.baseline_key)
+        found = scores.get(Config(self._recipe).key()) if self._recipe is not None else None
         if found is None or not base or found < MIN_GAIN * base:
             return None
         return found / base
@@ -421,12 +425,11 @@ class Staged:
             ((r, [c]) for c, r in self.screened(records).values() if r is not None and r >= MIN_GAIN),
             key=lambda rc: -rc[0],
         )
-        recipe = self._recipe_paid(scores)
-        parts = [dict(lever.variants[0]) for lever in self.recipe_levers]
-        if recipe is not None:
+        recipe_ratio = self._recipe_paid(scores)
+        if recipe_ratio is not None:
             # The recipe is one start among the levers alone: the fastest one is built on, and
             # the recipe's levers are steps when a lever alone beat it.
-            paid = sorted([(recipe, parts), *paid], key=lambda rc: -rc[0])
+            paid = sorted([(recipe_ratio, self.recipe_parts), *paid], key=lambda rc: -rc[0])
         start = paid[0][1] if paid else []
         current = self._full({k: v for c in start for k, v in c.items()})
         held: list[Mapping[str, Any]] = list(start)
@@ -437,14 +440,14 @@ class Staged:
             list(lever.variants) for lever in self.levers if lever.name in on_recipe
         ]
         # The recipe's own levers (its batch) are not tried again on what was built on it.
-        inside = {lever.name for lever in self.recipe_levers} if recipe is not None else set()
+        inside = {lever.name for lever in self.recipe_levers} if recipe_ratio is not None else set()
         second = [
             list(lever.variants)
             for lever in self.levers
             if not first_tier_only and lever.name not in self.tier1 and lever.name not in inside
         ]
         for tier, steps in enumerate((first, second)):
-            if tier and recipe is not None:
+            if tier and recipe_ratio is not None:
                 # The batch around a recipe was climbed before screening: the second tier goes
                 # on the fastest configuration holding the rest of what was kept.
                 current, held = self._climbed(records, scores, current, held)
@@ -518,8 +521,7 @@ class Staged:
         # the best, when the recipe paid: measured only together, one of them may cost inside it.
         ablations = []
         if self._recipe_paid(scores) is not None:
-            for lever in self.recipe_levers:
-                part = lever.variants[0]
+            for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
                 if lever.name != "batch_size" and self._keeps(best, part):
                     ablations.append({k: self.baseline[k] for k in part})
         moves = [*larger, *smaller] if batch_only else [*larger, *again, *smaller, *ablations, *dynamic]
@@ -537,9 +539,8 @@ class Staged:
         scores = self._scores(records)
         if self.baseline_key not in scores:
             return "baseline", []  # queued by the study loop itself
-        recipe = self.recipe()
-        if recipe is not None and Config(recipe).key() not in scores:
-            return "recipe", [recipe]
+        if self._recipe is not None and Config(self._recipe).key() not in scores:
+            return "recipe", [self.recipe()]
         # A recipe that paid stands for its levers' screening (they are measured inside it), and
         # the levers it can take are screened on it, in the composition.
         skip = []

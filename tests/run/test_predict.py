@@ -147,6 +147,7 @@ def test_a_pass_leaves_the_objects_alive_before_it_out_of_full_collections_and_t
 def test_each_pass_of_the_tuned_loader_runs_with_earlier_objects_out_of_full_collections():
     """autotune.dataloader's passes get what predict's do; a pass left early gives them back."""
     import gc
+    import pickle
 
     import torch
 
@@ -154,6 +155,7 @@ def test_each_pass_of_the_tuned_loader_runs_with_earlier_objects_out_of_full_col
 
     loader = dataloader([torch.zeros(3)] * 10, {"batch_size": 4})
     assert isinstance(loader, torch.utils.data.DataLoader)
+    assert [b.shape[0] for b in pickle.loads(pickle.dumps(loader))] == [4, 4, 2]  # a module-level class
     during = [gc.get_freeze_count() for _ in loader]
     assert len(during) == 3 and all(n > 0 for n in during)
     assert gc.get_freeze_count() == 0

@@ -22,11 +22,25 @@ SPACE = {
 }
 
 
-def _table(speed):
-    space = space_of(SPACE)
+def _table(speed, values=SPACE):
+    space = space_of(values)
     return space, {
         k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()
     }
+
+
+def _trimmed_times_bf16(trim, bf16):
+    """Trimmed, grouped padding and bf16 multiply the speed by ``trim`` and ``bf16``; one thread halves it."""
+
+    def speed(c):
+        x = 100.0 * (trim if c["padding"] == "trim" and c["length_grouping"] else 1.0)
+        return x * (bf16 if c["amp_dtype"] == "bfloat16" else 1.0) * (0.5 if c["num_threads"] == 1 else 1.0)
+
+    return speed
+
+
+def _best_config(study):
+    return max(_measured(study), key=lambda t: t.user_attrs["samples_per_s"]).user_attrs["config"]
 
 
 def _independent(c):
@@ -80,8 +94,7 @@ def test_the_recipe_the_data_and_device_vouch_for_is_measured_second_and_built_o
         x = _independent(c)
         return x * (1.3 if c["compile_mode"] == "default" and c["amp_dtype"] == "bfloat16" else 1.0)
 
-    space = space_of({**SPACE, "compile_mode": ["none", "default"]})
-    table = {k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()}
+    space, table = _table(speed, {**SPACE, "compile_mode": ["none", "default"]})
     study, _ = _run(space, table, 4)
     configs = _configs_of(study)
     recipe = configs[1]
@@ -92,7 +105,7 @@ def test_the_recipe_the_data_and_device_vouch_for_is_measured_second_and_built_o
         64,
     )
     assert _measured(study)[1].user_attrs["phase"] == "recipe"
-    best = max(_measured(study), key=lambda t: t.user_attrs["samples_per_s"]).user_attrs["config"]
+    best = _best_config(study)
     assert best["compile_mode"] == "default" and best["amp_dtype"] == "bfloat16" and best["padding"] == "trim"
     assert not [c for c in configs[1:] if c["amp_dtype"] == "float32" and c["padding"] == "as_given"], configs
 
@@ -101,14 +114,9 @@ def test_a_recipe_lever_that_costs_inside_the_recipe_is_taken_back_out():
     """Trimmed padding doubles the speed and bf16 costs 10% (a CPU whose bf16 units do not pay on
     this model): the recipe still pays, and taking bf16 back out of it finds the faster pipeline."""
 
-    def speed(c):
-        x = 100.0 * (2.0 if c["padding"] == "trim" and c["length_grouping"] else 1.0)
-        return x * (0.9 if c["amp_dtype"] == "bfloat16" else 1.0) * (0.5 if c["num_threads"] == 1 else 1.0)
-
-    space = space_of(SPACE)
-    table = {k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()}
+    space, table = _table(_trimmed_times_bf16(2.0, 0.9))
     study, _ = _run(space, table, 6)
-    best = max(_measured(study), key=lambda t: t.user_attrs["samples_per_s"]).user_attrs["config"]
+    best = _best_config(study)
     assert (best["amp_dtype"], best["padding"]) == ("float32", "trim"), _configs_of(study)
 
 
@@ -116,18 +124,13 @@ def test_a_recipe_that_does_not_pay_leaves_each_lever_to_be_screened_alone():
     """bf16 emulated at a third of the speed sinks the recipe; its levers are then screened
     alone: trimmed padding is found, and bf16 is left out."""
 
-    def speed(c):
-        x = 100.0 * (1.5 if c["padding"] == "trim" and c["length_grouping"] else 1.0)
-        return x * (0.33 if c["amp_dtype"] == "bfloat16" else 1.0) * (0.5 if c["num_threads"] == 1 else 1.0)
-
-    space = space_of(SPACE)
-    table = {k: {"status": "ok", "samples_per_s": speed(c), "metric_drop": 0.0} for k, c in configs_of(space).items()}
+    space, table = _table(_trimmed_times_bf16(1.5, 0.33))
     study, _ = _run(space, table, 6)
     measured = _measured(study)
     assert measured[1].user_attrs["phase"] == "recipe"
     phases = [t.user_attrs.get("phase") for t in measured]
     assert phases.count("screen") >= 2, phases
-    best = max(measured, key=lambda t: t.user_attrs["samples_per_s"]).user_attrs["config"]
+    best = _best_config(study)
     assert (best["amp_dtype"], best["padding"]) == ("float32", "trim")
     left = Staged(space, ["throughput"]).left_out([t.user_attrs for t in measured])
     assert any(changes.get("amp_dtype") == "bfloat16" for changes, _ in left), left
