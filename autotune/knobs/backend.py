@@ -63,7 +63,8 @@ class Runtime(Knob):
             if value == "torchscript":
                 import torch
 
-                info = ts.export_torchscript(state.model, extras.example, folder / "model.pt")
+                # Traced on the model's own device: a CPU example cannot run a CUDA model.
+                info = ts.export_torchscript(state.model, extras.example_on(state.device), folder / "model.pt")
                 script = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
                 state.model = ts.ScriptRunner(script, info["input_names"])
                 state.artifact = {"format": "torchscript", **info, "path": str(folder / "model.pt")}
@@ -79,7 +80,8 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
     from autotune.export import onnx as ox
 
     config = state.config
-    info = ox.export_onnx(state.model, extras.example, folder / "model.onnx", spatial=bool(extras.ragged))
+    example = extras.example_on(state.device)  # the model may be on CUDA; the example is kept on the CPU
+    info = ox.export_onnx(state.model, example, folder / "model.onnx", spatial=bool(extras.ragged))
     path = folder / "model.onnx"
     precision = config["ort_precision"]
     if precision == "fp16":

@@ -280,7 +280,7 @@ class TrialContext(Context):
         """The ONNX artifact of a winner that ran no ONNX file: its export, or the nearest form."""
         from autotune.export import export_artifacts
 
-        size, example = state.batch_size, self.extras.example
+        size, example = state.batch_size, self.extras.example_on(state.device)
         model, note = _onnx_form(tuned, state.device)
         onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], **common)
         # ONNX Runtime has the same dynamic and static int8, not torchao's weight-only.
@@ -360,7 +360,8 @@ class TrialContext(Context):
             artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))
             by_format[measured["format"]] = collect_outputs(state, self.samples)
         rest = [f for f in formats if f != "onnx" and f not in artifacts]
-        artifacts.update(export_artifacts(tuned, extras.example, self.samples, size, out, rest, **common))
+        example = extras.example_on(state.device)  # on the tuned model's device, as the exporters need
+        artifacts.update(export_artifacts(tuned, example, self.samples, size, out, rest, **common))
         if "onnx" in formats and "onnx" not in artifacts:
             artifacts.update(self._export_onnx(state, tuned, out, common, by_format))
         for fmt, record in artifacts.items():
@@ -369,7 +370,7 @@ class TrialContext(Context):
         # samples and the outputs of the form each artifact was exported from.
         state.model = tuned
         outputs = collect_outputs(state, self.samples)
-        kind = _output_kind(tuned, extras.example)
+        kind = _output_kind(tuned, example)
         for record in artifacts.values():
             if kind is not None:  # load() gives the artifact's outputs back as this ModelOutput
                 record["output_type"] = kind

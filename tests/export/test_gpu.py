@@ -60,3 +60,18 @@ def test_onnxruntime_competes_on_cuda(tmp_path):
     ort = [t.user_attrs for t in result.study.trials if t.user_attrs["config"]["runtime"] == "onnxruntime"]
     assert ort and any(a["status"] == "ok" for a in ort), [a.get("reason") for a in ort]
     assert set(result.artifacts) == {"onnx", "torchscript"}
+
+
+@pytest.mark.parametrize("runtime", ["torchscript", "onnxruntime"])
+def test_runtime_candidates_of_a_cuda_model_export_and_run(runtime):
+    # The example is kept on the CPU; the exporters must get it on the model's device.
+    from autotune.config import Config
+    from autotune.knobs.state import BuildExtras
+    from autotune.trial.build import build
+
+    batch = default_collate(image_data(8))
+    state = build(TinyCNN(), Config({"runtime": runtime}), "cuda", extras=BuildExtras(example=batch))
+    assert state.runtime == runtime
+    x = batch[0].cuda()
+    out = state.model(x)
+    assert out.device.type == "cuda" and out.shape == (8, 4)
