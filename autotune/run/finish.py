@@ -9,20 +9,28 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["export_winner", "finalize", "finalize_reserve", "overrun_margin"]
+__all__ = ["export_winner", "finalize", "finish_reserve", "overrun_margin"]
 
 Run = Any  # autotune.run.stages.Run (not imported: stages imports this module)
 
 
-def finalize_reserve(timeout: float) -> float:
-    """Seconds of a run's ``timeout`` kept for choosing and confirming the winner: a quarter of
-    it, between 20 and 90 s (at most half of a shorter timeout).
+def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
+    """Seconds before a run's deadline its search leaves for the finish: the predicted cost of
+    confirming and exporting the fastest trial so far (:func:`autotune.search.cost.finish_s`,
+    from the measured worker start, builds and timings) with a quarter more for the diagnosis
+    and the profile, at most 60% of the ``timeout``.
 
-    Example:
-        >>> finalize_reserve(600), finalize_reserve(120), finalize_reserve(10)
-        (90.0, 30.0, 5.0)
+    A fixed share cannot be right for every model: a quarter of 200 s left a compiled
+    ResNet-50's confirmation worker one second to start, and is minutes too many for a small MLP.
     """
-    return min(90.0, max(timeout / 4, min(20.0, timeout / 2)))
+    from autotune.search.cost import finish_s
+
+    ok = [r for r in records if r.get("status") == "ok" and r.get("samples_per_s")]
+    baseline = next((r for r in ok if r.get("baseline")), None)
+    best = max(ok, key=lambda r: r["samples_per_s"], default=None)
+    predicted = finish_s(baseline, best, run.runners[0].start_s, diagnose=not run.options.train,
+                         exports=bool(run.options.export))  # fmt: skip
+    return min(0.6 * run.options.timeout, max(5.0, 1.25 * predicted))
 
 
 def overrun_margin(timeout: float) -> float:
@@ -41,6 +49,7 @@ def finalize(run: Run) -> None:
     score the held-out set and export the winner."""
     import autotune.search.select as select
     from autotune.run.profile import profile_run
+    from autotune.search.cost import finish_s
     from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
     from autotune.trial.diagnose import diagnose_run
 
@@ -57,6 +66,9 @@ def finalize(run: Run) -> None:
         # deadline too); held-out scoring, when asked, keeps a fifth of it.
         left = run.left_s()
         budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
+        # The least confirmation: one fresh worker, both builds, two rounds.
+        need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
+                          exports=False)  # fmt: skip
         run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
             runner,
             run.baseline,
@@ -66,6 +78,7 @@ def finalize(run: Run) -> None:
             run.timing,
             diagnose=not opts.train,
             budget_s=budget_s,
+            need_s=need_s,
         )
     # Why it won: the loader and the model timed apart, in the confirmation rounds.
     run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
@@ -104,7 +117,11 @@ def export_winner(runner: Any, best: dict[str, Any], out: Path, formats: tuple[s
         return {fmt: {"status": "failed", "error": str(exc)} for fmt in formats}
     config = best["config"]
     ort = config["runtime"] == "onnxruntime"
-    default_provider = "CUDAExecutionProvider" if env.is_cuda else "CPUExecutionProvider"
+    from autotune.export.ort import provider_for
+
+    # What a session on the run's device really gets here: the CPU's where ONNX Runtime cannot
+    # load its CUDA provider. An onnxruntime winner ran its own provider (a fallback is infeasible).
+    default_provider = provider_for(env.device)
     for fmt, artifact in artifacts.items():
         artifact["batch_size"] = config["batch_size"]
         if fmt == "onnx":

@@ -1,8 +1,9 @@
 """One run of :func:`autotune.optimize`, as four stages over a :class:`Run`.
 
 With a ``timeout`` the whole run has one deadline, counted from the call: the search ends
-:func:`finalize_reserve` seconds before it (so preparing and the trials, fine-tuning and int8
-included, share the rest), the selection, confirmation and held-out scoring end at it, and
+:func:`finish_reserve` seconds before it (the predicted cost of confirming and exporting the
+fastest trial so far, from the measured worker start, builds and timings; a trial whose predicted
+cost does not fit in what is left is not started), the selection, confirmation and held-out scoring end at it, and
 the export ends within :func:`overrun_margin` after it. Every wait on the worker (a trial, a
 round, a restart) is bounded by what is left.
 
@@ -21,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import ConfigError, InputError
-from autotune.run.finish import finalize, finalize_reserve, overrun_margin
+from autotune.run.finish import finalize, finish_reserve, overrun_margin
 from autotune.run.options import Options
 
 __all__ = [
     "Run",
     "execute",
     "finalize",
-    "finalize_reserve",
+    "finish_reserve",
     "overrun_margin",
     "prepare",
     "search",
@@ -351,7 +352,8 @@ def search(run: Run) -> None:
         seed=opts.seed,
         sampler=opts.sampler,
         n_trials=opts.n_trials,
-        timeout=None if run.deadline is None else max(1.0, run.left_s() - finalize_reserve(opts.timeout)),
+        timeout=run.left_s(),
+        reserve=None if run.deadline is None else lambda records: finish_reserve(run, records),
         max_metric_drop=opts.loss_tolerance if opts.train and opts.metric is None else opts.max_metric_drop,
         objectives=run.objectives,
         extra_attrs={"hardware": run.env.hardware_key(), **owner_attrs()},

@@ -234,9 +234,12 @@ def claim_speedup(
     settings: Any,
     diagnose: bool = True,
     budget_s: float | None = None,
+    need_s: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
     """Select among the finalists, then confirm the pick on fresh rounds; with ``budget_s``
     (a study with a timeout), each step stops after about half of it once its least rounds ran.
+    A ``budget_s`` under ``need_s`` (the least confirmation's predicted cost) runs nothing: the
+    claim is then "unconfirmed: deadline", as it is when the deadline cuts the rounds off.
 
     Returns:
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
@@ -249,8 +252,10 @@ def claim_speedup(
     """
     from autotune.errors import TrialError
 
-    if budget_s is not None and budget_s < 2.0:  # the run's timeout is spent: nothing can be confirmed
-        return finalists[0], None, [{"error": "no time was left for selection and confirmation rounds"}]
+    if budget_s is not None and budget_s < max(need_s, 2.0):  # too little left to confirm anything
+        left = f"{budget_s:.0f} s were left before the run's deadline"
+        return finalists[0], None, [{"error": f"{left}, and confirming the pick needs about {need_s:.0f} s",
+                                     "deadline": True}]  # fmt: skip
     try:
         half = None if budget_s is None else budget_s / 2
         pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
@@ -262,6 +267,8 @@ def claim_speedup(
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
                             max_s=90.0 if half is None else half)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
+        if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed
+            return finalists[0], None, [{"error": str(exc), "deadline": True}]
         return finalists[0], None, [{"error": str(exc), "failed": True}]
     if speed_only and confirmed["claim"]["verdict"] in ("none", "noisy", "slower"):
         # Nothing measurable, measurably slower, or measured beside busy processes: a pick made
@@ -317,9 +324,11 @@ def _claim_fields(
                 "method": "confirmation rounds failed", "error": failure, "trial_ratio": ratio,
                 "sentence": f"no speedup claimed: the confirmation rounds failed in the worker: {failure}"}  # fmt: skip
     why = why_unconfirmed or ("the run was interrupted" if interrupted else "its confirmation rounds failed")
+    # A deadline is no fault of the pick: "unconfirmed: deadline", the best measured kept.
+    said = f"unconfirmed: {why}" if why.startswith("deadline") else f"not confirmed: {why}"
     return {"verdict": "unconfirmed", "speedup": ratio, "low": None, "high": None, "n_rounds": 0,
-            "method": "trial ratio, not confirmed",
-            "sentence": f"{ratio:.2f}x from the two trials' own measurements, not confirmed: {why}"}  # fmt: skip
+            "method": "trial ratio, not confirmed", "why": "deadline" if why.startswith("deadline") else why,
+            "sentence": f"{ratio:.2f}x from the two trials' own measurements, {said}"}  # fmt: skip
 
 
 def _shown(record: dict[str, Any], figures: dict[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
@@ -410,7 +419,11 @@ def write_best(
     """
     import autotune.report.summary as report
 
-    failed = [f["error"] for f in summary.get("finalists") or [] if isinstance(f, dict) and f.get("failed")]
+    finalists = [f for f in summary.get("finalists") or [] if isinstance(f, dict)]
+    failed = [f["error"] for f in finalists if f.get("failed")]
+    late = [f["error"] for f in finalists if f.get("deadline")]
+    if late and why_unconfirmed is None:
+        why_unconfirmed = f"deadline ({late[0]})"
     claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed, failed[0] if failed else None)
     keys = (*report.METRIC_KEYS, "batch_size", *(report.TRAIN_KEYS if summary.get("mode") == "train" else ()))
     figures = confirmed or {}

@@ -35,6 +35,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Config
 from autotune.errors import ConfigError, TrialError
 from autotune.knobs import REGISTRY
+from autotune.search.cost import HEAVY_KNOBS, trial_cost_s
 from autotune.search.select import OBJECTIVES, check_objectives
 from autotune.search.space import SearchSpace, first_params
 from autotune.search.storage import (
@@ -69,7 +70,7 @@ TIMEOUT_FACTOR = 10.0
 COMPILE_ALLOWANCE_S = 120.0
 # Before the baseline has run nothing is known: its own limit.
 FIRST_TRIAL_TIMEOUT_S = 600.0
-_HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetune_steps", "ort_precision")
+_HEAVY_KNOBS = HEAVY_KNOBS
 
 
 def trial_limit(config: Mapping[str, Any], baseline: Mapping[str, Any] | None, fixed: float | None) -> float:
@@ -446,6 +447,7 @@ def run_trials(
     stop: threading.Event | None = None,
     trial_timeout: float | None = None,
     strategy: Any = None,
+    reserve: Callable[[list[dict[str, Any]]], float] | None = None,
 ) -> str:
     """Measure trials until ``n_trials`` have been measured in the study, counting every
     worker's (and, on resume, the earlier ones), ``timeout`` seconds pass, or the space is spent.
@@ -460,6 +462,11 @@ def run_trials(
         strategy: A :class:`autotune.search.strategy.Staged` that queues the screening and
             composing trials and refuses values screening left out; ``None`` for plain TPE
             after the warm start of :func:`autotune.search.space.warm_start`.
+        reserve: With a ``timeout``: the seconds before its end the search leaves free (for
+            the run's finish), given the trials' records so far. A trial whose predicted cost
+            (:func:`autotune.search.cost.trial_cost_s`) does not fit in what is left is not
+            started (recorded with kind ``deadline``); the search stops once not even the
+            baseline's cost fits.
 
     Returns:
         Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
@@ -471,13 +478,13 @@ def run_trials(
     baseline_key = Config(dict(space.baseline)).key()
     study.set_user_attr("n_trials", n_trials)  # for `autotune status`: the budget last asked for
     deadline = None if timeout is None else time.monotonic() + timeout
-    limits = _Limits(runner, trial_timeout, deadline, timeout)
+    limits = _Limits(runner, trial_timeout, deadline, timeout, reserve)
     repeats = 0
     waiting: set[int] = set()
     while True:
         if stop is not None and stop.is_set():
             raise KeyboardInterrupt
-        if deadline is not None and time.monotonic() >= deadline:
+        if limits.out_of_time(study):
             return "timeout"
         if repeats >= _MAX_REPEATS or _stopped(study):
             return "exhausted"
@@ -540,14 +547,23 @@ def run_trials(
                     study.tell(trial, state=TrialState.FAIL)
                 raise
         # A refusal of a value left out after screening costs no budget: many in a row, the space is spent.
-        repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened") else 0
+        repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened", "late") else 0
 
 
 class _Limits:
-    """Each trial's time limit: adaptive (or the user's), and never past the study's deadline."""
+    """Each trial's time limit: adaptive (or the user's), and never past the search's deadline:
+    the study's, less the ``reserve`` the run keeps for its finish."""
 
-    def __init__(self, runner: Runner, fixed: float | None, deadline: float | None, timeout: float | None) -> None:
+    def __init__(
+        self,
+        runner: Runner,
+        fixed: float | None,
+        deadline: float | None,
+        timeout: float | None,
+        reserve: Callable[[list[dict[str, Any]]], float] | None = None,
+    ) -> None:
         self.runner, self.fixed, self.deadline, self.timeout = runner, fixed, deadline, timeout
+        self.reserve = reserve
         self.baseline: dict[str, Any] | None = None
 
     def learn(self, baseline: FrozenTrial | None) -> None:
@@ -559,13 +575,45 @@ class _Limits:
         heavy = {k: f"{self.baseline['config'].get(k)}-other" for k in _HEAVY_KNOBS}
         self.runner.timeout = trial_limit(heavy, self.baseline, self.fixed)
 
+    def _left(self, records: list[dict[str, Any]]) -> float | None:
+        """Seconds the search has left (the finish's reserve taken off), ``None`` without a deadline."""
+        if self.deadline is None:
+            return None
+        kept = self.reserve(records) if self.reserve is not None and self.baseline is not None else 0.0
+        return self.deadline - kept - time.monotonic()
+
+    def out_of_time(self, study: optuna.Study) -> bool:
+        """Whether the search must stop: its deadline passed, or not even a trial as cheap as
+        the baseline would finish before it."""
+        records = [trial_record(t) for t in _finished(study)] if self.deadline is not None else []
+        left = self._left(records)
+        if left is None:
+            return False
+        cheapest = trial_cost_s(self.baseline["config"], records, self.baseline) if self.baseline else 0.0
+        return left <= 0 or left < cheapest
+
+    def too_late(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> str | None:
+        """Why a trial of ``config`` is not started (its predicted cost exceeds what the search
+        has left), or ``None``."""
+        if self.deadline is None or self.baseline is None:
+            return None
+        records = [trial_record(t) for t in finished]
+        left = self._left(records)
+        cost = trial_cost_s(config, records, self.baseline)
+        if left is None or cost <= left:
+            return None
+        return (
+            f"not started: it would take about {cost:.0f} s (predicted from the trials measured) and the search "
+            f"had {max(left, 0.0):.0f} s left before the run's deadline"
+        )
+
     def for_config(self, config: Mapping[str, Any]) -> tuple[float, bool]:
         """(seconds, whether the study's deadline is what limits them)."""
         limit = trial_limit(config, self.baseline, self.fixed)
         if self.deadline is not None:
             left = self.deadline - time.monotonic()
             if left < limit:
-                return max(left, 1.0), True
+                return max(left, 0.0), True
         return limit, False
 
     def timeout_reason(self, limit: float, at_deadline: bool) -> dict[str, Any]:
@@ -667,14 +715,16 @@ def _one_trial(
         result = TrialResult("oom", "oom-rule", rule, {"ran": False, **attrs})
     elif fault is not None:
         result = TrialResult("error", "fault-rule", fault, {"ran": False, **attrs})
+    elif (late := limits.too_late(config, finished)) is not None:
+        result = TrialResult("timeout", "deadline", late, {"ran": False, **attrs})
     else:
         limit, at_deadline = limits.for_config(config)
         fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space)
         result = runner.run(config, timeout=limit, fidelity=fidelity)
-        result.metrics.update(attrs, ran=True)
+        result.metrics.update(attrs, ran=result.metrics.get("ran", True))
         if stop is not None and stop.is_set() and result.status == "crash":
             raise KeyboardInterrupt  # its worker was killed to stop: no result to keep
-        if result.status == "timeout":
+        if result.status == "timeout" and result.metrics["ran"]:
             why = limits.timeout_reason(limit, at_deadline)
             result.fail("timeout", why.get("kind", result.kind), why["reason"])
     frozen = _tell(study, trial, result, objectives, max_metric_drop, written)
@@ -688,4 +738,6 @@ def _one_trial(
         on_trial(trial_record(frozen), _View(study.get_trials(deepcopy=False), baseline_key).n_measured)
     if screened is not None:
         return "screened"
+    if result.kind == "deadline" and not result.metrics["ran"]:
+        return "late"
     return "measured" if result.metrics["ran"] else "ruled"

@@ -146,8 +146,10 @@ class Context:
         import os
 
         self.n_rounds = max(self.n_rounds, drawn)
-        prepared = self.prepare(configs)
+        # The builds (an export, a quantization) count against ``max_s`` like the rounds: a run's
+        # deadline is given in wall time.
         started = time.perf_counter()
+        prepared = self.prepare(configs)
         rounds: list[list[dict[str, Any]]] = []
         for r in range(n_max):
             # A fresh draw of batches per round (also across calls: confirmation rounds do not

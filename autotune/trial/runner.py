@@ -61,14 +61,31 @@ class Runner:
     # Whether :meth:`restart` gives a new process (a worker process's runner does).
     restarts: bool = False
     # A time.monotonic() instant no wait goes past (a run's ``timeout``): trials, calls and
-    # worker restarts get at most what is left of it (one second at least); ``None``: no limit.
+    # worker restarts get at most what is left of it; ``None``: no limit.
     deadline: float | None = None
+    # Seconds the last worker start took (``None`` before one was timed): what a restart costs.
+    start_s: float | None = None
 
     def bounded(self, seconds: float) -> float:
-        """``seconds``, or less: no more than what is left until :attr:`deadline`."""
+        """``seconds``, or less: no more than what is left until :attr:`deadline` (0 once past it)."""
         if self.deadline is None:
             return seconds
-        return max(1.0, min(seconds, self.deadline - time.monotonic()))
+        return max(0.0, min(seconds, self.deadline - time.monotonic()))
+
+    def at_deadline(self, seconds: float) -> bool:
+        """Whether the run's :attr:`deadline`, not ``seconds``, is what limits a wait."""
+        return self.deadline is not None and self.deadline - time.monotonic() < seconds
+
+    def _too_late(self, doing: str, needs_s: float) -> TrialError | None:
+        """The error for work that cannot start before the deadline: less is left than
+        ``needs_s`` (a measured cost), or nothing at all."""
+        if self.deadline is None:
+            return None
+        left = self.deadline - time.monotonic()
+        if left > max(needs_s, 0.5):
+            return None
+        return TrialError("deadline", f"{doing} was not started: {max(left, 0.0):.1f} s were left before the "
+                                      f"run's deadline and it needs about {needs_s:.1f} s")  # fmt: skip
 
     def run(
         self, config: dict[str, Any], timeout: float | None = None, fidelity: dict[str, Any] | None = None
@@ -101,6 +118,11 @@ class Runner:
 
     def close(self) -> None:
         """Stop the worker, if any."""
+
+
+def _not_started(started: float) -> TrialResult:
+    reason = "not started: the run's deadline had passed"
+    return TrialResult("timeout", "deadline", reason, {"trial_s": time.perf_counter() - started, "ran": False})
 
 
 class _Overrun(BaseException):
@@ -143,7 +165,10 @@ class InProcessRunner(Runner):
         self, config: dict[str, Any], timeout: float | None = None, fidelity: dict[str, Any] | None = None
     ) -> TrialResult:
         started = time.perf_counter()
-        limit = self.bounded(self.timeout if timeout is None else timeout)
+        asked = self.timeout if timeout is None else timeout
+        limit = self.bounded(asked)
+        if limit <= 0:
+            return _not_started(started)
         try:
             with _alarm(limit):
                 result = self._ctx.run_trial(config, fidelity)
@@ -154,12 +179,17 @@ class InProcessRunner(Runner):
         return result
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
-        limit = self.bounded(self.timeout * n_trials)
+        late = self._too_late(name, 0.0)
+        if late is not None:
+            raise late
+        asked = self.timeout * n_trials
+        limit = self.bounded(asked)
         try:
             with _alarm(limit):
                 return getattr(self._ctx, name)(*args)
         except _Overrun:
-            raise TrialError("timeout", f"{name} gave no result within {limit:g} s; it was interrupted") from None
+            kind = "deadline" if limit < asked else "timeout"
+            raise TrialError(kind, f"{name} gave no result within {limit:.1f} s; it was interrupted") from None
         except Exception as exc:
             raise TrialError("error", f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
@@ -190,6 +220,12 @@ class SubprocessRunner(Runner):
     def _start(self) -> dict[str, Any]:
         from multiprocessing.connection import Connection
 
+        # A start that cannot be ready before the deadline is not begun: the last one's time is
+        # what the next costs (the first start is bounded by the deadline alone).
+        late = self._too_late("starting a worker", self.start_s or 0.0)
+        if late is not None:
+            raise late
+        begun = time.monotonic()
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
         env = dict(os.environ)
@@ -217,9 +253,13 @@ class SubprocessRunner(Runner):
         self._recv = Connection(from_child_r, writable=False)
         self.n_starts += 1
         self._send.send(("init", self._payload))
+        cut = self.at_deadline(self._timeout)
         reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":
+            self.start_s = time.monotonic() - begun
             return reply[1]
+        if reply[1] == "timeout" and cut:
+            reply = ("fail", "deadline", f"{reply[2]}, at the run's deadline")
         self.close()
         if reply[1] == "input":
             raise InputError(reply[2])
@@ -283,7 +323,14 @@ class SubprocessRunner(Runner):
     ) -> TrialResult:
         started = time.perf_counter()
         timeout = self.timeout if timeout is None else timeout
-        self._ensure()
+        try:
+            self._ensure()
+        except TrialError as exc:
+            if exc.kind != "deadline":
+                raise
+            return TrialResult("timeout", "deadline", str(exc), {"trial_s": time.perf_counter() - started, "ran": False})
+        if self.bounded(timeout) <= 0:
+            return _not_started(started)
         message = ("trial", config, fidelity)
         try:
             self._send.send(message)
@@ -304,11 +351,18 @@ class SubprocessRunner(Runner):
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
         self._ensure()
+        late = self._too_late(name, 0.0)
+        if late is not None:
+            raise late
+        asked = self.timeout * n_trials
+        limit = self.bounded(asked)
         self._send.send(("call", name, *args))
-        reply = self._wait(self.bounded(self.timeout * n_trials), f"running {name}")
+        reply = self._wait(limit, f"running {name}")
         if reply[0] == "fail" or "error" in reply[1]:
             self._kill()
-            raise TrialError("error", f"{name} failed in the worker: {reply[-1]}")
+            # Cut off by the run's deadline, not by its own limit: the work was not at fault.
+            kind = "deadline" if reply[0] == "fail" and reply[1] == "timeout" and limit < asked else "error"
+            raise TrialError(kind, f"{name} failed in the worker: {reply[-1]}")
         return reply[1]
 
     restarts = True

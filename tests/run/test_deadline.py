@@ -2,14 +2,18 @@
 
 import time
 
+import pytest
 import torch
 
 from autotune.config import Config
-from autotune.run.stages import finalize_reserve, overrun_margin
+from autotune.errors import TrialError
+from autotune.run.stages import overrun_margin
 from autotune.trial.measure import MeasureSettings
 from autotune.trial.runner import InProcessRunner
 from autotune.trial.spec import WorkerSpec
 from tests.models import MLP, HangAt, classification_data
+
+FAST = MeasureSettings(n_windows=2, window_s=0.03, warmup_batches=1)
 
 
 class _SlowCalls(MLP):
@@ -67,6 +71,97 @@ def test_the_timeout_bounds_the_whole_run(tmp_path):
     assert result.stop_reason in ("timeout", "exhausted")
     assert elapsed <= timeout + overrun_margin(timeout), elapsed
     assert (tmp_path / "best_config.json").is_file()
-    assert finalize_reserve(timeout) < timeout
     # What did not fit says so: the held-out scoring was cut off at the deadline.
     assert "error" in result.held_out, result.held_out
+
+
+def _spec(model=None, n=64):
+    return WorkerSpec(
+        model=model if model is not None else MLP(),
+        dataset=classification_data(n),
+        metric=None,
+        device="cpu",
+        baseline=dict(Config({"batch_size": 8})),
+        val_indices=list(range(16)),
+        measure=MeasureSettings(n_windows=2, window_s=0.03, warmup_batches=1),
+    )
+
+
+def test_a_trial_past_the_deadline_is_not_started_and_says_so():
+    """Before, a worker's start and a trial got "one second at least" past the deadline: a
+    trial started with nothing left was killed and measured nothing."""
+    runner = InProcessRunner(_spec())
+    runner.deadline = time.monotonic() - 1.0
+    result = runner.run(dict(Config({"batch_size": 16})), timeout=60.0)
+    assert result.status == "timeout" and result.kind == "deadline"
+    assert result.metrics["ran"] is False and "not started" in result.reason
+    with pytest.raises(TrialError) as raised:
+        runner.call("rounds", [dict(Config({"batch_size": 8}))], 1, 1)
+    assert raised.value.kind == "deadline"
+
+
+def test_a_worker_start_that_cannot_be_ready_before_the_deadline_is_not_begun(tmp_path):
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    runner = SubprocessRunner(pickle_spec(_spec()), 120.0, tmp_path / "worker.log")
+    try:
+        assert runner.start_s is not None and runner.start_s > 0  # the first start was timed
+        runner.deadline = time.monotonic() + runner.start_s / 4
+        starts = runner.n_starts
+        with pytest.raises(TrialError) as raised:
+            runner.restart()
+        assert raised.value.kind == "deadline" and "not started" in str(raised.value)
+        assert runner.n_starts == starts  # no process was begun
+        result = runner.run(dict(Config({"batch_size": 8})))
+        assert result.status == "timeout" and result.kind == "deadline" and result.metrics["ran"] is False
+    finally:
+        runner.deadline = None
+        runner.close()
+
+
+def test_a_confirmation_the_deadline_leaves_no_time_for_is_unconfirmed_and_keeps_the_best():
+    """Before, a deadline that cut the confirmation off was reported as "failed", with no claim."""
+    from autotune.search.result import _claim_fields, claim_speedup
+
+    baseline = {"number": 0, "key": "a", "samples_per_s": 100.0, "config": dict(Config({"batch_size": 8}))}
+    pick = {"number": 3, "key": "b", "samples_per_s": 180.0, "config": dict(Config({"batch_size": 32}))}
+    runner = InProcessRunner(_spec())
+    # Too little left for the least confirmation's predicted cost: nothing runs.
+    best, confirmed, table = claim_speedup(runner, baseline, [pick], 3, True, FAST, budget_s=4.0, need_s=12.0)
+    assert best is pick and confirmed is None and table[0]["deadline"]
+    # The deadline cuts the rounds off in the worker.
+    runner.deadline = time.monotonic() - 1.0
+    best, confirmed, table = claim_speedup(runner, baseline, [pick], 3, True, FAST, budget_s=30.0)
+    assert best is pick and confirmed is None and table[0].get("deadline") and not table[0].get("failed")
+    fields = _claim_fields(baseline, pick, None, False, f"deadline ({table[0]['error']})")
+    assert fields["verdict"] == "unconfirmed" and fields["speedup"] == pytest.approx(1.8)
+    assert "unconfirmed: deadline" in fields["sentence"] and fields["why"] == "deadline"
+
+
+def test_a_compile_trial_that_cannot_finish_before_the_deadline_is_not_started(tmp_path):
+    """A compile whose predicted cost (no compile measured yet: at least 15 s) does not fit in
+    what the search has left is recorded as not started; the cheap trials still run, and the
+    run ends with its best confirmed or said unconfirmed, never failed."""
+    import autotune
+
+    result = autotune.optimize(
+        MLP(),
+        classification_data(128),
+        space={"base": None, "batch_size": [8, 16, 32], "compile_mode": ["none", "default"]},
+        baseline_batch_size=8,
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
+        n_trials=6,
+        timeout=15.0,
+        out_dir=tmp_path,
+        device="cpu",
+        isolation="inprocess",
+        export=(),
+        profile=False,
+    )
+    records = [t.user_attrs for t in result.study.trials]
+    compiled = [r for r in records if r.get("config", {}).get("compile_mode") == "default"]
+    assert compiled and not any(r.get("ran") for r in compiled), compiled
+    late = [r for r in compiled if r["kind"] == "deadline"]
+    assert late and all("not started" in r["reason"] for r in late)
+    assert any(r.get("ran") and not r.get("baseline") for r in records)  # cheap trials ran
+    assert result.verdict != "failed"

@@ -1,0 +1,113 @@
+"""What a trial and a run's finish cost in seconds, predicted from what the study measured.
+
+A run with a deadline must not start work it cannot finish: a compile trial started with 8 s
+left is killed and measures nothing, and a search that runs to the deadline leaves the
+confirmation one second. So each trial's cost is predicted before it starts, from the trials
+already measured (the baseline's wall time; for a configuration that compiles, quantizes or
+changes the runtime, what such a build cost so far, or a prior until one was measured), and the
+finish (worker starts, the builds and rounds of the confirmation, the export) is priced from the
+same figures and kept free of the search.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "trial_cost_s"]
+
+# Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
+# baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
+HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetune_steps", "ort_precision")
+# Before any heavy build was measured: at least this many seconds, or this many baseline trials.
+HEAVY_PRIOR_S = 15.0
+HEAVY_PRIOR_FACTOR = 3.0
+# Confirmation rounds the finish must have time for (the least a claim is made from), and the
+# worker processes they are split over.
+FINISH_ROUNDS = 3
+FINISH_PROCESSES = 2
+
+
+def _heavy(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...]:
+    """The heavy knobs ``config`` sets away from ``base``: two configurations with the same
+    build the same kind of thing."""
+    return tuple((k, config.get(k)) for k in HEAVY_KNOBS if k in config and config.get(k) != base.get(k))
+
+
+def _measured(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    return [r for r in records if r.get("ran") and r.get("wall_s") and isinstance(r.get("config"), Mapping)]
+
+
+def trial_cost_s(
+    config: Mapping[str, Any], records: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any] | None
+) -> float:
+    """Predicted wall seconds of a trial of ``config``: the longest measured trial that built the
+    same heavy knobs (compile mode, runtime, ...), else the baseline's wall time plus the longest
+    heavy build measured so far (or a prior: the larger of :data:`HEAVY_PRIOR_S` and
+    :data:`HEAVY_PRIOR_FACTOR` baseline trials). 0 before the baseline was measured.
+
+    Example:
+        >>> base = {"config": {"compile_mode": "none", "batch_size": 8}, "ran": True, "wall_s": 2.0}
+        >>> trial_cost_s({"compile_mode": "none", "batch_size": 32}, [base], base)
+        2.0
+        >>> trial_cost_s({"compile_mode": "default", "batch_size": 8}, [base], base)
+        17.0
+        >>> done = {"config": {"compile_mode": "default", "batch_size": 8}, "ran": True, "wall_s": 40.0,
+        ...         "compile_s": 30.0}
+        >>> trial_cost_s({"compile_mode": "default", "batch_size": 32}, [base, done], base)
+        40.0
+        >>> trial_cost_s({"compile_mode": "max-autotune", "batch_size": 8}, [base, done], base)
+        32.0
+    """
+    if baseline is None or not baseline.get("wall_s"):
+        return 0.0
+    base_config, base_s = baseline.get("config") or {}, float(baseline["wall_s"])
+    kind = _heavy(config, base_config)
+    measured = _measured(records)
+    same = [float(r["wall_s"]) for r in measured if _heavy(r["config"], base_config) == kind]
+    if same:
+        return max(same)
+    if not kind:
+        return base_s
+    heavy = [float(r.get("compile_s") or 0.0) for r in measured if _heavy(r["config"], base_config)]
+    return base_s + (max(heavy) if heavy else max(HEAVY_PRIOR_S, HEAVY_PRIOR_FACTOR * base_s))
+
+
+def build_s(record: Mapping[str, Any]) -> float:
+    """Seconds a trial spent building and warming up (compiling), before its clock started."""
+    return float(record.get("compile_s") or 0.0)
+
+
+def finish_s(
+    baseline: Mapping[str, Any] | None,
+    best: Mapping[str, Any] | None,
+    start_s: float | None,
+    *,
+    diagnose: bool = True,
+    n_rounds: int = FINISH_ROUNDS,
+    n_processes: int = FINISH_PROCESSES,
+    exports: bool = True,
+) -> float:
+    """Predicted seconds of a run's finish with ``best`` as the pick: in each confirmation
+    process a worker start and both builds, ``n_rounds`` rounds of both (twice as long with the
+    diagnosis, which times the loader and the model apart in the same rounds), then the export
+    of the pick (its build again, and about a trial of parity checks). 0 before the baseline was
+    measured.
+
+    Example:
+        >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5}
+        >>> pick = {"wall_s": 30.0, "timed_s": 2.0, "compile_s": 20.0}
+        >>> finish_s(base, pick, 3.0)
+        121.0
+        >>> finish_s(base, pick, 3.0, diagnose=False, exports=False)
+        59.0
+    """
+    if baseline is None or not baseline.get("wall_s"):
+        return 0.0
+    best = best or baseline
+    start = float(start_s or 0.0)
+    per_process = start + build_s(baseline) + build_s(best)
+    round_s = float(baseline.get("timed_s") or 0.0) + float(best.get("timed_s") or 0.0)
+    rounds = n_rounds * round_s * (2 if diagnose else 1)
+    export = build_s(best) + float(best.get("wall_s") or 0.0) if exports else 0.0
+    return n_processes * per_process + rounds + export
