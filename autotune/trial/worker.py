@@ -22,7 +22,7 @@ import torch
 from autotune.errors import InputError
 from autotune.trial.faults import one_line
 
-__all__ = ["make_context", "serve"]
+__all__ = ["make_context", "serve", "watch_parent"]
 
 
 def make_context(spec: Any) -> Any:
@@ -67,9 +67,33 @@ def serve(conn: Any) -> None:
             return
 
 
+def watch_parent(interval_s: float = 0.5) -> None:
+    """End this worker, and the loader processes it started, once its parent is gone.
+
+    The worker runs in a session of its own (so Ctrl-C reaches only the parent), so nothing
+    else stops it when the parent is killed: a test killed at its timeout left its worker
+    holding the GPU. A parent that dies hands its children to another process, which changes
+    ``os.getppid()``; a daemon thread looks every ``interval_s``.
+    """
+    import os
+    import signal
+    import threading
+    import time
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval_s)
+        os.killpg(os.getpgrp(), signal.SIGKILL)  # this worker and its loader workers
+
+    threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
+
+
 def main(argv: list[str]) -> None:
     from multiprocessing.connection import Connection
 
+    watch_parent()
     read_fd, write_fd = int(argv[1]), int(argv[2])
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
 

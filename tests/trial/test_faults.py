@@ -113,3 +113,51 @@ def test_a_forward_that_returns_none_is_bad_input(tmp_path):
 
     with pytest.raises(autotune.InputError, match=r"returned None, with no tensor in it"):
         _optimize(ReturnsNone(), tmp_path, {"base": None, "batch_size": [8, 16]})
+
+
+def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path):
+    """The worker runs in a session of its own, so a killed parent (a test at its timeout, a
+    user's kill -9) used to leave a worker busy in a trial running, holding the GPU: now it
+    ends itself. (An idle worker always ended: its next read of the pipe fails.)"""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    script = textwrap.dedent(f"""
+        import os, sys, time
+        from autotune.config import Config
+        from autotune.trial.measure import MeasureSettings
+        from autotune.trial.runner import SubprocessRunner, pickle_spec
+        from autotune.trial.spec import WorkerSpec
+        from tests.models import HangAt, classification_data
+
+        spec = WorkerSpec(model=HangAt(16), dataset=classification_data(32), metric=None, device="cpu",
+                          baseline=dict(Config({{"batch_size": 8}})), val_indices=list(range(8)),
+                          measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1))
+        runner = SubprocessRunner(pickle_spec(spec), 120.0, __import__("pathlib").Path({str(tmp_path)!r}) / "w.log")
+        print(runner._proc.pid, flush=True)
+        runner.run(dict(Config({{"batch_size": 16}})), timeout=600)  # the worker hangs in this trial
+    """)
+    parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
+    try:
+        worker = int(parent.stdout.readline())
+        os.kill(worker, 0)  # alive while its parent is
+        time.sleep(2)  # the trial has started and hangs
+        parent.send_signal(signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            time.sleep(0.2)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            pytest.fail("the worker outlived its killed parent by 30 s")
+    finally:
+        if parent.poll() is None:
+            parent.kill()
