@@ -1,5 +1,6 @@
 """The timing protocol: windows, the interference probe, per-trial memory and the noise verdict."""
 
+import os
 import time
 
 import pytest
@@ -65,9 +66,16 @@ def test_peak_memory_is_the_trials_own_not_the_workers_high_water_mark():
 
 
 def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
+    import psutil
+
     from autotune.trial.inference import TrialContext
     from autotune.trial.spec import WorkerSpec
 
+    # One hog per usable CPU: a single busy core is 1/n of the machine, under the 10% limit from
+    # 11 cores on. Where this process may use only some of the machine's CPUs (the probe counts
+    # them all), the limit is a quarter of the share the hogs can take.
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else psutil.cpu_count()
+    limit = min(0.10, 0.25 * usable / (psutil.cpu_count() or usable))
     spec = WorkerSpec(
         model=MLP(),
         dataset=classification_data(),
@@ -75,15 +83,17 @@ def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
         device="cpu",
         baseline=dict(Config({"batch_size": 8})),
         val_indices=list(range(16)),
-        measure=MeasureSettings(n_windows=3, window_s=0.1, warmup_batches=1, n_remeasure=1),
+        measure=MeasureSettings(n_windows=3, window_s=0.1, warmup_batches=1, n_remeasure=1, max_others_cpu=limit),
     )
     ctx = TrialContext(spec)
-    hog = CpuHog(60)
+    hogs = []
     try:
+        hogs += [CpuHog(60) for _ in range(usable)]
         time.sleep(0.3)
         result = ctx.run_trial(dict(Config({"batch_size": 16}))).to_attrs()
     finally:
-        hog.stop()
+        for hog in hogs:
+            hog.stop()
     assert result["status"] == "ok"
     assert result["n_measurements"] == 2 and result["noisy"] and "other processes used" in result["noise"]
 
