@@ -28,6 +28,17 @@ def test_float16_and_bfloat16_on_cuda():
     env = Env.detect("cuda")
     offer = get_knob("amp_dtype").offer(SpaceContext(env, describe([torch.zeros(4)]), 32))
     assert "float16" in offer.values
+    if torch.cuda.get_device_capability() >= (8, 0):  # Ampere on: bfloat16 tensor cores
+        assert "bfloat16" in offer.values
+    x = torch.randn(4, 8, device="cuda")
     for dtype in offer.values:
         fast = autotune.apply(torch.nn.Linear(8, 8), {"amp_dtype": dtype}, device="cuda")
-        assert fast(torch.randn(4, 8, device="cuda")).dtype == torch.float32
+        # The dtype the matrix product ran in: the inner Linear's own output, before the
+        # wrapper casts the model's outputs back to float32.
+        ran = []
+        for module in fast.modules():
+            if isinstance(module, torch.nn.Linear):
+                module.register_forward_hook(lambda m, i, o, ran=ran: ran.append((o.dtype, o.device.type)))
+        out = fast(x)
+        assert ran == [(getattr(torch, dtype), "cuda")], (dtype, ran)
+        assert out.dtype == torch.float32 and out.device.type == "cuda"
