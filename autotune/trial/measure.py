@@ -24,9 +24,10 @@ from autotune.knobs.state import BuildState, unwrap
 from autotune.trial.build import make_loader, settings_active
 
 __all__ = [
+    "GpuSharing",
     "Interference",
     "MeasureSettings",
-    "gpu_others",
+    "run_pids",
     "call_model",
     "draw_seed",
     "measure",
@@ -230,27 +231,73 @@ class Interference:
         return min(1.0, max(0.0, others / max(wall * self._n_cpus, 1e-9)))
 
 
-def gpu_others(device: torch.device) -> int | None:
-    """How many other processes hold a context on ``device``'s GPU (they may be computing on
-    it), through NVML when the ``nvidia-ml-py`` package is installed; ``None`` when unknown."""
-    if device.type != "cuda":
-        return None
+def run_pids() -> set[int]:
+    """This run's processes: this one, its ancestors (the user's process that called
+    :func:`autotune.optimize`, a test runner, a notebook kernel) and every descendant of its
+    parent (the run's other trial workers, loader workers). Each may hold a CUDA context on the
+    GPU the run measures on; none of them is "another process"."""
+    import psutil
+
+    me = psutil.Process()
+    pids = {me.pid}
     try:
-        import os
+        parents = me.parents()
+        pids.update(p.pid for p in parents)
+        family = parents[0].children(recursive=True) if parents else me.children(recursive=True)
+        pids.update(p.pid for p in family)
+    except psutil.Error:
+        pass
+    return pids
 
-        import pynvml
 
-        pynvml.nvmlInit()
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        # NVML numbers the GPUs of the machine; CUDA_VISIBLE_DEVICES may renumber them for torch.
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-        if visible:
-            index = int(visible.split(",")[index])
-        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
-        procs = pynvml.nvmlDeviceGetComputeRunningProcesses(handle)
-        return sum(p.pid != os.getpid() for p in procs)
-    except Exception:  # no NVML, no permission, a MIG slice: unknown, not zero
-        return None
+class GpuSharing:
+    """How many processes outside this run computed on ``device``'s GPU while windows ran.
+
+    NVML (the ``nvidia-ml-py`` package) keeps per-process utilization samples; :meth:`stop`
+    counts the processes, outside :func:`run_pids`, with a sample of nonzero SM or memory
+    utilization since :meth:`start`. A process that merely holds a context (an idle notebook,
+    the user's own process) is not counted. ``None`` where it cannot be known (no NVML, no
+    permission, a MIG slice, a driver without per-process samples): unknown, not zero.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self._handle: Any = None
+        self._since = 0
+        if device.type != "cuda":
+            return
+        try:
+            import os
+
+            import pynvml
+
+            pynvml.nvmlInit()
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            # NVML numbers the GPUs of the machine; CUDA_VISIBLE_DEVICES may renumber them for torch.
+            visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+            if visible:
+                index = int(visible.split(",")[index])
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(index)
+        except Exception:
+            self._handle = None
+
+    def start(self) -> None:
+        self._since = int(time.time() * 1e6)  # NVML's sample clock: microseconds since the epoch
+
+    def stop(self) -> int | None:
+        """Processes outside this run that used the GPU since :meth:`start`, or ``None``."""
+        if self._handle is None:
+            return None
+        nvml = self._nvml
+        try:
+            samples = nvml.nvmlDeviceGetProcessUtilization(self._handle, self._since)
+        except nvml.NVMLError as exc:
+            if isinstance(exc, getattr(nvml, "NVMLError_NotFound", ())):
+                return 0  # no process had a sample since the start: nobody used it
+            return None
+        except Exception:
+            return None
+        mine = run_pids()
+        return len({s.pid for s in samples if s.pid not in mine and (s.smUtil or s.memUtil)})
 
 
 def noise_reason(result: dict[str, Any], settings: MeasureSettings) -> str | None:
@@ -272,7 +319,7 @@ def _noise_causes(result: dict[str, Any], settings: MeasureSettings) -> dict[str
     if result.get("others_cpu", 0.0) > settings.max_others_cpu:
         causes["cpu"] = f"other processes used {result['others_cpu']:.0%} of the CPU (> {settings.max_others_cpu:.0%})"
     if result.get("gpu_others"):
-        causes["gpu"] = f"{result['gpu_others']} other process(es) used the GPU"
+        causes["gpu"] = f"{result['gpu_others']} other process(es) computed on the GPU"
     return causes
 
 
@@ -398,7 +445,7 @@ def measure(
     others: list[float] = []
     probe = Interference()
     mark = memory_mark(device) if mem_mark is None else mem_mark
-    sharing = gpu_others(device)
+    sharing = GpuSharing(device)
     try:
         with settings_active(state.settings), torch.inference_mode():
             start = time.perf_counter()
@@ -408,6 +455,7 @@ def measure(
             state.info["shapes_warmed"] = True  # every shape of the epoch has run on this build
             compile_s = time.perf_counter() - start
             compiled_before = _compiled_frames()
+            sharing.start()  # over the windows, not the warm-up: a compile is no other's use
             timed_start = time.perf_counter()
             for _ in range(settings.n_windows):
                 events: list[tuple[Any, Any]] = []
@@ -443,6 +491,7 @@ def measure(
                     break
             timed_s = time.perf_counter() - timed_start
             recompiles = _compiled_frames() - compiled_before
+            gpu_users = sharing.stop()
     finally:
         batches.close()  # shuts down the loader's workers
     stats = window_stats(windows, latencies)
@@ -455,7 +504,7 @@ def measure(
         **stats,
         "others_cpu": statistics.fmean(others),
         "others_cpu_max": max(others),
-        "gpu_others": sharing,
+        "gpu_others": gpu_users,
         "peak_mem_mib": max(0.0, _peak_mib(device) - mark),
         "compile_s": compile_s,
         "recompiles": recompiles,
