@@ -32,7 +32,7 @@ def _fake_nvml(monkeypatch, samples=None, error=None):
 
     fake = types.SimpleNamespace(
         NVMLError=_NVMLError,
-        NVMLError_NotFoundError=_NotFoundError,
+        NVMLError_NotFound=_NotFoundError,
         nvmlInit=lambda: None,
         nvmlDeviceGetHandleByIndex=lambda i: ("gpu", i),
         nvmlDeviceGetProcessUtilization=utilization,
