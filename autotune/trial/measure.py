@@ -80,7 +80,7 @@ STOP_MIN_BATCHES = 5
 WHOLE_EPOCH_BATCHES = 64
 
 
-def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: int = 0) -> tuple[Iterator[Any], int]:
+def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: int = 0) -> tuple[_Epochs, int]:
     """The endless batches a measurement of ``state`` reads, and how many to run before the clock.
 
     An epoch of at most :data:`WHOLE_EPOCH_BATCHES` is read whole. Where its batches differ in
@@ -102,22 +102,51 @@ def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: i
     loader = make_loader(dataset, state, timing=True, seed=seed)
     n_batches = len(loader)
     if n_batches > WHOLE_EPOCH_BATCHES:
-        return _epochs(make_loader(dataset, state, drop_last=True, timing=True, seed=seed)), warmup_batches
+        return _Epochs(make_loader(dataset, state, drop_last=True, timing=True, seed=seed)), warmup_batches
     extras = state.extras
     uneven = len(dataset) % state.batch_size != 0 or (extras is not None and extras.lengths is not None)
     per_shape = (
         state.compile_mode != "none" or state.runtime == "torchscript" or bool(state.settings.get("cudnn_benchmark"))
     )
     if uneven and per_shape and not state.info.get("shapes_warmed"):  # measure() sets it once warmed
-        return _epochs(loader), n_batches * -(-max(warmup_batches, 1) // n_batches)  # whole epochs
-    return _epochs(loader), warmup_batches
+        return _Epochs(loader), n_batches * -(-max(warmup_batches, 1) // n_batches)  # whole epochs
+    return _Epochs(loader), warmup_batches
 
 
-def _epochs(loader: Any) -> Iterator[Any]:
-    # A new epoch re-creates the loader's iterator, and with it non-persistent workers: that
-    # cost is part of the pipeline, so it is inside the timed windows.
-    while True:
-        yield from loader
+class _Epochs:
+    """The loader's batches, epoch after epoch, knowing where an epoch ends.
+
+    A new epoch re-creates the loader's iterator, and with it non-persistent workers: that cost
+    is part of the pipeline, so it is inside the timed windows. A window that ends at an epoch's
+    end holds whole epochs, each with its one restart (see :func:`measure`).
+    """
+
+    def __init__(self, loader: Any) -> None:
+        self.loader = loader
+        self.n_batches = len(loader)
+        self.at_epoch_end = False
+        self._it: Iterator[Any] | None = None
+        self._left = 0
+
+    def __iter__(self) -> _Epochs:
+        return self
+
+    def __next__(self) -> Any:
+        if self._left == 0:
+            self._it, self._left = iter(self.loader), self.n_batches
+        batch = next(self._it)  # type: ignore[arg-type]
+        self._left -= 1
+        self.at_epoch_end = self._left == 0
+        return batch
+
+    def close(self) -> None:
+        """Shut down the loader's workers (a non-persistent iterator's go with it)."""
+        self._it = None
+
+
+# A window over a short epoch runs on to the epoch's end, but never past this many times its
+# minimum length: on a long epoch it ends on the clock.
+EPOCH_WINDOW_CAP = 3.0
 
 
 def _sync(device: torch.device) -> None:
@@ -375,6 +404,16 @@ def _compiled_frames() -> int:
     return 0 if utils is None else int(utils.counters["frames"]["total"])
 
 
+def _window_done(elapsed_s: float, window_s: float, batches: _Epochs) -> bool:
+    """Whether a timed window may end: past its minimum length and, over a short epoch, at the
+    epoch's end. A window over 1,024 images at batch 128 was about one epoch, and whether it held
+    one restart of the loader's workers or two spread its windows by 6-10%."""
+    if elapsed_s < window_s:
+        return False
+    short = batches.n_batches <= WHOLE_EPOCH_BATCHES
+    return not short or batches.at_epoch_end or elapsed_s >= EPOCH_WINDOW_CAP * window_s
+
+
 def _far_below(stop_below: float | None, n_batches: int, totals: list[Any], compiled_before: int) -> bool:
     """Whether a measurement may stop: at least :data:`STOP_MIN_BATCHES` batches timed, under
     ``stop_below`` samples/s so far, and no shape compiled in its windows (a window slowed by a
@@ -478,7 +517,7 @@ def measure(
                     sizes.add(size)
                     n_samples += size
                     n_batches += 1
-                    if time.perf_counter() - w_start >= settings.window_s:
+                    if _window_done(time.perf_counter() - w_start, settings.window_s, batches):
                         break
                 _sync(device)
                 w_s = time.perf_counter() - w_start
