@@ -4,9 +4,44 @@ from __future__ import annotations
 
 from typing import Any
 
+import torch
+
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+class PaddedToCaptured(torch.nn.Module):
+    """A module compiled with CUDA graphs, fed the one batch size it captured.
+
+    A graph replays one shape: an epoch's short last batch would record a graph of its own (or
+    fall back to launching kernels) inside the user's loop. Here it is padded to the captured
+    size (its last sample repeated) and the padded rows are dropped from the outputs, so every
+    call replays the same graph and gives exactly the rows it was given.
+
+    Example:
+        >>> wrapped = PaddedToCaptured(torch.nn.Linear(2, 1), 4)
+        >>> wrapped(torch.ones(3, 2)).shape
+        torch.Size([3, 1])
+    """
+
+    def __init__(self, compiled: torch.nn.Module, batch_size: int) -> None:
+        super().__init__()
+        self.compiled = compiled
+        self.batch_size = batch_size
+
+    @property
+    def _orig_mod(self) -> Any:  # what the compile wraps, as on torch.compile's own module
+        return getattr(self.compiled, "_orig_mod", self.compiled)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        from autotune.data import batch_size_of, pad_batch, slice_batch
+
+        n = batch_size_of(args[0] if args else next(iter(kwargs.values())))
+        if n >= self.batch_size:
+            return self.compiled(*args, **kwargs)
+        out = self.compiled(*pad_batch(args, self.batch_size), **pad_batch(kwargs, self.batch_size))
+        return slice_batch(out, n)
 
 
 @register
@@ -45,8 +80,6 @@ class CompileMode(Knob):
         return Offer([m for m in self.choices if m not in excluded], excluded)
 
     def apply(self, state: Any, value: str) -> None:
-        import torch
-
         from autotune.knobs.state import FrozenCompiled
 
         # Static shapes compile to the fastest kernels; token sequences trimmed to each batch's
@@ -62,6 +95,8 @@ class CompileMode(Knob):
             state.model = FrozenCompiled(torch.compile(state.model, mode=mode, dynamic=dynamic))
         else:
             state.model = torch.compile(state.model, mode=mode, dynamic=dynamic)
+            if mode in _CUDA_GRAPH_MODES and not dynamic and state.config is not None:
+                state.model = PaddedToCaptured(state.model, int(state.config.get("batch_size", 1)))
         state.compile_mode = value
 
 

@@ -25,13 +25,17 @@ from autotune.trial.measure import WHOLE_EPOCH_BATCHES, MeasureSettings, _sync, 
 __all__ = [
     "BALANCED_MARGIN",
     "FAULT_MARGIN",
+    "LAUNCH_BOUND",
     "LOADER_KNOBS",
     "classify",
     "diagnose_run",
     "diagnose_state",
     "explain",
     "fault",
+    "device_bound",
+    "launch_ratio",
     "loader_samples_per_s",
+    "model_alone",
     "model_samples_per_s",
     "window_for",
 ]
@@ -100,6 +104,72 @@ def model_samples_per_s(state: BuildState, batches: list[Any], window_s: float, 
         return n_samples / (time.perf_counter() - start)
 
 
+# Host seconds to issue a call's kernels over the device's seconds to run them: at this share or
+# more the device waits on the launches (small batches, small models), where CUDA graphs pay.
+LAUNCH_BOUND = 0.8
+
+
+def launch_ratio(state: BuildState, batch: Any, n_calls: int = 8) -> float | None:
+    """On CUDA: the median, over ``n_calls`` calls of ``state``'s model on ``batch`` (already on
+    the device), of the host's time to return from the call (it issues the kernels and does not
+    wait for them) over the device's time to run them (CUDA events); ``None`` off CUDA.
+
+    Each call starts on an idle device (synchronised before), so the host's time is the
+    launches' alone. At :data:`LAUNCH_BOUND` or more the device idles between kernels."""
+    device = torch.device(state.device)
+    if device.type != "cuda":
+        return None
+    ratios = []
+    with settings_active(state.settings), torch.inference_mode():
+        call_model(state.model, batch)  # a warm call: nothing compiles in the timed ones
+        for _ in range(n_calls):
+            torch.cuda.synchronize(device)
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start = time.perf_counter()
+            begin.record()
+            call_model(state.model, batch)
+            end.record()
+            host_ms = (time.perf_counter() - start) * 1e3
+            torch.cuda.synchronize(device)
+            ratios.append(host_ms / max(begin.elapsed_time(end), 1e-6))
+    ratios.sort()
+    return ratios[len(ratios) // 2]
+
+
+def device_bound(samples_per_s: float, model_sps: float, launch: float | None, margin: float = BALANCED_MARGIN) -> str:
+    """What bounds a pipeline on a device: ``"input-bound"`` when end to end runs clearly below
+    the model alone (feeding the device is the limit), else ``"launch-bound"`` when the host's
+    launches take at least :data:`LAUNCH_BOUND` of the device's time, else ``"compute-bound"``.
+
+    Example:
+        >>> device_bound(3000.0, 11000.0, 0.2)
+        'input-bound'
+        >>> device_bound(10500.0, 11000.0, 1.4), device_bound(10500.0, 11000.0, 0.1)
+        ('launch-bound', 'compute-bound')
+    """
+    if samples_per_s * (1 + margin) < model_sps:
+        return "input-bound"
+    return "launch-bound" if launch is not None and launch >= LAUNCH_BOUND else "compute-bound"
+
+
+def model_alone(
+    state: BuildState, dataset: Any, samples_per_s: float, settings: MeasureSettings, seed: int = 0
+) -> dict[str, Any]:
+    """The model alone on the timed epoch's batches already on the device, beside the end to
+    end ``samples_per_s``: ``model_samples_per_s``, ``launch_ratio`` (see :func:`launch_ratio`)
+    and ``bound`` (see :func:`device_bound`). A trial on CUDA records it, so every candidate
+    says whether its pipeline feeds the chip."""
+    taken = _epoch_batches(dataset, state, seed)
+    model = model_samples_per_s(state, taken, window_for(settings), settings.warmup_batches)
+    device = torch.device(state.device)
+    launch = launch_ratio(state, to_device(taken[0], device))
+    return {
+        "model_samples_per_s": model,
+        "launch_ratio": launch,
+        "bound": device_bound(samples_per_s, model, launch),
+    }
+
+
 def classify(loader_sps: float, model_sps: float, margin: float = BALANCED_MARGIN) -> str:
     """``"data-bound"`` when the loader alone is the slower half, ``"compute-bound"`` when the
     model is, ``"balanced"`` when they are within ``margin`` of each other.
@@ -119,15 +189,33 @@ def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings, s
     """Time the loader and the model of a built configuration apart.
 
     Returns:
-        ``loader_samples_per_s``, ``model_samples_per_s``, ``bound`` (see :func:`classify`),
-        ``batch_size`` and ``window_s``.
+        ``loader_samples_per_s``, ``model_samples_per_s``, ``bound`` (see :func:`classify`;
+        ``"launch-bound"`` where the model's half is its kernel launches, on CUDA),
+        ``launch_ratio`` (see :func:`launch_ratio`), ``batch_size`` and ``window_s``.
     """
     window = window_for(settings)
     loader = loader_samples_per_s(dataset, state, window, settings.warmup_batches, seed)
-    # The batches the timing reads, as the configuration makes them (its collate, padding and
-    # grouping): the whole epoch the timing reads (at most WHOLE_EPOCH_BATCHES batches and
-    # MODEL_BYTES of them, at least one). A sample of them costs what its batches cost: 8 of
-    # CRAFT's 32 pages of different sizes made its model 20 pages/s against 22 end to end.
+    taken = _epoch_batches(dataset, state, seed)
+    model = model_samples_per_s(state, taken, window, settings.warmup_batches)
+    bound = classify(loader, model)
+    launch = launch_ratio(state, to_device(taken[0], torch.device(state.device)))
+    if bound == "compute-bound" and launch is not None and launch >= LAUNCH_BOUND:
+        bound = "launch-bound"  # the model's half is the host issuing kernels, not the device
+    return {
+        "loader_samples_per_s": loader,
+        "model_samples_per_s": model,
+        "launch_ratio": launch,
+        "bound": bound,
+        "batch_size": state.batch_size,
+        "window_s": window,
+    }
+
+
+def _epoch_batches(dataset: Any, state: BuildState, seed: int) -> list[Any]:
+    """The batches the timing reads, as the configuration makes them (its collate, padding and
+    grouping): the whole epoch the timing reads (at most WHOLE_EPOCH_BATCHES batches and
+    MODEL_BYTES of them, at least one). A sample of them costs what its batches cost: 8 of
+    CRAFT's 32 pages of different sizes made its model 20 pages/s against 22 end to end."""
     n_epoch = min(WHOLE_EPOCH_BATCHES, -(-len(dataset) // state.batch_size))
     batches, _ = timing_batches(dataset, state, 0, seed)
     taken: list[Any] = []
@@ -138,14 +226,7 @@ def diagnose_state(state: BuildState, dataset: Any, settings: MeasureSettings, s
             held += sum(t.numel() * t.element_size() for t in tensor_leaves(taken[-1]))
     finally:
         batches.close()
-    model = model_samples_per_s(state, taken, window, settings.warmup_batches)
-    return {
-        "loader_samples_per_s": loader,
-        "model_samples_per_s": model,
-        "bound": classify(loader, model),
-        "batch_size": state.batch_size,
-        "window_s": window,
-    }
+    return taken
 
 
 def _changed(base: Mapping[str, Any], best: Mapping[str, Any], side: str) -> list[str]:
@@ -190,7 +271,9 @@ def explain(
         text += f" (no loader workers: loading took {bm / (bl + bm):.0%} of its time)"
     if dict(baseline_config) == dict(best_config):
         return text + "; no configuration beat it, so it is also the winner"
-    sides = {"data-bound": ["loader"], "compute-bound": ["model"]}.get(baseline["bound"], ["loader", "model"])
+    sides = {"data-bound": ["loader"], "compute-bound": ["model"], "launch-bound": ["model"]}.get(
+        baseline["bound"], ["loader", "model"]
+    )
     for side in sides:
         before, after = baseline[f"{side}_samples_per_s"], best[f"{side}_samples_per_s"]
         text += "; " + _side_clause(side, before, after, _changed(baseline_config, best_config, side))

@@ -184,6 +184,12 @@ class TrialContext(Context):
         # candidate the guard rejects are still recorded.
         result.update(state.info)
         result.update(self._measure_clean(state, mark, draw_seed(self.spec.seed, "trial", config)))
+        if torch.device(self.spec.device).type == "cuda" and not result["stopped"]:
+            # The model alone on batches already on the device, beside the end to end: whether
+            # the pipeline feeds the chip (input-, launch- or compute-bound).
+            from autotune.trial.diagnose import model_alone
+
+            result.update(model_alone(state, self.spec.dataset, result["samples_per_s"], self.spec.measure))
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
         if result["stopped"]:
             # Far below the best so far after its first windows: neither more timing nor the
