@@ -288,11 +288,19 @@ def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
     if fmt == "torchscript":
         return torch.jit.load(str(path), map_location=device)
     from autotune.export.onnx import OrtModule
+    from autotune.export.ort import CPU_PROVIDER, CUDA_PROVIDER, GPU_PROVIDERS, provider_for, provider_problem
 
     ort = record.get("ort") or {}
-    provider = ort.get("provider") or ""
-    if ("CUDA" in provider or "Tensorrt" in provider) != on_cuda:  # recorded for another device
-        provider = "CUDAExecutionProvider" if on_cuda else "CPUExecutionProvider"
+    recorded = ort.get("provider") or ""
+    # The recorded GPU provider where a session here gets it, else CUDA's, else the CPU's.
+    provider = provider_for(device, recorded if recorded in GPU_PROVIDERS else None)
+    if on_cuda and provider == CPU_PROVIDER:
+        warnings.warn(
+            f"The ONNX artifact runs on ONNX Runtime's CPU provider: {CUDA_PROVIDER} is "
+            f"{provider_problem(CUDA_PROVIDER)}. Load with device='cpu', or install the onnxruntime-gpu "
+            "built for this CUDA.",
+            stacklevel=4,
+        )
     return OrtModule(
         path,
         record["input_names"],
@@ -300,7 +308,7 @@ def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
         provider=provider,
         graph_optimization=ort.get("graph_optimization", "all"),
         intra_op_threads=ort.get("intra_op_threads", 0),
-        io_binding=on_cuda,
+        io_binding=provider != CPU_PROVIDER,
     )
 
 

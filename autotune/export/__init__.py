@@ -51,6 +51,7 @@ def _onnx_runner(
     model: Any, example: Any, path: Path, device: str, source: Any = None, spatial: bool = False
 ) -> tuple[dict[str, Any], Callable[..., Any]]:
     from autotune.export.onnx import OrtModule, export_onnx, quantize_onnx
+    from autotune.export.ort import provider_for
     from autotune.export.parity import restore_like
 
     if source is None:
@@ -74,8 +75,11 @@ def _onnx_runner(
                 info["quantized"] = quantize_onnx(src, path, method, calibration, per_channel=per_channel)
         finally:
             src.unlink(missing_ok=True)
-    ort = dict(ORT_DEFAULTS, provider="CUDAExecutionProvider" if device.startswith("cuda") else "CPUExecutionProvider")
-    runner = OrtModule(path, info["input_names"], info["output_names"], io_binding=device.startswith("cuda"), **ort)
+    # The provider a session on this device really gets here: the CPU's where ONNX Runtime has no
+    # working CUDA provider, so the record says what the check ran on.
+    ort = dict(ORT_DEFAULTS, provider=provider_for(device))
+    on_gpu = ort["provider"] != ORT_DEFAULTS["provider"]
+    runner = OrtModule(path, info["input_names"], info["output_names"], io_binding=on_gpu, **ort)
     template = _example_outputs(model, example)
 
     def run(*args: Any, **kwargs: Any) -> Any:

@@ -1,5 +1,6 @@
 """ONNX artifacts: export (dynamo exporter first, TorchScript exporter as fallback), onnxslim
-simplification, INT8 and float16 variants, and :class:`OrtModule`, which runs one like the model.
+simplification, INT8 and float16 variants. :class:`~autotune.export.ort.OrtModule`, which runs
+one like the model, lives in :mod:`autotune.export.ort` and is re-exported here.
 
 Graph inputs are named after the batch's structure: positional inputs ``input_0, input_1, ...``,
 keyword inputs by their keyword. Every input and output has a dynamic first (batch) axis.
@@ -18,25 +19,14 @@ from torch import nn
 
 from autotune.data import batch_size_of, pad_batch
 from autotune.errors import ConfigError, ExportError, InputError
+from autotune.export.ort import _NP_TYPES, GRAPH_OPTIMIZATIONS, OrtModule  # noqa: F401 (their former home)
 from autotune.export.parity import describe_error, exportable, flat_inputs, output_leaves, quiet_warnings
 
 __all__ = ["GRAPH_OPTIMIZATIONS", "QUANT_METHODS", "OrtModule", "export_onnx", "quantize_onnx", "to_fp16"]
 
-GRAPH_OPTIMIZATIONS = ("disable", "basic", "extended", "all")
 QUANT_METHODS = ("int8_dynamic", "int8_static")
 _MIN_OPSET = 17
 _SIMPLIFY_RTOL = 1e-4
-# ONNX tensor type names (InferenceSession.get_inputs()[i].type) to numpy dtypes.
-_NP_TYPES = {
-    "tensor(float)": np.float32,
-    "tensor(float16)": np.float16,
-    "tensor(double)": np.float64,
-    "tensor(int64)": np.int64,
-    "tensor(int32)": np.int32,
-    "tensor(int8)": np.int8,
-    "tensor(uint8)": np.uint8,
-    "tensor(bool)": np.bool_,
-}
 
 
 class _Flat(nn.Module):
@@ -356,152 +346,3 @@ def to_fp16(src: Path, dst: Path) -> dict[str, Any]:
     except Exception as exc:
         raise ExportError(f"Could not convert {src.name} to float16: {describe_error(exc)}") from exc
     return {"path": str(dst), "bytes": dst.stat().st_size, "src_bytes": src.stat().st_size, "keep_io_types": True}
-
-
-_LEVELS = {
-    "disable": "ORT_DISABLE_ALL",
-    "basic": "ORT_ENABLE_BASIC",
-    "extended": "ORT_ENABLE_EXTENDED",
-    "all": "ORT_ENABLE_ALL",
-}
-
-
-def _torch_dtype(np_type: Any) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, np_type)).dtype
-
-
-class OrtModule(nn.Module):
-    """An ONNX file run by ONNX Runtime, called like the model it was exported from.
-
-    Torch tensors in (positionally in ``input_names`` order, or by keyword), torch tensors out on
-    the inputs' device: one tensor for a one-output graph, else a tuple. The session is created
-    on first call and dropped when pickled, so the module pickles as its path and settings.
-
-    Args:
-        path: The ``.onnx`` file.
-        input_names: Graph input names, in the model's argument order.
-        output_names: Graph output names.
-        provider: ONNX Runtime execution provider (``"CPUExecutionProvider"``,
-            ``"CUDAExecutionProvider"``); CPU runs whatever the provider cannot.
-        graph_optimization: ``"disable"``, ``"basic"``, ``"extended"`` or ``"all"``.
-        intra_op_threads: Threads per operator; 0 lets ONNX Runtime choose.
-        io_binding: Bind the torch tensors' memory as inputs and take the outputs as torch
-            tensors (DLPack), with no copies: on CUDA, no host round trip.
-
-    Example:
-        >>> runner = OrtModule("model.onnx", ["input_0"], ["output"])  # doctest: +SKIP
-        >>> runner(torch.randn(8, 1, 8, 8)).shape  # doctest: +SKIP
-        torch.Size([8, 10])
-    """
-
-    def __init__(
-        self,
-        path: str | os.PathLike,
-        input_names: list[str],
-        output_names: list[str],
-        *,
-        provider: str = "CPUExecutionProvider",
-        graph_optimization: str = "all",
-        intra_op_threads: int = 0,
-        io_binding: bool = False,
-    ) -> None:
-        super().__init__()
-        if graph_optimization not in GRAPH_OPTIMIZATIONS:
-            raise ConfigError(
-                f"No graph optimization level {graph_optimization!r}. Known: {', '.join(GRAPH_OPTIMIZATIONS)}."
-            )
-        if intra_op_threads < 0:
-            raise ConfigError(
-                f"`intra_op_threads` must be >= 0 (0: ONNX Runtime's choice), but got {intra_op_threads}."
-            )
-        self.path = str(path)
-        self.input_names = list(input_names)
-        self.output_names = list(output_names)
-        self.provider = provider
-        self.graph_optimization = graph_optimization
-        self.intra_op_threads = intra_op_threads
-        self.io_binding = io_binding
-        # Set by the profiler (autotune.trial.profile): the next session records its nodes there.
-        self.profile_prefix: str | None = None
-        self._session: Any = None
-
-    def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_session": None}  # a session does not pickle; it is rebuilt
-
-    @property
-    def session(self) -> Any:
-        """The ``onnxruntime.InferenceSession``, created on first use."""
-        if self._session is None:
-            import onnxruntime as ort
-
-            available = ort.get_available_providers()
-            if self.provider not in available:
-                raise ConfigError(
-                    f"ONNX Runtime has no provider {self.provider!r} here. Available: {', '.join(available)}."
-                )
-            options = ort.SessionOptions()
-            options.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVELS[self.graph_optimization])
-            options.intra_op_num_threads = self.intra_op_threads
-            if getattr(self, "profile_prefix", None):
-                options.enable_profiling = True
-                options.profile_file_prefix = self.profile_prefix
-            providers = list(dict.fromkeys([self.provider, "CPUExecutionProvider"]))
-            self._session = ort.InferenceSession(self.path, options, providers=providers)
-        return self._session
-
-    def _feeds(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, torch.Tensor]:
-        if len(args) > len(self.input_names):
-            raise InputError(
-                f"The graph takes {len(self.input_names)} inputs ({', '.join(self.input_names)}), but got {len(args)} positional."
-            )
-        feeds = dict(zip(self.input_names, args, strict=False))  # fewer args than names: rest by keyword
-        for name, value in kwargs.items():
-            if name not in self.input_names or name in feeds:
-                raise InputError(f"Unexpected or repeated input {name!r}. Known: {', '.join(self.input_names)}.")
-            feeds[name] = value
-        missing = [n for n in self.input_names if n not in feeds]
-        if missing:
-            raise InputError(f"Missing graph inputs: {', '.join(missing)}.")
-        return feeds
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor | tuple[torch.Tensor, ...]:
-        feeds = self._feeds(args, kwargs)
-        device = next(iter(feeds.values())).device
-        types = {i.name: _NP_TYPES.get(i.type) for i in self.session.get_inputs()}
-        if self.io_binding and device.type in ("cpu", "cuda"):
-            outs = self._run_bound(feeds, types, device)
-        else:
-            arrays = {n: _to_numpy(t, types[n]) for n, t in feeds.items() if n in types}
-            outs = [torch.from_numpy(a).to(device) for a in self.session.run(None, arrays)]
-        return outs[0] if len(outs) == 1 else tuple(outs)
-
-    def _run_bound(
-        self, feeds: dict[str, torch.Tensor], types: dict[str, Any], device: torch.device
-    ) -> list[torch.Tensor]:
-        binding = self.session.io_binding()
-        kind, index = device.type, device.index or 0
-        if kind == "cuda" and device.index is None:
-            index = torch.cuda.current_device()
-        kept = []  # the bound tensors must outlive the run
-        for name, tensor in feeds.items():
-            if name not in types:
-                continue
-            if types[name] is not None:
-                tensor = tensor.to(_torch_dtype(types[name]))
-            tensor = tensor.contiguous()
-            kept.append(tensor)
-            binding.bind_input(name, kind, index, types[name] or np.float32, tuple(tensor.shape), tensor.data_ptr())
-        for out in self.session.get_outputs():
-            binding.bind_output(out.name, kind, index)
-        if kind == "cuda":  # ONNX Runtime reads the inputs on its own stream: torch's writes must land first
-            torch.cuda.current_stream(device).synchronize()
-        self.session.run_with_iobinding(binding)
-        binding.synchronize_outputs()
-        return [torch.from_dlpack(value) for value in binding.get_outputs()]
-
-
-def _to_numpy(tensor: torch.Tensor, np_type: Any) -> np.ndarray:
-    if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
-        tensor = tensor.float()
-    array = tensor.detach().cpu().numpy()
-    return array.astype(np_type, copy=False) if np_type is not None else array

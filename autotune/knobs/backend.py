@@ -70,6 +70,8 @@ class Runtime(Knob):
                 state.artifact = {"format": "torchscript", **info, "path": str(folder / "model.pt")}
             else:
                 state.model, info = _ort_module(state, extras, folder)
+        except TrialError:
+            raise
         except Exception as exc:  # an exporter's failure rules this candidate out, nothing more
             raise TrialError("unsupported", f"{value} export failed: {type(exc).__name__}: {exc}") from exc
         state.info.update({f"{value}_{k}": v for k, v in info.items() if isinstance(v, (str, int, float, bool))})
@@ -108,8 +110,19 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
         provider=config["ort_provider"],
         graph_optimization=config["ort_graph_optimization"],
         intra_op_threads=config["num_threads"] or 0,
-        io_binding=config["ort_io_binding"],
+        io_binding=config["ort_io_binding"] and config["ort_provider"] != "CPUExecutionProvider",
     )
+    # ONNX Runtime falls back to the CPU when a provider's libraries do not load, without raising:
+    # such a trial would be measured on the CPU under the GPU provider's name.
+    state.info["ort_provider_ran"] = module.provider_ran
+    if module.provider_ran != module.provider:
+        from autotune.errors import TrialError
+
+        raise TrialError(
+            "unsupported",
+            f"ONNX Runtime ran the session on {module.provider_ran}, not on the {module.provider} it was asked "
+            "for (its libraries did not load here; `autotune doctor` shows why)",
+        )
     # The graph and session settings that were measured: what the export ships for this winner.
     ort = {"provider": module.provider, "graph_optimization": module.graph_optimization}
     state.artifact = {
@@ -144,14 +157,15 @@ class OrtProvider(_OrtKnob):
     help = "ONNX Runtime execution provider, from those installed and usable on this device."
 
     def offer(self, ctx: SpaceContext) -> Offer:
-        available = _ort_providers()
         if not ctx.env.is_cuda:
             return Offer(["CPUExecutionProvider"], {p: "trials run on the CPU" for p in self.choices[1:]})
-        values = [p for p in self.choices if p in available]
-        return Offer(
-            values or ["CPUExecutionProvider"],
-            {p: "not in this onnxruntime build" for p in self.choices if p not in available},
-        )
+        from autotune.export.ort import provider_problem
+
+        # A listed provider whose libraries do not load runs a session on the CPU without a word:
+        # offered only where a session really gets it.
+        problems = {p: provider_problem(p) for p in self.choices[1:]}
+        values = ["CPUExecutionProvider", *(p for p, why in problems.items() if why is None)]
+        return Offer(values, {p: why for p, why in problems.items() if why is not None})
 
 
 @register
@@ -188,7 +202,18 @@ class OrtIoBinding(_OrtKnob):
     default = False
     help = "Bind CUDA tensors to ONNX Runtime directly, without copies through host memory. CUDA only."
 
+    def applies(self, config: dict[str, Any]) -> bool:
+        # With the CPU provider the inputs go through host memory whatever is bound.
+        return super().applies(config) and config.get("ort_provider", "CPUExecutionProvider") != "CPUExecutionProvider"
+
     def offer(self, ctx: SpaceContext) -> Offer:
-        if ctx.env.is_cuda:
-            return Offer([False, True])
-        return Offer([False], {"true": "I/O binding avoids host copies of CUDA tensors; trials run on the CPU"})
+        if not ctx.env.is_cuda:
+            return Offer([False], {"true": "I/O binding avoids host copies of CUDA tensors; trials run on the CPU"})
+        from autotune.export.ort import CUDA_PROVIDER, provider_problem
+
+        why = provider_problem(CUDA_PROVIDER)
+        if why is not None:
+            return Offer(
+                [False], {"true": f"I/O binding pays with the CUDA provider only, and {CUDA_PROVIDER} is {why}"}
+            )
+        return Offer([False, True])
