@@ -15,7 +15,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Env", "c_compiler", "cpu_info", "cxx_compiler", "nvidia_driver", "resolve_device"]
+__all__ = ["Env", "c_compiler", "cpu_info", "cxx_compiler", "nvidia_driver", "resolve_device", "usable_cpus"]
 
 # CPU flags (as /proc/cpuinfo names them) that decide which precisions pay off on a CPU.
 ISA_FLAGS = (
@@ -93,22 +93,56 @@ def _physical_cores() -> int | None:
         return None
 
 
-def _cpu_quota() -> float | None:
-    """Cores granted by a cgroup CPU quota (a container's ``--cpus``), or ``None`` without one."""
+def _cpu_quota(root: str = "/sys/fs/cgroup") -> float | None:
+    """Cores granted by a cgroup CPU quota (a container's ``--cpus``), or ``None`` without one.
+
+    Args:
+        root: Where the cgroup filesystem is mounted: ``cpu.max`` there (cgroup v2), else
+            ``cpu/cpu.cfs_quota_us`` and ``cpu/cpu.cfs_period_us`` (cgroup v1).
+    """
     try:  # cgroup v2: "max 100000" or "200000 100000"
-        with open("/sys/fs/cgroup/cpu.max") as f:
+        with open(os.path.join(root, "cpu.max")) as f:
             quota, period = f.read().split()[:2]
         return None if quota == "max" else int(quota) / int(period)
     except (OSError, ValueError):
         pass
     try:  # cgroup v1
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_quota_us") as f:
+        with open(os.path.join(root, "cpu", "cpu.cfs_quota_us")) as f:
             quota_us = int(f.read())
-        with open("/sys/fs/cgroup/cpu/cpu.cfs_period_us") as f:
+        with open(os.path.join(root, "cpu", "cpu.cfs_period_us")) as f:
             period_us = int(f.read())
-        return None if quota_us <= 0 else quota_us / period_us
+        return None if quota_us <= 0 or period_us <= 0 else quota_us / period_us
     except (OSError, ValueError):
         return None
+
+
+def _affinity_cpus() -> int:
+    """CPUs this process may be scheduled on (its affinity), else every logical CPU."""
+    try:
+        return len(os.sched_getaffinity(0)) or os.cpu_count() or 1
+    except (AttributeError, OSError):  # not Linux
+        return os.cpu_count() or 1
+
+
+def usable_cpus(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """CPUs this process can keep busy at once: its CPU affinity, capped by a cgroup CPU quota
+    (rounded down: 1.5 CPUs of quota keep one busy, the other half is shared), at least 1.
+
+    ``os.cpu_count()`` counts the machine's CPUs, which a container or ``taskset`` may not give
+    this process; loader workers past this count only take turns on the same CPUs.
+
+    Args:
+        cgroup_root: Where the cgroup filesystem is mounted (see :func:`_cpu_quota`).
+
+    Example:
+        >>> 1 <= usable_cpus() <= (os.cpu_count() or 1)
+        True
+    """
+    cpus = _affinity_cpus()
+    quota = _cpu_quota(cgroup_root)
+    if quota is not None:
+        cpus = min(cpus, int(quota))
+    return max(1, cpus)
 
 
 def cpu_info() -> dict[str, Any]:
@@ -125,10 +159,7 @@ def cpu_info() -> dict[str, Any]:
         True
     """
     logical = os.cpu_count() or 1
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):  # not Linux
-        usable = logical
+    usable = _affinity_cpus()
     flags = _cpu_flags()
     return {
         "model": _cpuinfo_field("model name") or platform.processor() or None,

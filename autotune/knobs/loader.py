@@ -1,8 +1,11 @@
-"""DataLoader knobs: ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``."""
+"""DataLoader knobs: ``num_workers``, ``pin_memory``, ``prefetch_factor``, ``persistent_workers``.
+
+The batched gather and the device prefetcher live in :mod:`autotune.knobs.gather` and
+:mod:`autotune.knobs.prefetch`.
+"""
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
@@ -25,10 +28,14 @@ class NumWorkers(_LoaderKnob):
     help = "DataLoader worker processes. Helps when loading or decoding samples is the bottleneck."
 
     def offer(self, ctx: SpaceContext) -> Offer:
-        cores = os.cpu_count() or 1
-        values = [n for n in self.choices if n <= cores]
-        excluded = {str(n): f"more workers than CPU cores ({cores})" for n in self.choices if n > cores}
-        return Offer(values, excluded)
+        from autotune.env import usable_cpus
+
+        # The CPUs this process may use (affinity, cgroup quota), not the machine's: in a
+        # container given 4 of 64 cores, 16 workers would take turns on 4.
+        cpus = usable_cpus()
+        values = [n for n in self.choices if n <= cpus]
+        why = f"more workers than the CPUs this process may use ({cpus}: its affinity and CPU quota)"
+        return Offer(values, {str(n): why for n in self.choices if n > cpus})
 
     def apply(self, state: Any, value: int) -> None:
         state.loader_kwargs["num_workers"] = value

@@ -37,3 +37,12 @@ def test_tuned_dataloader_uses_every_loader_knob():
     assert loader.batch_size == 4 and loader.num_workers == 1
     assert loader.prefetch_factor == 4 and loader.persistent_workers
     assert torch.cat(list(loader))[:, 0].tolist() == [float(i) for i in range(10)]  # in order, nothing dropped
+
+
+def test_workers_bounded_by_the_cpus_this_process_may_use(ctx, monkeypatch):
+    # A container's quota or a taskset gives this process fewer CPUs than the machine has.
+    monkeypatch.setattr("os.cpu_count", lambda: 64)
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    monkeypatch.setattr("autotune.env._cpu_quota", lambda root="": 3.0)
+    offer = get_knob("num_workers").offer(ctx)
+    assert offer.values == [0, 1, 2, 3] and "(3:" in offer.excluded["4"]
