@@ -46,6 +46,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
     run.add_argument("--no-profile", action="store_true", help="skip profiling the baseline and the winner")
+    run.add_argument(
+        "--repeated-passes",
+        action="store_true",
+        help="the same samples are read again in use (repeated evaluation of a fixed set): caches may pay",
+    )
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
     run.add_argument("--quiet", action="store_true", help="print only the final table")
@@ -61,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     spaces.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     verify = sub.add_parser("verify", help="re-check a run's exported artifacts on this machine")
     verify.add_argument("out_dir", help="the run's output directory")
-    verify.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (default cpu)")
+    verify.add_argument("--device", help="cpu, cuda or cuda:N (default: the run's device where this machine has it)")
     verify.add_argument("--json", action="store_true", help="print the report as JSON")
     verify.add_argument("--debug", action="store_true", help="show tracebacks")
     report = sub.add_parser("report", help="write report.html and report.md of a finished run")
@@ -129,6 +134,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "resume": True if args.resume else None,
         "join": True if args.join else None,
         "profile": False if args.no_profile else None,
+        "repeated_passes": True if args.repeated_passes else None,
         "fix": _parse_fix(args.fix) if args.fix else None,
     }
     return cfg, Options.from_cfg(cfg, flags, where=args.cfg)

@@ -53,6 +53,8 @@ class SpaceContext:
     no_calibration: str | None = None
     # How many layers carry weights int8 can quantize (nn.Linear, LSTM, GRU, convolutions), if known.
     n_quantizable: int | None = None
+    # The same samples are read again in use (training epochs, or the user's repeated_passes).
+    repeated_passes: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -66,14 +66,20 @@ class CacheDecoded(Knob):
     default = False
     help = (
         "Keep each decoded sample in memory after its first read, so repeated epochs (and repeated inference "
-        "over a fixed set) skip the dataset's decoding. Offered when the decoded samples fit a quarter of the "
-        "machine's memory and the dataset is not already a list of samples."
+        "over a fixed set) skip the dataset's decoding. Offered in training, and in inference with "
+        "repeated_passes=True, when the decoded samples fit a quarter of the machine's memory and the dataset "
+        "does not already hold them in memory."
     )
 
     def offer(self, ctx: SpaceContext) -> Offer:
         data = ctx.data
-        if data.in_memory:
-            return Offer([False], {"true": "the samples are already in memory (a list or tuple of them)"})
+        if not ctx.repeated_passes:
+            # A cache pays only on the second read of a sample: one pass over a stream of new
+            # samples, as in serving, pays its filling and gets nothing back.
+            why = "pays only when the same samples are read again: pass repeated_passes=True if they are"
+            return Offer([False], {"true": why})
+        if data.in_memory or getattr(data, "tensor_rows", False):
+            return Offer([False], {"true": "the samples are already in memory (a list of them, or rows of tensors)"})
         need = data.sample_bytes * data.n_samples
         from autotune.env import host_memory_bytes
 

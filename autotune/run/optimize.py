@@ -62,6 +62,7 @@ def optimize(
     collate_fn: Callable[[list[Any]], Any] | None = None,
     pad_values: Mapping[str, int] | None = None,
     profile: bool = True,
+    repeated_passes: bool = False,
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
 
@@ -172,6 +173,10 @@ def optimize(
         profile: Profile the baseline and the winner after the timed rounds, each for a second
             or two (``torch.profiler``): ``trace-baseline.json.gz``, ``trace-best.json.gz`` and
             the report's operator breakdown. ``False`` skips it. See docs/report.md.
+        repeated_passes: The same samples are read again and again in use (repeated evaluation
+            of a fixed set), as epochs do in training: only then can a cache of decoded samples
+            (``cache_decoded``) pay, so in inference it is offered only with ``True``, and a
+            winner that caches says so in its claim.
 
     Returns:
         A :class:`Result`.

@@ -95,6 +95,7 @@ class Options:
     collate_fn: Callable[[list[Any]], Any] | None = None
     pad_values: Mapping[str, int] | None = None
     profile: bool = True
+    repeated_passes: bool = False
 
     def __post_init__(self) -> None:
         self._check_numbers()
@@ -194,7 +195,7 @@ class Options:
     def plan_args(self) -> dict[str, Any]:
         """The keywords of :func:`autotune.plan` these options set."""
         names = ("space", "fix", "device", "baseline_batch_size", "objectives", "loss_fn", "mode", "collate_fn")
-        names += ("pad_values", "n_val", "train_dataset")
+        names += ("pad_values", "n_val", "train_dataset", "repeated_passes")
         return {
             **{n: getattr(self, n) for n in names},
             "effective_batch_size": self.effective_batch_size,

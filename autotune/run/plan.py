@@ -132,6 +132,7 @@ def plan(
     pad_values: Mapping[str, int] | None = None,
     n_val: int = 512,
     train_dataset: Any = None,
+    repeated_passes: bool = False,
 ) -> tuple[Any, Any, Any]:
     """Check the inputs and resolve the search space without measuring anything.
 
@@ -169,6 +170,7 @@ def plan(
         has_loss_fn=loss_fn is not None,
         mode=mode,
         loader=dict(inputs.loader),
+        repeated_passes=repeated_passes or mode == "train",
         no_calibration=_no_calibration(data.n_samples, n_val, loss_fn, train_dataset),
         n_quantizable=n_quantizable(model),
         effective_batch_size=None

@@ -425,6 +425,10 @@ def write_best(
     if late and why_unconfirmed is None:
         why_unconfirmed = f"deadline ({late[0]})"
     claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed, failed[0] if failed else None)
+    if (best.get("config") or {}).get("cache_decoded") and summary.get("mode") != "train":
+        # Measured over passes that read the same samples again: true only where use does too.
+        claim["assumes"] = "the same samples are read again (repeated_passes): a cache of decoded samples pays there"
+        claim["sentence"] += "; assuming the same samples are read again, as the decoded-sample cache needs"
     keys = (*report.METRIC_KEYS, "batch_size", *(report.TRAIN_KEYS if summary.get("mode") == "train" else ()))
     figures = confirmed or {}
     same = best["key"] == baseline["key"]
