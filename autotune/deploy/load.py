@@ -24,7 +24,7 @@ from autotune.errors import ConfigError, InputError
 from autotune.export import FORMATS, file_digest
 from autotune.export.stored import from_stored, rebuild_output
 
-__all__ = ["Predictor"]
+__all__ = ["Predictor", "run_device"]
 
 
 class Predictor:
@@ -207,6 +207,35 @@ def _read_artifacts(out_dir: Path, required: bool = True) -> tuple[dict[str, Any
         raise ConfigError(f"{str(path)!r} lists no artifacts: run the tuning with export formats to write them.")
     batch_size = (best.get("best") or {}).get("batch_size") or (best.get("config") or {}).get("batch_size")
     return artifacts if isinstance(artifacts, dict) else {}, batch_size
+
+
+def run_device(out_dir: Path) -> str:
+    """The device the run in ``out_dir`` was tuned on (``best_config.json``'s ``env.device``), where
+    this machine has it; else the CPU, with a one-line warning (a CUDA run loaded on a machine
+    without CUDA, say). A run that recorded none, or none that can be read: the CPU.
+
+    Example:
+        >>> run_device(Path("no-such-run"))
+        'cpu'
+    """
+    from autotune.env import resolve_device
+
+    try:
+        best = json.loads((Path(out_dir) / "best_config.json").read_text())
+        recorded = best["env"]["device"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return "cpu"  # the reader that needs the file says what is wrong with it
+    if not isinstance(recorded, str):
+        return "cpu"
+    try:
+        return resolve_device(recorded)
+    except ConfigError:
+        warnings.warn(
+            f"The run in {str(out_dir)!r} was tuned on {recorded!r}, which this machine lacks: it runs on the "
+            "CPU here (pass device= to choose).",
+            stacklevel=3,
+        )
+        return "cpu"
 
 
 def _read_parity(out_dir: Path) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from autotune.deploy.load import (
     _not_the_winner,
     _read_artifacts,
     _read_parity,
+    run_device,
 )
 from autotune.errors import ConfigError
 from autotune.export import FORMATS
@@ -40,7 +41,7 @@ def load(
     dataset: Any = None,
     collate_fn: Any = None,
     format: str | None = None,
-    device: str = "cpu",
+    device: str | None = None,
     allow_modified: bool = False,
 ) -> Predictor:
     """Serve a tuning run from ``out_dir``: the fastest here of what it may serve, named truthfully.
@@ -60,7 +61,10 @@ def load(
         collate_fn: The run's own collate, when it had one: batches the timing samples.
         format: ``"onnx"``, ``"torchscript"`` or ``"torch"`` (needs ``model``) serves that one,
             untimed. An artifact that failed its checks loads only when named here, with a warning.
-        device: ``"cpu"`` or ``"cuda[:N]"``: ONNX runs on the matching ONNX Runtime provider.
+        device: ``"cpu"`` or ``"cuda[:N]"``: ONNX runs on the matching ONNX Runtime provider
+            where a session gets it here (else on its CPU provider, with a warning). Default: the
+            device the run was tuned on (``best_config.json``), or the CPU, with a warning, where
+            this machine lacks it.
         allow_modified: Load an artifact whose sha256 differs from the one recorded at export
             (refused by default: the file is not the one that was checked).
 
@@ -74,6 +78,7 @@ def load(
             lies outside ``out_dir`` or changed since export.
     """
     out_dir = Path(out_dir)
+    device = run_device(out_dir) if device is None else device
     try:
         torch.device(device)
     except RuntimeError:

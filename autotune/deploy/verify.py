@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from autotune.data import map_tensors
-from autotune.deploy.load import _read_artifacts, _read_parity
+from autotune.deploy.load import _read_artifacts, _read_parity, run_device
 from autotune.deploy.serve import load
 from autotune.errors import ConfigError
 from autotune.export import file_digest
@@ -208,7 +208,7 @@ def env_diff(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str
     return diff
 
 
-def verify(out_dir: str | Path, *, device: str = "cpu", n_batches: int = 20) -> dict[str, Any]:
+def verify(out_dir: str | Path, *, device: str | None = None, n_batches: int = 20) -> dict[str, Any]:
     """Re-check every artifact of a tuning run on this machine.
 
     Each artifact listed in ``best_config.json`` is checked to be the file that was exported
@@ -219,7 +219,8 @@ def verify(out_dir: str | Path, *, device: str = "cpu", n_batches: int = 20) -> 
 
     Args:
         out_dir: The run's directory.
-        device: Where the artifacts run: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        device: Where the artifacts run: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``. Default: the
+            device the run was tuned on, or the CPU, with a warning, where this machine lacks it.
         n_batches: Timed batches of the artifact's batch size per repeat (after 3 warm-up
             batches; the median of 3 repeats is reported).
 
@@ -244,7 +245,9 @@ def verify(out_dir: str | Path, *, device: str = "cpu", n_batches: int = 20) -> 
     out_dir = Path(out_dir)
     artifacts, best = _read_run(out_dir)
     parity = _read_parity(out_dir)
-    env = Env.detect(device)  # raises for a device this machine lacks, before anything runs
+    env = Env.detect(
+        run_device(out_dir) if device is None else device
+    )  # raises for a device this machine lacks, before anything runs
     current = env.manifest()
     current["versions"].update(_versions_here())
     return {

@@ -141,3 +141,56 @@ def test_keyword_calls_and_the_same_output_structure_from_every_format(tmp_path)
             torch.testing.assert_close(out["logits"], expected["logits"], rtol=1e-4, atol=1e-5)
     with pytest.raises(InputError, match="not both"):
         predict(batch, **batch)
+
+
+def _tuned_on(out_dir, device: str) -> None:
+    """Record in the run's best_config.json that it was tuned on ``device``."""
+    path = out_dir / "best_config.json"
+    best = json.loads(path.read_text())
+    best["env"] = {"device": device}
+    path.write_text(json.dumps(best))
+
+
+@pytest.fixture
+def copied_run(cnn_run, tmp_path):
+    """A copy of the CNN run that a test may record another device in."""
+    import shutil
+
+    model, run_dir = cnn_run
+    return model, shutil.copytree(run_dir, tmp_path / "run")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without CUDA")
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript", None])
+def test_a_cuda_run_loads_on_the_cpu_here_and_says_so(copied_run, fmt):
+    model, run_dir = copied_run
+    _tuned_on(run_dir, "cuda:0")
+    with pytest.warns(UserWarning, match=r"tuned on 'cuda:0', which this machine lacks: it runs on the CPU"):
+        predict = load(run_dir, format=fmt)
+    assert predict.device == torch.device("cpu")
+    x = torch.randn(5, 1, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(predict(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_a_cuda_run_is_served_on_cuda_where_the_machine_has_it(copied_run, monkeypatch):
+    from autotune.deploy.load import run_device
+
+    _, run_dir = copied_run
+    _tuned_on(run_dir, "cuda:0")
+    # What a CUDA machine says (this one has no GPU): the recorded device is the one taken.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert run_device(run_dir) == "cuda:0"
+
+
+def test_a_cpu_run_loads_on_the_cpu_without_a_warning_and_an_explicit_device_wins(copied_run):
+    import warnings
+
+    _, run_dir = copied_run
+    _tuned_on(run_dir, "cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load(run_dir, format="onnx").device == torch.device("cpu")
+        _tuned_on(run_dir, "cuda:0")
+        assert load(run_dir, format="onnx", device="cpu").device == torch.device("cpu")

@@ -201,3 +201,16 @@ def test_load_serves_the_fastest_artifact_that_passed_and_says_which(run_dir):
     predict = autotune.load(run_dir)
     assert predict.format in ("onnx", "torchscript")
     assert "fastest here" in predict.chosen and "onnx" in predict.chosen and "torchscript" in predict.chosen
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="about a machine without CUDA")
+def test_a_cuda_run_is_verified_on_the_cpu_here_with_a_warning(copy):
+    def on_cuda(best):
+        best["env"]["device"] = "cuda:0"
+
+    _edit_best(copy, on_cuda)
+    with pytest.warns(UserWarning, match="tuned on 'cuda:0', which this machine lacks"):
+        report = verify(copy, n_batches=2)
+    assert report["device"] == "cpu"
+    assert {"key": "device", "recorded": "cuda:0", "current": "cpu"} in report["env_diff"]
+    assert all(art["status"] == "ok" for art in report["artifacts"].values())
