@@ -239,7 +239,11 @@ class Batching:
 
             return pad_images(samples, self.image_multiple)
 
-        batch = (self.collate_fn or default_collate)(samples)
+        return self.finish((self.collate_fn or default_collate)(samples))
+
+    def finish(self, batch: Any) -> Any:
+        """A batch the base collate made (or a batched gather, :mod:`autotune.knobs.gather`),
+        padded as this batching says."""
         if self.padding == "as_given":
             return batch
         return trim_batch(batch, 1 if self.padding == "trim" else int(self.padding.split("_")[1]))

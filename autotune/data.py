@@ -35,6 +35,7 @@ __all__ = [
     "call_model",
     "concat_outputs",
     "outputs_to_cpu",
+    "row_sources",
     "SequenceInfo",
     "sample_inputs",
     "sequence_info",
@@ -67,6 +68,9 @@ class DataInfo:
         images_vary: The samples are images (``(C, H, W)`` float inputs) whose height or width
             varies, over the samples looked at.
         in_memory: The dataset is a list or tuple of samples: nothing is decoded on reading them.
+        tensor_rows: Every tensor of a sample is a row of a tensor the dataset holds (a
+            ``TensorDataset``, or ``__getitem__`` returning ``self.x[i]``), over the samples
+            looked at: a batch can be gathered with one index per tensor (see :func:`row_sources`).
     """
 
     n_samples: int
@@ -78,6 +82,7 @@ class DataInfo:
     collate: str = "default"
     images_vary: bool = False
     in_memory: bool = False
+    tensor_rows: bool = False
 
 
 def is_number_list(value: Any) -> bool:
@@ -203,7 +208,8 @@ def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int]
     kind = _check_structure(first, strict)
     leaves = _leaves(first, strict=strict)
     step = max(1, n // _N_SHAPE_CHECKS)
-    looked = [first] + [get(i) for i in sorted(set(range(step, n, step)) | {n - 1}) if i]
+    indices = [0] + [i for i in sorted(set(range(step, n, step)) | {n - 1}) if i]
+    looked = [first] + [get(i) for i in indices[1:]]
     shapes, sequence = _common_shapes(looked, collate_fn, pad_values)
     if collate_fn is not None:
         check_collate(collate_fn, looked)
@@ -231,6 +237,61 @@ def describe(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int]
         collate=collate,
         images_vary=images_vary,
         in_memory=isinstance(dataset, (list, tuple)),
+        tensor_rows=strict and not isinstance(dataset, (list, tuple)) and row_sources(dataset, indices) is not None,
+    )
+
+
+def row_sources(dataset: Any, indices: Sequence[int]) -> list[Any] | None:
+    """The tensors ``dataset`` holds whose rows its samples are, one per tensor of a sample (in
+    :func:`tensor_leaves` order): sample ``i``'s leaves are the views ``t[i]`` of them, at every
+    index of ``indices``. ``None`` when a sample has another leaf (a number, a tensor made in
+    ``__getitem__``) or its structure changes. A ``TensorDataset`` answers its ``tensors``.
+
+    Example:
+        >>> import torch
+        >>> class Rows(torch.utils.data.Dataset):
+        ...     def __init__(self): self.x, self.y = torch.zeros(4, 2), torch.arange(4)
+        ...     def __len__(self): return 4
+        ...     def __getitem__(self, i): return self.x[i], self.y[i]
+        >>> [t.shape[0] for t in row_sources(Rows(), range(4))], row_sources([torch.zeros(2)] * 4, range(4))
+        ([4, 4], None)
+    """
+    import torch
+
+    n = len(dataset)
+    if type(dataset) is torch.utils.data.TensorDataset:
+        tensors = list(dataset.tensors)
+        return tensors if tensors and not any(t.requires_grad for t in tensors) else None
+    attrs = list(getattr(dataset, "__dict__", {}).values())
+    groups = [list(a.values()) if isinstance(a, Mapping) else a for a in attrs if isinstance(a, (tuple, list, Mapping))]
+    nested = [v for group in groups if len(group) <= 64 for v in group]  # a few tensors, not a list of samples
+    held = [t for t in attrs + nested if isinstance(t, torch.Tensor) and t.dim() >= 1 and t.shape[0] == n]
+    sources: list[Any] | None = None
+    for i in indices if held else ():
+        sample = dataset[i]
+        leaves = tensor_leaves(sample)
+        if (
+            not leaves
+            or len(leaves) != len(_leaves(sample, strict=False))
+            or (sources is not None and len(leaves) != len(sources))
+        ):
+            return None  # a leaf that is not a tensor, or another structure
+        found = [next((t for t in held if _is_row(leaf, t, i)), None) for leaf in leaves]
+        if any(t is None for t in found) or any(a is not b for a, b in zip(found, sources or found, strict=True)):
+            return None
+        sources = found
+    return sources
+
+
+def _is_row(leaf: Any, source: Any, i: int) -> bool:
+    """Whether ``leaf`` is the view ``source[i]`` (same memory, shape, strides and dtype)."""
+    return (
+        leaf.dtype == source.dtype
+        and leaf.device == source.device
+        and leaf.shape == source.shape[1:]
+        and leaf.stride() == source.stride()[1:]
+        and leaf.data_ptr() == source.data_ptr() + i * source.stride(0) * source.element_size()
+        and not source.requires_grad
     )
 
 

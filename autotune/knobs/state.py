@@ -175,6 +175,11 @@ class BuildState:
         image_padding: How images autotune batches are padded (:data:`autotune.shapes.IMAGE_PADDINGS`).
         size_grouping: Batches of images of similar shape from windows of this many batches.
         cache_decoded: Loaders read the dataset through a :class:`~autotune.knobs.cache.CachedDataset`.
+        gather: ``"per_sample"`` (``__getitem__`` and ``default_collate``) or ``"batched"``: loaders
+            over tensor-backed samples read each batch with one index per tensor
+            (:mod:`autotune.knobs.gather`).
+        device_prefetch: Loaders yield batches already on a CUDA device, each copied on a side
+            stream while the one before it runs (:class:`~autotune.knobs.prefetch.DevicePrefetcher`).
     """
 
     model: Any
@@ -202,6 +207,9 @@ class BuildState:
     size_grouping: int = 0
     cache_decoded: bool = False
     cache: Any = None  # the CachedDataset of ``cache_decoded``, kept across this build's loaders
+    gather: str = "per_sample"
+    gathered: Any = None  # (dataset, its GatheredDataset or None), kept across this build's loaders
+    device_prefetch: bool = False
 
     def batching(self, lengths: list[int] | None = None) -> Any:
         """The :class:`~autotune.batching.Batching` of this configuration (lengths default to

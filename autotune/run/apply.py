@@ -230,7 +230,13 @@ def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[st
 
 
 def dataloader(
-    dataset: Any, config: Any, *, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None, **overrides: Any
+    dataset: Any,
+    config: Any,
+    *,
+    collate_fn: Any = None,
+    pad_values: Mapping[str, int] | None = None,
+    device: str | None = None,
+    **overrides: Any,
 ) -> Any:
     """A DataLoader with the tuned batch size and loader settings.
 
@@ -241,8 +247,18 @@ def dataloader(
             top. With ``length_grouping``, batches hold samples of similar lengths, so they do
             not come in dataset order (:func:`predict` puts outputs back in order).
         pad_values: As for :func:`~autotune.optimize`.
+        device: Where the model runs (``"cuda"``, ``"cuda:N"``, ``"auto"``...). With
+            ``device_prefetch`` in the config and a CUDA device, the loader yields batches
+            already there, each copied on a side stream while the one before it is used (a
+            :class:`~autotune.knobs.prefetch.DevicePrefetcher`; ``batch.to(device)`` is then a
+            no-op). Without ``device`` the prefetcher is off and batches stay on the CPU.
         **overrides: Any other DataLoader argument (``shuffle=True`` for training, say); with
             any, batches keep the plain order.
+
+    With ``gather="batched"``, a dataset whose samples are rows of tensors (a ``TensorDataset``,
+    ``__getitem__`` returning ``self.x[i]``, a list of equal-shape samples) is read a batch at a
+    time: the same batches, one index per tensor (not with a ``collate_fn`` override). With
+    ``pin_memory``, copy the batches with ``non_blocking=True``, as the run did.
 
     Example:
         >>> import torch
@@ -265,15 +281,38 @@ def dataloader(
     if state.loader_kwargs.get("pin_memory") and not torch.cuda.is_available():
         state.loader_kwargs["pin_memory"] = False
     batching = _batching(dataset, cfg, collate_fn, pad_values)
-    if cfg["cache_decoded"]:
+    collate = batching.collate
+    from autotune.knobs.gather import gathered_for
+
+    fast = gathered_for(dataset, state, batching) if "collate_fn" not in overrides else None
+    if fast is not None:
+        dataset, collate = fast, batching.finish
+    elif cfg["cache_decoded"]:
         from autotune.knobs.cache import cached
 
         dataset = cached(dataset)
     plan = batching.sampler(len(dataset))
     if plan is not None and not overrides:
         kwargs = {k: v for k, v in state.loader_kwargs.items() if k != "batch_size"}
-        return TunedDataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)
-    return TunedDataLoader(dataset, **{**state.loader_kwargs, "collate_fn": batching.collate, **overrides})
+        loader = TunedDataLoader(dataset, batch_sampler=plan, collate_fn=collate, **kwargs)
+    else:
+        loader = TunedDataLoader(dataset, **{**state.loader_kwargs, "collate_fn": collate, **overrides})
+    return _prefetched(loader, state, device)
+
+
+def _prefetched(loader: Any, state: Any, device: str | None) -> Any:
+    """``loader`` behind a :class:`~autotune.knobs.prefetch.DevicePrefetcher` where the config
+    prefetches and ``device`` is a CUDA device, else ``loader``."""
+    if device is None or not state.device_prefetch:
+        return loader
+    from autotune.env import resolve_device
+
+    where = resolve_device(device)
+    if not where.startswith("cuda"):
+        return loader
+    from autotune.knobs.prefetch import DevicePrefetcher
+
+    return DevicePrefetcher(loader, where)
 
 
 def _effective_from(config: Any) -> int | None:

@@ -78,17 +78,18 @@ def make_loader(
     stretch of them, so in plan order (grouped batches run longest first) a window would see
     the short end of the epoch and overstate the throughput. Each measurement draws its own
     ``seed``, so repeated measurements time different stretches and their spread shows what
-    one stretch's choice of batches costs."""
+    one stretch's choice of batches costs.
+
+    With ``gather="batched"``, samples that are rows of tensors are read a batch at a time
+    (:func:`autotune.knobs.gather.gathered`): the same batches, one index per tensor. With
+    ``device_prefetch``, the loader comes wrapped in a
+    :class:`~autotune.knobs.prefetch.DevicePrefetcher`, with the loader's length and attributes,
+    whose batches are on the device already: moving them there again copies nothing."""
     import random
 
     batching = state.batching()
     kwargs = dict(state.loader_kwargs)
-    if state.cache_decoded:  # one cache for every loader of this build: later epochs read it
-        from autotune.knobs.cache import cached
-
-        if state.cache is None or state.cache.dataset is not dataset:
-            state.cache = cached(dataset)
-        dataset = state.cache
+    dataset, collate = _source(dataset, state, batching)
     sequences = batching.lengths is not None and len(batching.lengths) == len(dataset)
     plan = batching.sampler(len(dataset)) if sequences else None
     if timing and sequences:
@@ -98,10 +99,35 @@ def make_loader(
         random.Random(seed).shuffle(plan)
     if plan is not None:
         kwargs.pop("batch_size", None)
-        return torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=batching.collate, **kwargs)
-    return torch.utils.data.DataLoader(
-        dataset, shuffle=False, drop_last=drop_last, collate_fn=batching.collate, **kwargs
-    )
+        loader = torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=collate, **kwargs)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, shuffle=False, drop_last=drop_last, collate_fn=collate, **kwargs)
+    if state.device_prefetch:
+        from autotune.knobs.prefetch import DevicePrefetcher
+
+        return DevicePrefetcher(loader, state.device)
+    return loader
+
+
+def _source(dataset: Any, state: BuildState, batching: Any) -> tuple[Any, Any]:
+    """What a build's loaders read and the collate that batches it: with ``gather="batched"``,
+    the gathered dataset and the batching's finish, where the samples allow it and
+    ``default_collate`` is the base collate; else ``dataset`` (through the build's one cache with
+    ``cache_decoded``) and the batching's collate."""
+    if state.gather == "batched":
+        if state.gathered is None or state.gathered[0] is not dataset:  # one check (or stack) per build
+            from autotune.knobs.gather import gathered_for
+
+            state.gathered = (dataset, gathered_for(dataset, state, batching))
+        if state.gathered[1] is not None:
+            return state.gathered[1], batching.finish
+    if state.cache_decoded:  # one cache for every loader of this build: later epochs read it
+        from autotune.knobs.cache import cached
+
+        if state.cache is None or state.cache.dataset is not dataset:
+            state.cache = cached(dataset)
+        return state.cache, batching.collate
+    return dataset, batching.collate
 
 
 def apply_settings(settings: dict[str, Any]) -> None:

@@ -61,3 +61,26 @@ def test_apply_keeps_the_models_own_output_type():
         out = tuned(x)
     assert type(out) is FakeModelOutput
     assert out.logits.shape == (4, 4) and out.logits.dtype == torch.float32 and out["hidden"] is out.hidden
+
+
+def test_predict_with_a_batched_gather_gives_the_per_sample_outputs():
+    from autotune.knobs.gather import GatheredDataset
+
+    data = torch.utils.data.TensorDataset(torch.randn(21, 3, 8, 8), torch.arange(21))
+    assert isinstance(autotune.dataloader(data, {"batch_size": 8, "gather": "batched"}).dataset, GatheredDataset)
+    plain = autotune.predict(TinyCNN(), data, {"batch_size": 8}, device="cpu")
+    fast = autotune.predict(TinyCNN(), data, {"batch_size": 8, "gather": "batched"}, device="cpu")
+    assert len(fast) == 21
+    torch.testing.assert_close(torch.stack(list(fast)), torch.stack(list(plain)), rtol=0, atol=0)
+
+
+@pytest.mark.gpu
+def test_the_tuned_loader_yields_batches_on_the_device_it_is_given():
+    data = torch.utils.data.TensorDataset(torch.randn(20, 3, 8, 8), torch.arange(20))
+    config = {"batch_size": 8, "gather": "batched", "pin_memory": True, "device_prefetch": True}
+    loader = autotune.dataloader(data, config, device="cuda")
+    assert len(loader) == 3 and loader.batch_size == 8
+    batches = list(loader)
+    assert all(x.is_cuda and y.is_cuda for x, y in batches)
+    assert torch.equal(torch.cat([x for x, _ in batches]).cpu(), data.tensors[0])
+    assert not next(iter(autotune.dataloader(data, config)))[0].is_cuda  # without a device: CPU batches

@@ -1,0 +1,129 @@
+"""``device_prefetch``: batches copied to a CUDA device one batch ahead on a side stream; on the
+CPU a pass-through."""
+
+import dataclasses
+import time
+
+import pytest
+import torch
+
+import autotune
+from autotune.config import Config
+from autotune.data import describe, to_device
+from autotune.knobs import SpaceContext, get_knob
+from autotune.knobs.prefetch import DevicePrefetcher
+from autotune.trial.build import build, make_loader
+from autotune.trial.measure import MeasureSettings, measure, timing_batches
+from tests.models import TinyCNN, image_data
+
+
+def test_offered_on_cuda_only(cpu_env):
+    data = describe(image_data())
+    on_cpu = get_knob("device_prefetch").offer(SpaceContext(cpu_env, data, 8))
+    assert on_cpu.values == [False] and "CUDA" in on_cpu.excluded["true"]
+    cuda = dataclasses.replace(cpu_env, device="cuda:0")  # the knob reads only the device
+    assert get_knob("device_prefetch").offer(SpaceContext(cuda, data, 8)).values == [False, True]
+
+
+def test_on_the_cpu_it_passes_the_loaders_batches_through():
+    loader = torch.utils.data.DataLoader(image_data(10), batch_size=4)
+    prefetched = DevicePrefetcher(loader, "cpu")
+    assert len(prefetched) == 3 and prefetched.batch_size == 4 and prefetched.dataset is loader.dataset
+    for (x, y), (px, py) in zip(loader, prefetched, strict=True):
+        assert torch.equal(x, px) and torch.equal(y, py) and px.device.type == "cpu"
+
+
+def test_make_loader_wraps_the_loader_and_the_timing_loop_reads_it():
+    state = build(TinyCNN(), Config({"batch_size": 8, "device_prefetch": True}), "cpu")
+    loader = make_loader(image_data(20), state)
+    assert isinstance(loader, DevicePrefetcher) and len(loader) == 3
+    batches, _ = timing_batches(image_data(20), state, 1)
+    assert [len(next(batches)[0]) for _ in range(4)] == [8, 8, 4, 8]  # epoch after epoch
+    batches.close()
+    result = measure(state, image_data(20), MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
+    assert result["samples_per_s"] > 0 and result["n_windows"] == 2
+    plain = build(TinyCNN(), Config({"batch_size": 8}), "cpu")
+    assert isinstance(make_loader(image_data(20), plain), torch.utils.data.DataLoader)  # off: the loader itself
+
+
+def test_moving_a_batch_to_its_own_device_copies_nothing():
+    batch = [torch.randn(2, 3), {"y": torch.arange(2)}]
+    moved = to_device(batch, torch.device("cpu"), non_blocking=True)
+    assert moved[0] is batch[0] and moved[1]["y"] is batch[1]["y"]
+
+
+def test_the_user_loader_prefetches_only_for_a_cuda_device():
+    data = image_data(10)
+    config = {"batch_size": 4, "device_prefetch": True}
+    assert isinstance(autotune.dataloader(data, config), torch.utils.data.DataLoader)  # no device: off
+    assert isinstance(autotune.dataloader(data, config, device="cpu"), torch.utils.data.DataLoader)
+
+
+# --- CUDA -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_yields_cuda_batches_equal_to_the_source_copied_on_a_side_stream(monkeypatch):
+    import autotune.knobs.prefetch as prefetch
+
+    streams = []
+
+    def spy(batch, device, non_blocking=False):
+        streams.append(torch.cuda.current_stream(device))
+        return to_device(batch, device, non_blocking=non_blocking)
+
+    monkeypatch.setattr(prefetch, "to_device", spy)
+    loader = torch.utils.data.DataLoader(image_data(20), batch_size=8, pin_memory=True)
+    got = list(DevicePrefetcher(loader, "cuda:0"))
+    assert len(got) == len(streams) == 3
+    for (x, y), (gx, gy) in zip(loader, got, strict=True):
+        assert gx.device.type == gy.device.type == "cuda"
+        assert torch.equal(x, gx.cpu()) and torch.equal(y, gy.cpu())
+    default = torch.cuda.default_stream(torch.device("cuda:0"))
+    assert all(s != default for s in streams)  # every copy was issued on the side stream
+
+
+@pytest.mark.gpu
+def test_the_timing_loops_copy_of_a_prefetched_batch_is_a_no_op():
+    state = build(TinyCNN(), Config({"batch_size": 8, "device_prefetch": True, "pin_memory": True}), "cuda:0")
+    x, y = next(iter(make_loader(image_data(20), state)))
+    moved = to_device([x, y], torch.device(state.device), non_blocking=state.non_blocking)
+    assert x.is_cuda and moved[0] is x and moved[1] is y
+
+
+@pytest.mark.gpu
+def test_copies_overlap_the_models_work():
+    # Batches of 64 MiB from pinned memory; the "model" is a GPU sleep as long as one copy.
+    # Copied on the model's stream, copy and sleep take turns; prefetched, they overlap.
+    device = torch.device("cuda:0")
+    batches = [torch.randn(16, 1024, 1024).pin_memory() for _ in range(8)]
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    batches[0].to(device, non_blocking=True)
+    end.record()
+    end.synchronize()
+    copy_ms = start.elapsed_time(end)
+    cycles = _sleep_cycles(copy_ms)
+
+    def run(source):
+        torch.cuda.synchronize()
+        began = time.perf_counter()
+        for batch in source:
+            torch.cuda._sleep(cycles)
+            batch.sum()  # the model reads the batch
+        torch.cuda.synchronize()
+        return time.perf_counter() - began
+
+    plain = min(run(b.to(device, non_blocking=True) for b in batches) for _ in range(3))
+    ahead = min(run(DevicePrefetcher(batches, device)) for _ in range(3))
+    assert ahead < 0.8 * plain, (ahead, plain, copy_ms)
+
+
+def _sleep_cycles(ms: float) -> int:
+    """GPU clock cycles that ``torch.cuda._sleep`` spends in about ``ms`` milliseconds here."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    torch.cuda._sleep(1_000_000)
+    end.record()
+    end.synchronize()
+    return max(1, int(1_000_000 * ms / start.elapsed_time(end)))
