@@ -324,7 +324,7 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     if deadline is not None:  # a worker (re)start never waits past the run's deadline
         limit = max(1.0, min(limit, deadline - time.monotonic()))
-    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs")
+    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", out / "compile-cache")
     for runner in runners:
         runner.deadline = deadline
     return Run(opts, out, env, space, study, runners, ids, timing, summary, deadline=deadline)

@@ -122,24 +122,46 @@ def _pin(device: str) -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": visible[index] if index < len(visible) else str(index)}
 
 
+def compile_cache_env(cache_dir: Path | None) -> dict[str, str]:
+    """The worker environment that shares inductor's FX-graph and autotuning caches (and
+    Triton's kernels) in ``cache_dir``: a graph compiled by one trial, or by the worker before a
+    restart, is read back by the next trial, the confirmation's fresh workers and a resumed run."""
+    if cache_dir is None:
+        return {}
+    return {
+        "TORCHINDUCTOR_CACHE_DIR": str(cache_dir),
+        "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
+        "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
+        "TRITON_CACHE_DIR": str(cache_dir / "triton"),
+    }
+
+
 def start_runners(
-    spec: Any, devices: Sequence[str] | None, isolation: str, trial_timeout: float, log_dir: Path
+    spec: Any,
+    devices: Sequence[str] | None,
+    isolation: str,
+    trial_timeout: float,
+    log_dir: Path,
+    cache_dir: Path | None = None,
 ) -> list[Any]:
     """One runner per worker: the single classic one, or one pinned worker process per device,
-    started in parallel (each imports torch and builds the baseline's reference outputs)."""
+    started in parallel (each imports torch and builds the baseline's reference outputs). Worker
+    processes share the compile cache in ``cache_dir`` (see :func:`compile_cache_env`)."""
     from autotune.trial.runner import InProcessRunner, SubprocessRunner, pickle_spec
 
     if isolation == "inprocess":
         return [InProcessRunner(spec)]
+    shared = compile_cache_env(cache_dir)
     if devices is None:
-        return [SubprocessRunner(pickle_spec(spec), trial_timeout, log_dir / "worker.log")]
+        return [SubprocessRunner(pickle_spec(spec), trial_timeout, log_dir / "worker.log", shared)]
     payloads = {d: pickle_spec(spec if d == "cpu" else dataclasses.replace(spec, device="cuda:0")) for d in devices}
     runners: list[Any] = [None] * len(devices)
     errors: list[BaseException] = []
 
     def start(i: int, device: str) -> None:
         try:
-            runners[i] = SubprocessRunner(payloads[device], trial_timeout, log_dir / f"worker-{i}.log", _pin(device))
+            env = {**shared, **_pin(device)}
+            runners[i] = SubprocessRunner(payloads[device], trial_timeout, log_dir / f"worker-{i}.log", env)
         except BaseException as exc:  # reported below, in the calling thread
             errors.append(exc)
 

@@ -80,6 +80,20 @@ def search_story(
             "stopped": sum(1 for r in measured if r.get("status") == "stopped"),
             "saved_s": round(sum(float(r.get("fidelity_saved_s") or 0.0) for r in measured), 1),
         },
+        "compile": _compile_account(measured),
+        "not_started": sum(1 for r in records if r.get("kind") == "deadline" and not r.get("ran")),
+    }
+
+
+def _compile_account(measured: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The seconds the compiled trials spent building and warming up (``compile_s``), and how
+    many compiled graphs were read from the study's shared compile cache instead of built."""
+    compiled = [r for r in measured if (r.get("config") or {}).get("compile_mode", "none") != "none"]
+    return {
+        "n_trials": len(compiled),
+        "seconds": round(sum(float(r.get("compile_s") or 0.0) for r in compiled), 1),
+        "cache_hits": sum(int(r.get("compile_cache_hits") or 0) for r in compiled),
+        "cache_misses": sum(int(r.get("compile_cache_misses") or 0) for r in compiled),
     }
 
 
@@ -98,6 +112,13 @@ def story_lines(story: Mapping[str, Any] | None) -> list[str]:
     for item in story.get("left_out") or []:
         what = ", ".join(f"{k}={v}" for k, v in item["changes"].items())
         lines.append(f"left out after screening: {what} (measured {item['ratio']:.2f}x)")
+    account = story.get("compile") or {}
+    if account.get("n_trials"):
+        hits = account.get("cache_hits", 0)
+        cache = f"; {hits} of {hits + account.get('cache_misses', 0)} graphs from the compile cache" if hits else ""
+        lines.append(f"compiling: {account['seconds']:.0f} s over {account['n_trials']} compiled trials{cache}")
+    if story.get("not_started"):
+        lines.append(f"{story['not_started']} trials not started: they would not have finished before the deadline")
     line = fidelity_line(story.get("fidelity"))
     return [*lines, line] if line else lines
 

@@ -396,6 +396,17 @@ def draw_seed(seed: int, *names: Any) -> int:
     return zlib.crc32(json.dumps([seed, *names], sort_keys=True, default=str).encode())
 
 
+def _cache_counts() -> tuple[int, int]:
+    """Graphs inductor read from its FX-graph cache, and built, in this process so far."""
+    import sys
+
+    utils = sys.modules.get("torch._dynamo.utils")
+    if utils is None:
+        return 0, 0
+    inductor = utils.counters["inductor"]
+    return int(inductor["fxgraph_cache_hit"]), int(inductor["fxgraph_cache_miss"])
+
+
 def _compiled_frames() -> int:
     """Frames torch.compile has compiled in this process so far (0 before it is first used)."""
     import sys
@@ -486,6 +497,7 @@ def measure(
     mark = memory_mark(device) if mem_mark is None else mem_mark
     sharing = GpuSharing(device)
     try:
+        cached_before = _cache_counts()
         with settings_active(state.settings), torch.inference_mode():
             start = time.perf_counter()
             for _ in range(n_warm):
@@ -493,6 +505,7 @@ def measure(
             _sync(device)
             state.info["shapes_warmed"] = True  # every shape of the epoch has run on this build
             compile_s = time.perf_counter() - start
+            cache_hits, cache_misses = (now - then for now, then in zip(_cache_counts(), cached_before, strict=True))
             compiled_before = _compiled_frames()
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
             timed_start = time.perf_counter()
@@ -546,6 +559,8 @@ def measure(
         "gpu_others": gpu_users,
         "peak_mem_mib": max(0.0, _peak_mib(device) - mark),
         "compile_s": compile_s,
+        "compile_cache_hits": cache_hits,
+        "compile_cache_misses": cache_misses,
         "recompiles": recompiles,
         "timed_s": timed_s,
         "n_windows": len(windows),

@@ -1,0 +1,61 @@
+"""Compiles share one cache across a study's worker processes, and the run says what compiling cost."""
+
+import pytest
+
+from autotune.config import Config
+from autotune.search.parallel import compile_cache_env, start_runners
+from autotune.search.phases import search_story, story_lines
+from autotune.trial.measure import MeasureSettings
+from autotune.trial.runner import SubprocessRunner, pickle_spec
+from autotune.trial.spec import WorkerSpec
+from tests.models import MLP, classification_data
+
+
+def _spec():
+    return WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                      measure=MeasureSettings(n_windows=2, window_s=0.05, warmup_batches=1))  # fmt: skip
+
+
+def test_every_worker_of_a_run_is_given_the_runs_compile_cache(tmp_path):
+    runners = start_runners(_spec(), None, "subprocess", 120.0, tmp_path / "logs", tmp_path / "cache")
+    try:
+        env = runners[0]._env
+        assert env["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "cache")
+        assert env["TORCHINDUCTOR_FX_GRAPH_CACHE"] == "1" and env["TRITON_CACHE_DIR"].startswith(str(tmp_path))
+    finally:
+        for runner in runners:
+            runner.close()
+
+
+def test_the_story_gives_the_seconds_spent_compiling_and_what_the_cache_served():
+    records = [
+        {"number": 0, "ran": True, "baseline": True, "wall_s": 2.0, "compile_s": 0.1, "config": {"compile_mode": "none"}},
+        {"number": 1, "ran": True, "phase": "screen", "wall_s": 30.0, "compile_s": 25.0,
+         "compile_cache_misses": 2, "config": {"compile_mode": "default"}},
+        {"number": 2, "ran": True, "phase": "compose", "wall_s": 9.0, "compile_s": 4.0, "compile_cache_hits": 2,
+         "config": {"compile_mode": "default"}},
+        {"number": 3, "ran": False, "kind": "deadline", "status": "timeout", "config": {"compile_mode": "default"}},
+    ]  # fmt: skip
+    story = search_story(records, "staged")
+    assert story["compile"] == {"n_trials": 2, "seconds": 29.0, "cache_hits": 2, "cache_misses": 2}
+    assert story["not_started"] == 1
+    lines = story_lines(story)
+    assert "compiling: 29 s over 2 compiled trials; 2 of 4 graphs from the compile cache" in lines
+    assert any("1 trials not started" in line for line in lines)
+
+
+@pytest.mark.slow
+def test_a_second_compile_of_the_same_graph_in_another_worker_hits_the_cache(tmp_path):
+    env = compile_cache_env(tmp_path / "cache")
+    config = dict(Config({"batch_size": 8, "compile_mode": "default"}))
+    hits = []
+    for i in range(2):  # two worker processes, one after the other, as a confirmation's are
+        runner = SubprocessRunner(pickle_spec(_spec()), 300.0, tmp_path / f"w{i}.log", env)
+        try:
+            result = runner.run(config, timeout=300.0)
+        finally:
+            runner.close()
+        assert result.status == "ok", result.reason
+        hits.append((result.metrics["compile_cache_hits"], result.metrics["compile_cache_misses"]))
+    assert hits[0][1] >= 1 and hits[1][0] >= 1, hits  # built by the first, read by the second
