@@ -5,13 +5,15 @@ import json
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
 import benchmarks.run
-from benchmarks import models
+from benchmarks import gpu_check, models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -149,3 +151,171 @@ def test_a_cached_table_replays_from_the_most_threads_measured(tmp_path):
     space, table = cached_table(path)
     assert space.baseline["num_threads"] == 2 and Config(space.baseline).key() in table
     assert replay(space, table, "staged", 0, 4)[0.99] <= 4
+
+
+# The GPU check (benchmarks/gpu_check.py): what it does without a GPU, on a small project of its own.
+
+QUICK = """
+import time
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+def test_passes():
+    pass
+
+def test_fails():
+    assert 1 + 1 == 3
+
+def test_skips():
+    pytest.skip("needs two GPUs")
+
+def test_sleeps_past_its_limit():
+    time.sleep(30)
+
+def test_after_the_sleeper():
+    pass
+"""
+HEAVY = """
+import pathlib, signal, subprocess, sys, time
+import pytest
+
+@pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(90)
+def test_hangs_where_no_alarm_reaches():
+    # A worker in a session of its own, as autotune starts its trial workers.
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    pathlib.Path("worker.pid").write_text(str(worker.pid))
+    signal.signal(signal.SIGALRM, signal.SIG_IGN)  # as in a hung CUDA call: pytest-timeout's alarm never lands
+    time.sleep(60)
+
+@pytest.mark.gpu
+def test_never_reached():
+    pass
+
+def test_runs_on_the_cpu():
+    pass
+"""
+INI = "[pytest]\nmarkers =\n    gpu: needs CUDA\n    slow: slow\n"
+
+
+def _project(tmp_path: Path) -> tuple[Path, Path]:
+    project, out = tmp_path / "project", tmp_path / "logs"
+    (out / "tests").mkdir(parents=True)
+    project.mkdir()
+    (project / "pytest.ini").write_text(INI)
+    (project / "test_quick.py").write_text(QUICK)
+    (project / "test_heavy.py").write_text(HEAVY)
+    (project / "test_broken.py").write_text("import a_module_that_is_not_there\n")
+    return project, out
+
+
+def test_gpu_check_says_in_one_line_that_it_needs_cuda_and_starts_nothing(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the check would run")
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path / "logs")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 2
+    (line,) = proc.stderr.strip().splitlines()
+    assert "needs a CUDA GPU" in line and proc.stdout == ""
+    assert not (tmp_path / "logs").exists()
+    assert time.monotonic() - started < 60
+
+
+def test_gpu_check_collects_the_gpu_tests_by_file_cheapest_first(tmp_path):
+    project, out = _project(tmp_path)
+    files, errors = gpu_check.collect(out, ("test_quick.py", "test_heavy.py", "test_broken.py"), cwd=project)
+    assert sorted(files) == ["test_heavy.py", "test_quick.py"]
+    assert len(files["test_quick.py"]) == 5
+    heavy = {t["nodeid"]: t for t in files["test_heavy.py"]}  # the CPU test is left out
+    assert set(heavy) == {"test_heavy.py::test_hangs_where_no_alarm_reaches", "test_heavy.py::test_never_reached"}
+    assert heavy["test_heavy.py::test_hangs_where_no_alarm_reaches"] == {
+        "nodeid": "test_heavy.py::test_hangs_where_no_alarm_reaches",
+        "slow": True,
+        "timeout_s": 90,
+    }
+    (error,) = errors
+    assert error["nodeid"] == "test_broken.py" and "a_module_that_is_not_there" in error["message"]
+    # A slow test weighs as five: two tests, one slow, after five quick ones.
+    assert gpu_check.order(files) == ["test_quick.py", "test_heavy.py"]
+    assert json.loads((out / "collected.json").read_text()) == {"files": files, "errors": errors}
+    # Each test may take twice its even share of the file's time, a minute at least, the file's time at most.
+    assert gpu_check.file_limits(300, 3) == (300, 200)
+    assert gpu_check.file_limits(100, 10) == (100, 60)
+    assert gpu_check.file_limits(40, 1) == (40, 40)
+
+
+def test_gpu_check_records_each_tests_outcome_with_a_limit_per_test(tmp_path):
+    pytest.importorskip("pytest_timeout")
+    project, out = _project(tmp_path)
+    files, _ = gpu_check.collect(out, ("test_quick.py",), cwd=project)
+    rec = gpu_check.run_file("test_quick.py", files["test_quick.py"], 60, out, cwd=project, per_test_s=2)
+    got = {t["nodeid"].split("::")[1]: (t["outcome"], t["message"]) for t in rec["tests"]}
+    assert got == {
+        "test_passes": ("passed", ""),
+        "test_fails": ("failed", "assert (1 + 1) == 3"),
+        "test_skips": ("skipped", "Skipped: needs two GPUs"),
+        "test_sleeps_past_its_limit": ("timed_out", "Failed: Timeout (>2.0s) from pytest-timeout."),
+        "test_after_the_sleeper": ("passed", ""),  # a timed-out test costs only itself
+    }
+    assert rec["counts"] == {"passed": 2, "failed": 1, "skipped": 1, "timed_out": 1, "not_run": 0}
+    assert not rec["killed"] and rec["wall_s"] < 30
+    assert "test_after_the_sleeper PASSED" in (out / "tests" / "test_quick.log").read_text()
+
+
+def test_a_file_past_its_limit_is_killed_with_the_workers_it_started(tmp_path):
+    project, out = _project(tmp_path)
+    files, _ = gpu_check.collect(out, ("test_heavy.py",), cwd=project)
+    rec = gpu_check.run_file("test_heavy.py", files["test_heavy.py"], 6, out, cwd=project)
+    assert rec["killed"] and rec["wall_s"] < 20
+    got = {t["nodeid"].split("::")[1]: t["outcome"] for t in rec["tests"]}
+    assert got == {"test_hangs_where_no_alarm_reaches": "timed_out", "test_never_reached": "not_run"}
+    worker = int((project / "worker.pid").read_text())
+    deadline = time.monotonic() + 10
+    try:
+        while psutil.pid_exists(worker) and psutil.Process(worker).status() != psutil.STATUS_ZOMBIE:
+            assert time.monotonic() < deadline, "the test's worker outlived the kill"
+            time.sleep(0.1)
+    finally:
+        if psutil.pid_exists(worker):  # this test's own sleeper, should the check have missed it
+            psutil.Process(worker).kill()
+
+
+def test_gpu_check_summary_counts_each_file_and_fails_on_a_failed_test(tmp_path, monkeypatch):
+    project, out = _project(tmp_path)
+    (project / "test_quick.py").write_text(QUICK.replace("time.sleep(30)", "pass"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check's only CUDA question
+    argv = ["--out", str(out), "--budget-s", "120", "--no-bench", str(project / "test_quick.py")]
+    assert gpu_check.main(argv) == 1
+    (rec,) = json.loads((out / "summary.json").read_text())["files"]
+    assert rec["counts"] == {"passed": 3, "failed": 1, "skipped": 1, "timed_out": 0, "not_run": 0}
+    summary = (out / "summary.md").read_text()
+    assert "| 5 | 3 | 1 | 1 | 0 | 0 |" in summary and "test_fails`: assert (1 + 1) == 3" in summary
+    assert "benchmark: not run (--no-bench)" in summary
+    assert "1 failed" in (out / "check.log").read_text()
+
+
+def _marks_gpu(path: Path) -> bool:
+    """Whether the module's code (not a string in it) names ``pytest.mark.gpu``."""
+    import ast
+
+    return any(
+        isinstance(node, ast.Attribute) and node.attr == "gpu" and ast.unparse(node.value) == "pytest.mark"
+        for node in ast.walk(ast.parse(path.read_text()))
+    )
+
+
+@pytest.mark.slow
+def test_gpu_check_collects_every_file_that_marks_a_gpu_test(tmp_path):
+    files, errors = gpu_check.collect(tmp_path)
+    marked = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if _marks_gpu(p)}
+    assert set(files) == marked and not errors
+    assert all(t["nodeid"].startswith(f + "::") for f, tests in files.items() for t in tests)
