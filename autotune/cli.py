@@ -16,46 +16,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="autotune", description="Tune a PyTorch model's inference pipeline end to end."
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="tune the model and dataset defined in a cfg.py")
-    run.add_argument("cfg", help="Python file defining model and dataset (and optionally metric, space, options)")
-    run.add_argument("--trials", type=int, help="measured trials in the study (default 30)")
-    run.add_argument("--timeout", type=float, help="seconds for the search")
-    run.add_argument(
-        "--trial-timeout",
-        type=float,
-        help="seconds one trial may take (default: adaptive, 10x the baseline trial, at least 30 s, +120 s to compile)",
-    )
-    run.add_argument("--out", help="output directory (default autotune-out)")
-    run.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
-    run.add_argument("--space", help="preset name or TOML file (default: default)")
-    run.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE", help="pin a knob (repeatable)")
-    run.add_argument("--storage", help="Optuna storage URL (default sqlite:///OUT/study.db)")
-    run.add_argument("--study", help="study name (default autotune)")
-    run.add_argument("--resume", action="store_true", help="continue an existing study")
-    run.add_argument(
-        "--join", action="store_true", help="share the study with other workers (created by whichever starts first)"
-    )
-    run.add_argument("--devices", help="one worker per device, sharing the study: GPU indices (0,1,2,3) or cpu,cpu")
-    run.add_argument("--heartbeat", type=int, metavar="S", help="seconds between heartbeats of a trial (default 30)")
-    run.add_argument("--grace", type=int, metavar="S", help="seconds without heartbeat: worker dead (default 180)")
-    run.add_argument("--seed", type=int, help="sampler and torch seed (default 0)")
-    run.add_argument(
-        "--strategy",
-        choices=("staged", "tpe"),
-        help="staged (default): screen each lever, compose those that paid, then TPE; tpe: TPE after a warm start",
-    )
-    run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
-    run.add_argument("--no-profile", action="store_true", help="skip profiling the baseline and the winner")
-    run.add_argument(
-        "--repeated-passes",
-        action="store_true",
-        help="the same samples are read again in use (repeated evaluation of a fixed set): caches may pay",
-    )
-    run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
-    run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
-    run.add_argument("--quiet", action="store_true", help="print only the final table")
-    run.add_argument("--json", action="store_true", help="print only the result as JSON on stdout (progress on stderr)")
-    run.add_argument("--debug", action="store_true", help="show tracebacks")
+    _run_parser(sub.add_parser("run", help="tune the model and dataset defined in a cfg.py"))
     prof = sub.add_parser("profile", help="profile one configuration: a Chrome trace and the top operators")
     prof.add_argument("cfg", help="Python file defining model and dataset, as for run")
     prof.add_argument("--config", help="a best_config.json or a run's output directory (default: the baseline)")
@@ -95,6 +56,46 @@ def _parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the status as JSON")
     status.add_argument("--debug", action="store_true", help="show tracebacks")
     return parser
+
+
+def _run_parser(run: argparse.ArgumentParser) -> None:
+    """The arguments of ``autotune run``."""
+    run.add_argument("cfg", help="Python file defining model and dataset (and optionally metric, space, options)")
+    run.add_argument("--trials", type=int, help="measured trials in the study (default 30)")
+    run.add_argument("--timeout", type=float, help="seconds for the search")
+    run.add_argument(
+        "--trial-timeout",
+        type=float,
+        help="seconds one trial may take (default: adaptive, 10x the baseline trial, at least 30 s, +120 s to compile)",
+    )
+    run.add_argument("--out", help="output directory (default autotune-out)")
+    run.add_argument("--device", help="auto, cpu, cuda or cuda:N (default auto)")
+    run.add_argument("--space", help="preset name or TOML file (default: default)")
+    run.add_argument("--fix", action="append", default=[], metavar="NAME=VALUE", help="pin a knob (repeatable)")
+    run.add_argument("--storage", help="Optuna storage URL (default sqlite:///OUT/study.db)")
+    run.add_argument("--study", help="study name (default autotune)")
+    run.add_argument("--resume", action="store_true", help="continue an existing study")
+    run.add_argument(
+        "--join", action="store_true", help="share the study with other workers (created by whichever starts first)"
+    )
+    run.add_argument("--devices", help="one worker per device, sharing the study: GPU indices (0,1,2,3) or cpu,cpu")
+    run.add_argument("--heartbeat", type=int, metavar="S", help="seconds between heartbeats of a trial (default 30)")
+    run.add_argument("--grace", type=int, metavar="S", help="seconds without heartbeat: worker dead (default 180)")
+    run.add_argument("--seed", type=int, help="sampler and torch seed (default 0)")
+    run.add_argument(
+        "--strategy",
+        choices=("staged", "tpe"),
+        help="staged (default): screen each lever, compose those that paid, then TPE; tpe: TPE after a warm start",
+    )
+    run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
+    run.add_argument("--no-profile", action="store_true", help="skip profiling the baseline and the winner")
+    reread = "the same samples are read again in use (repeated evaluation of a fixed set): caches may pay"
+    run.add_argument("--repeated-passes", action="store_true", help=reread)
+    run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
+    run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
+    run.add_argument("--quiet", action="store_true", help="print only the final table")
+    run.add_argument("--json", action="store_true", help="print only the result as JSON on stdout (progress on stderr)")
+    run.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
 def _parse_fix(items: list[str]) -> dict[str, Any]:

@@ -41,7 +41,16 @@ __all__ = [
 ]
 
 # Knobs that change what the loader delivers per second. batch_size acts on both halves.
-LOADER_KNOBS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "cache_decoded")
+LOADER_KNOBS = (
+    "batch_size",
+    "num_workers",
+    "pin_memory",
+    "prefetch_factor",
+    "persistent_workers",
+    "cache_decoded",
+    "gather",
+    "device_prefetch",
+)
 # The model alone is timed over the timed epoch's batches, cycled, up to this many bytes of them.
 MODEL_BYTES = 512 * 2**20
 # Within this relative margin of each other, neither half clearly bounds the pipeline.

@@ -425,6 +425,42 @@ def _window_done(elapsed_s: float, window_s: float, batches: _Epochs) -> bool:
     return not short or batches.at_epoch_end or elapsed_s >= EPOCH_WINDOW_CAP * window_s
 
 
+def _window(
+    state: BuildState, batches: _Epochs, window_s: float, latencies: list[float], sizes: set[int]
+) -> tuple[int, int, float]:
+    """One timed window: (samples, batches, seconds), each batch's latency added to
+    ``latencies`` (device time from the copy to the outputs, in ms) and its size to ``sizes``."""
+    device = torch.device(state.device)
+    # A DataLoader's batches are on the CPU already: moving them there would only add a walk
+    # over the batch per call, which a small model's baseline would pay and a user's loop not.
+    move = device.type != "cpu"
+    events: list[tuple[Any, Any]] = []
+    n_samples = n_batches = 0
+    w_start = time.perf_counter()
+    while True:
+        batch = next(batches)
+        if device.type == "cuda":
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            call_model(state.model, to_device(batch, device, non_blocking=state.non_blocking))
+            end.record()
+            events.append((begin, end))
+        else:
+            b_start = time.perf_counter()
+            call_model(state.model, to_device(batch, device) if move else batch)
+            latencies.append((time.perf_counter() - b_start) * 1e3)
+        size = batch_size_of(batch)
+        sizes.add(size)
+        n_samples += size
+        n_batches += 1
+        if _window_done(time.perf_counter() - w_start, window_s, batches):
+            break
+    _sync(device)
+    w_s = time.perf_counter() - w_start
+    latencies += [b.elapsed_time(e) for b, e in events]
+    return n_samples, n_batches, w_s
+
+
 def _far_below(stop_below: float | None, n_batches: int, totals: list[Any], compiled_before: int) -> bool:
     """Whether a measurement may stop: at least :data:`STOP_MIN_BATCHES` batches timed, under
     ``stop_below`` samples/s so far, and no shape compiled in its windows (a window slowed by a
@@ -482,11 +518,7 @@ def measure(
         True
     """
     device = torch.device(state.device)
-    # A DataLoader's batches are on the CPU already: moving them there would only add a walk
-    # over the batch per call, which a small model's baseline would pay and a user's loop not.
-    move = device.type != "cpu"
     batches, n_warm = timing_batches(dataset, state, settings.warmup_batches, seed)
-    use_events = device.type == "cuda"
     latencies: list[float] = []
     windows: list[float] = []
     totals = [0, 0.0]  # samples and seconds over every window
@@ -510,34 +542,11 @@ def measure(
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
             timed_start = time.perf_counter()
             for _ in range(settings.n_windows):
-                events: list[tuple[Any, Any]] = []
-                n_samples = n_batches = 0
                 probe.start()
-                w_start = time.perf_counter()
-                while True:
-                    batch = next(batches)
-                    if use_events:
-                        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        begin.record()
-                        call_model(state.model, to_device(batch, device, non_blocking=state.non_blocking))
-                        end.record()
-                        events.append((begin, end))
-                    else:
-                        b_start = time.perf_counter()
-                        call_model(state.model, to_device(batch, device) if move else batch)
-                        latencies.append((time.perf_counter() - b_start) * 1e3)
-                    size = batch_size_of(batch)
-                    sizes.add(size)
-                    n_samples += size
-                    n_batches += 1
-                    if _window_done(time.perf_counter() - w_start, settings.window_s, batches):
-                        break
-                _sync(device)
-                w_s = time.perf_counter() - w_start
+                n_samples, n_batches, w_s = _window(state, batches, settings.window_s, latencies, sizes)
                 windows.append(n_samples / w_s)
                 totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s
                 others.append(probe.stop())
-                latencies += [b.elapsed_time(e) for b, e in events]
                 timed_batches += n_batches
                 if _far_below(stop_below, timed_batches, totals, compiled_before):
                     break
