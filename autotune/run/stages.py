@@ -379,7 +379,10 @@ def _story(run: Run, best: dict[str, Any]) -> dict[str, Any]:
     records = run.records()
     staged = _strategy(run)
     left_out = staged.left_out([r for r in records if "status" in r]) if staged is not None else []
-    return search_story(records, run.options.strategy, best.get("number"), left_out)
+    story = search_story(records, run.options.strategy, best.get("number"), left_out)
+    if run.stop_reason == "converged":
+        story["converged"] = run.study.user_attrs.get("converged")
+    return story
 
 
 def write(run: Run, *, interrupted: bool = False) -> Any:

@@ -315,7 +315,10 @@ def _run_workers(
         raise errors[0]
     if any(isinstance(o, KeyboardInterrupt) for o in outcomes):
         raise KeyboardInterrupt
-    return "budget" if "budget" in outcomes else "timeout" if "timeout" in outcomes else "exhausted"
+    for reason in ("budget", "timeout", "converged"):
+        if reason in outcomes:
+            return reason
+    return "exhausted"
 
 
 def write_hardware_groups(

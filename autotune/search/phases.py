@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["PHASES", "fidelity_line", "phase_of", "search_story", "story_lines"]
+__all__ = ["CONVERGED_AFTER", "PHASES", "converged", "fidelity_line", "phase_of", "search_story", "story_lines"]
 
 PHASES = ("baseline", "recipe", "screen", "compose", "refine", "tpe")
 
@@ -27,6 +27,47 @@ def phase_of(record: Mapping[str, Any], strategy: str) -> str:
     if record.get("phase") in ("recipe", "screen", "compose"):
         return record["phase"]
     return "refine" if strategy == "staged" else "tpe"
+
+
+# Refinement stops once this many trials in a row improved the best by less than the noise.
+CONVERGED_AFTER = 5
+# An improvement is real when above the measurement's noise: the trials' median window spread,
+# this much at least (what screening asks of a lever).
+MIN_IMPROVEMENT = 0.03
+
+
+def converged(
+    records: Sequence[Mapping[str, Any]], key: str, maximize: bool = True, k: int = CONVERGED_AFTER
+) -> str | None:
+    """Why refinement should stop, or ``None``: the last ``k`` measured trials were all
+    refinement (proposed by the sampler after the staged phases) and none improved the best
+    before it by more than the noise (the measured trials' median coefficient of variation,
+    :data:`MIN_IMPROVEMENT` at least). DeepSpeed's autotuner stops after 5 trials without
+    improvement; a budget spent on more of them buys nothing.
+
+    Example:
+        >>> rows = [{"ran": True, "number": i, "status": "ok", "samples_per_s": v, "cov": 0.01,
+        ...          "phase": "screen" if i < 2 else None} for i, v in enumerate([100, 200, 201, 199, 202, 198, 200])]
+        >>> converged(rows, "samples_per_s")
+        '5 refinement trials in a row improved the best by less than 3% (the measurement noise)'
+        >>> converged(rows[:6], "samples_per_s") is None
+        True
+    """
+    measured = [r for r in _measured(records) if r.get("status") in ("ok", "stopped") and r.get(key)]
+    if len(measured) <= k or any(phase_of(r, "staged") != "refine" for r in measured[-k:]):
+        return None
+    covs = sorted(float(r.get("cov") or 0.0) for r in measured)
+    noise = max(MIN_IMPROVEMENT, covs[len(covs) // 2])
+
+    def score(r: Mapping[str, Any]) -> float:
+        return float(r[key]) if maximize else -float(r[key])
+
+    best = max(score(r) for r in measured[:-k])
+    for r in measured[-k:]:
+        if score(r) > best + noise * abs(best):
+            return None
+        best = max(best, score(r))
+    return f"{k} refinement trials in a row improved the best by less than {noise:.0%} (the measurement noise)"
 
 
 def _measured(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
@@ -112,6 +153,8 @@ def story_lines(story: Mapping[str, Any] | None) -> list[str]:
     for item in story.get("left_out") or []:
         what = ", ".join(f"{k}={v}" for k, v in item["changes"].items())
         lines.append(f"left out after screening: {what} (measured {item['ratio']:.2f}x)")
+    if story.get("converged"):
+        lines.append(f"the search stopped early: {story['converged']}")
     account = story.get("compile") or {}
     if account.get("n_trials"):
         hits = account.get("cache_hits", 0)

@@ -189,6 +189,18 @@ def n_measured(study: optuna.Study) -> int:
     return _View(study.get_trials(deepcopy=False), "").n_measured
 
 
+def _converged(study: optuna.Study, objectives: Sequence[str], strategy: Any) -> bool:
+    """Whether the staged search's refinement stopped paying (see
+    :func:`autotune.search.phases.converged`); the reason is kept on the study."""
+    from autotune.search.phases import converged
+
+    key, direction = OBJECTIVES[objectives[0]][:2]
+    why = converged([trial_record(t) for t in _finished(study)], key, direction == "maximize")
+    if why is not None:
+        study.set_user_attr("converged", why)
+    return why is not None
+
+
 def _finished(study: optuna.Study) -> list[FrozenTrial]:
     return [t for t in study.get_trials(deepcopy=False) if t.state.is_finished() and "status" in t.user_attrs]
 
@@ -469,7 +481,9 @@ def run_trials(
             baseline's cost fits.
 
     Returns:
-        Why the loop stopped: ``"budget"``, ``"timeout"`` or ``"exhausted"``.
+        Why the loop stopped: ``"budget"``, ``"timeout"``, ``"exhausted"`` or, with the staged
+        strategy, ``"converged"`` (refinement stopped improving: see
+        :func:`autotune.search.phases.converged`; the reason is the study's ``converged`` attribute).
 
     Raises:
         TrialError: the baseline failed (here or in another worker).
@@ -486,6 +500,8 @@ def run_trials(
             raise KeyboardInterrupt
         if limits.out_of_time(study):
             return "timeout"
+        if strategy is not None and _converged(study, objectives, strategy):
+            return "converged"
         if repeats >= _MAX_REPEATS or _stopped(study):
             return "exhausted"
         fail_stale(study)
