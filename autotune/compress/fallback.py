@@ -257,3 +257,43 @@ def torch_with_fallback(
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return quantized, _info(out, ranking, key, fresh)
+
+
+def openvino_with_fallback(
+    float_model: Any, value: Any, calibration: list, feeds: list, plan: Int8Plan | None, config: Any, transformer: bool
+) -> tuple[Any, dict[str, Any]]:
+    """``float_model`` (an ``openvino.Model``) in NNCF's static int8 with the ``value`` layers it
+    hurts most kept float (``"auto"``: the fewest that keep the guard (:func:`_judge`)), each kept
+    layer in NNCF's ``IgnoredScope``. ``calibration`` holds the collated batches (what the guard's
+    criterion reads: targets, the attention mask), ``feeds`` the same batches as the model's inputs.
+
+    Returns:
+        ``(int8 model, the trial's record of it)`` (:func:`_info`).
+
+    Raises:
+        TrialError: ``unsupported`` when NNCF quantizes no layer or only the float model passes.
+    """
+    from autotune.compress.sensitivity_ov import (
+        fallback_openvino,
+        openvino_layers,
+        quantize_openvino_except,
+        rank_openvino,
+    )
+    from autotune.export.openvino import quantize_openvino
+
+    plan = plan or Int8Plan()
+    quantized = quantize_openvino(float_model, feeds, transformer=transformer)
+    layers = openvino_layers(quantized)
+    if plan.keep is not None:
+        kept = quantize_openvino_except(float_model, plan.keep, feeds, layers, transformer)
+        return kept, {"int8_kept": list(plan.keep)}
+    score, threshold = _judge(plan, calibration)
+    key = ranking_key("openvino", "int8_static", config)
+    ranking, fresh = _ranking(plan, key, lambda: rank_openvino(float_model, quantized, feeds, budget_s=plan.budget_s))
+    model, out = fallback_openvino(
+        float_model, quantized, ranking, feeds, score, threshold, k=value, transformer=transformer,
+        budget_s=plan.budget_s,
+    )  # fmt: skip
+    if model is None or not out["feasible"]:
+        raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
+    return model, _info(out, ranking, key, fresh)

@@ -38,7 +38,11 @@ __all__ = ["METHODS", "Ranking", "Score", "max_rel_error", "worst_cosine"]
 Score = Callable[[list, list], float]
 
 METHODS = ("int8_dynamic", "int8_static")
-_BACKENDS = {"onnxruntime": METHODS, "torch": ("int8_dynamic", "int8_weight_only", "int8_static")}
+_BACKENDS = {
+    "onnxruntime": METHODS,
+    "torch": ("int8_dynamic", "int8_weight_only", "int8_static"),
+    "openvino": ("int8_static",),  # NNCF's static int8 (autotune.compress.sensitivity_ov)
+}
 _LAYER_OPS = ("MatMul", "Gemm", "Conv")
 _FLOAT_TYPES = (1, 10, 11, 16)  # onnx.TensorProto FLOAT, FLOAT16, DOUBLE, BFLOAT16
 _TARGET_KEYS = frozenset({"label", "labels", "target", "targets", "y"})  # as autotune.data.TARGET_KEYS
@@ -138,8 +142,8 @@ class Ranking:
 
     Attributes:
         method: ``"int8_dynamic"`` or ``"int8_static"``.
-        backend: ``"onnxruntime"`` or ``"torch"``.
-        layers: Layer names (ONNX node names, or module names), most sensitive first.
+        backend: ``"onnxruntime"``, ``"torch"`` or ``"openvino"``.
+        layers: Layer names (ONNX node names, module names, or OpenVINO op names), most sensitive first.
         cheap_error: Every layer's relative output error when it alone runs in int8.
         exact_score: The criterion on the model's outputs with that layer alone in int8, for the
             layers refined (lower is more sensitive).

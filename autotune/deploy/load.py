@@ -20,8 +20,15 @@ import numpy as np
 import torch
 
 from autotune.data import concat_outputs, map_tensors, pad_batch, slice_batch
+from autotune.deploy.light import (  # noqa: F401  (their former home: serve and verify import them here)
+    _check_files,
+    _inside,
+    _is_winner,
+    _not_the_winner,
+    _read_artifacts,
+)
 from autotune.errors import ConfigError, InputError
-from autotune.export import FORMATS, file_digest
+from autotune.export import FORMATS
 from autotune.export.stored import from_stored, rebuild_output
 
 __all__ = ["Predictor", "run_device"]
@@ -34,7 +41,7 @@ class Predictor:
     was checked), and the outputs are concatenated.
 
     Attributes:
-        format: ``"onnx"`` or ``"torchscript"``.
+        format: ``"onnx"``, ``"torchscript"`` or ``"openvino"``.
         path: The artifact file.
         batch_size: Samples per chunk.
         device: Where the artifact runs.
@@ -77,7 +84,12 @@ class Predictor:
         """The model's own output structure from every format: an ONNX graph returns its outputs
         flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
         names = list(self.record.get("output_names") or [])
-        if self.format == "onnx" and isinstance(out, tuple) and names and not names[0].startswith("output"):
+        if (
+            self.format in ("onnx", "openvino")
+            and isinstance(out, tuple)
+            and names
+            and not names[0].startswith("output")
+        ):
             return dict(zip(names, out, strict=True))
         return out
 
@@ -190,25 +202,6 @@ class Predictor:
         return outputs
 
 
-def _read_artifacts(out_dir: Path, required: bool = True) -> tuple[dict[str, Any], int | None]:
-    """The ``artifacts`` entry of ``best_config.json`` and the run's batch size (no artifacts is
-    an error when ``required``: without the original model there is nothing else to serve)."""
-    if not out_dir.is_dir():
-        raise ConfigError(f"No directory {str(out_dir)!r}: give the out_dir that autotune.optimize wrote.")
-    path = out_dir / "best_config.json"
-    if not path.is_file():
-        raise ConfigError(f"No best_config.json in {str(out_dir)!r}: give the out_dir that autotune.optimize wrote.")
-    try:
-        best = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"Cannot read {str(path)!r}: {exc}") from None
-    artifacts = best.get("artifacts") if isinstance(best, dict) else None
-    if (not isinstance(artifacts, dict) or not artifacts) and required:
-        raise ConfigError(f"{str(path)!r} lists no artifacts: run the tuning with export formats to write them.")
-    batch_size = (best.get("best") or {}).get("batch_size") or (best.get("config") or {}).get("batch_size")
-    return artifacts if isinstance(artifacts, dict) else {}, batch_size
-
-
 def run_device(out_dir: Path) -> str:
     """The device the run in ``out_dir`` was tuned on (``best_config.json``'s ``env.device``), where
     this machine has it; else the CPU, with a one-line warning (a CUDA run loaded on a machine
@@ -279,19 +272,6 @@ def _read_parity(out_dir: Path) -> dict[str, Any]:
     }
 
 
-def _inside(out_dir: Path, name: Any, fmt: str) -> Path:
-    """``out_dir / name``, refused when ``name`` would leave ``out_dir`` (absolute, ``..``, links)."""
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"The {fmt} artifact's entry in best_config.json names no file: export it again.")
-    path = out_dir / name
-    if Path(name).is_absolute() or not path.resolve().is_relative_to(out_dir.resolve()):
-        raise ConfigError(
-            f"The {fmt} artifact's path {name!r} leaves {str(out_dir)!r}; artifacts must be files inside the "
-            "run's directory. Fix best_config.json or export again."
-        )
-    return path
-
-
 def _choose(artifacts: dict[str, Any], fmt: str | None, where: Path) -> tuple[str, dict[str, Any]]:
     if fmt is not None:
         if fmt not in FORMATS:
@@ -316,6 +296,10 @@ def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
     on_cuda = torch.device(device).type == "cuda"
     if fmt == "torchscript":
         return torch.jit.load(str(path), map_location=device)
+    if fmt == "openvino":  # on the CPU: a tensor on another device comes back there
+        from autotune.export.openvino import OvModule
+
+        return OvModule(path, record["input_names"], record.get("output_names") or [], **(record.get("openvino") or {}))
     from autotune.export.onnx import OrtModule
     from autotune.export.ort import CPU_PROVIDER, CUDA_PROVIDER, GPU_PROVIDERS, provider_for, provider_problem
 
@@ -341,34 +325,11 @@ def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
     )
 
 
-def _is_winner(record: dict[str, Any]) -> bool:
-    """Whether an artifact is the measured winner: marked so, and not TorchScript's fallback form
-    (the float model written when the tuned one cannot be traced), which an export before that
-    form was labelled may have marked the winner all the same."""
-    return bool(record.get("winner")) and record.get("form") != "fallback"
-
-
-def _not_the_winner(record: dict[str, Any]) -> str:
-    """What :attr:`Predictor.chosen` adds for an artifact that is another model than the winner."""
-    if _is_winner(record) or ("winner" not in record and record.get("form") != "fallback"):
-        return ""  # the winner, or an export that recorded neither
-    note = record.get("form_note") or record.get("reason") or "another form of the model"
-    return f"; NOT the measured winner, its speed is its own ({note})"
-
-
 def _load_one(
     out_dir: Path, fmt: str, record: dict[str, Any], run_batch_size: Any, device: str, allow_modified: bool
 ) -> Predictor:
     path = _inside(out_dir, record.get("path"), fmt)
-    if not path.is_file():
-        raise ConfigError(f"The {fmt} artifact's file {str(path)!r} is missing: export it again.")
-    if record.get("sha256") and file_digest(path) != record["sha256"]:
-        if not allow_modified:
-            raise ConfigError(
-                f"{str(path)!r} is not the file that was exported and checked (its sha256 differs). Export "
-                "again, or pass allow_modified=True to load it anyway."
-            )
-        warnings.warn(f"Loading {str(path)!r} although it changed since export.", stacklevel=3)
+    _check_files(path, record, fmt, allow_modified)
     if "input_names" not in record:
         raise ConfigError(f"The {fmt} artifact's entry in best_config.json lacks `input_names`: export it again.")
     batch_size = record.get("batch_size") or run_batch_size

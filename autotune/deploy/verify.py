@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from autotune.data import map_tensors
+from autotune.deploy.light import _modified
 from autotune.deploy.load import _read_artifacts, _read_parity, run_device
 from autotune.deploy.serve import load
 from autotune.errors import ConfigError
@@ -40,7 +41,7 @@ _N_WARMUP = 3
 _N_REPEATS = 3
 
 ENV_KEYS = ("device", "gpu_name", "gpu_capability", "cpu_capability", "cpu_threads", "machine")
-_VERSION_KEYS = ("torch", "onnxruntime", "python", "cuda")
+_VERSION_KEYS = ("torch", "onnxruntime", "openvino", "python", "cuda")
 
 THROUGHPUT_NOTES = {
     "samples_per_s": "artifact only: pre-collated batches already on the device, no data loading",
@@ -155,7 +156,8 @@ def _check_one(
             return {**result, "reason": f"the export failed: {recorded_error}"}
         name = record.get("path") or f"the {fmt} file"
         return {**result, "status": "missing", "reason": f"{name} is missing from {str(out_dir)!r}"}
-    modified = file_digest(path) != record.get("sha256")
+    # The file (an OpenVINO artifact: and its weights file) as exported and checked.
+    modified = file_digest(path) != record.get("sha256") or bool(_modified(path, record))
     try:
         with warnings.catch_warnings():  # loading a failed artifact warns; the report says it
             warnings.simplefilter("ignore")
@@ -180,16 +182,17 @@ def _check_one(
 def _versions_here() -> dict[str, str | None]:
     from importlib import metadata
 
-    for dist in ("onnxruntime", "onnxruntime-gpu"):
+    found: dict[str, str | None] = {"onnxruntime": None, "openvino": None}
+    for key, dist in (("onnxruntime", "onnxruntime"), ("onnxruntime", "onnxruntime-gpu"), ("openvino", "openvino")):
         try:
-            return {"onnxruntime": metadata.version(dist)}
+            found[key] = found[key] or metadata.version(dist)
         except metadata.PackageNotFoundError:
             pass
-    return {"onnxruntime": None}
+    return found
 
 
 def env_diff(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str, Any]]:
-    """The facts in :data:`ENV_KEYS` and the versions of torch, ONNX Runtime, Python and CUDA
+    """The facts in :data:`ENV_KEYS` and the versions of torch, ONNX Runtime, OpenVINO, Python and CUDA
     that differ between two :meth:`~autotune.env.Env.manifest` dicts; a version the recorded
     manifest does not list is skipped (it was not recorded, so it cannot differ).
 

@@ -1,5 +1,5 @@
-"""Deployable artifacts of a tuned model: ONNX and TorchScript files, each checked for parity
-with the model on the validation samples.
+"""Deployable artifacts of a tuned model: ONNX, TorchScript and OpenVINO files, each checked for
+parity with the model on the validation samples.
 
 Example:
     >>> import tempfile, torch
@@ -22,8 +22,9 @@ from autotune.errors import ConfigError
 
 __all__ = ["FILE_NAMES", "FORMATS", "ORT_DEFAULTS", "export_artifacts", "file_digest", "ship_measured"]
 
-FORMATS = ("onnx", "torchscript")
-FILE_NAMES = {"onnx": "model.onnx", "torchscript": "model.pt"}
+FORMATS = ("onnx", "torchscript", "openvino")
+# An OpenVINO artifact is two files: the IR's ``model.xml`` and its weights, ``model.bin``, beside it.
+FILE_NAMES = {"onnx": "model.onnx", "torchscript": "model.pt", "openvino": "model.xml"}
 # The ONNX Runtime settings an exported ONNX artifact is checked (and later loaded) with.
 ORT_DEFAULTS = {"provider": "CPUExecutionProvider", "graph_optimization": "all", "intra_op_threads": 0}
 
@@ -90,6 +91,27 @@ def _onnx_runner(
     return info, run
 
 
+def _openvino_runner(
+    model: Any, example: Any, path: Path, spatial: bool = False
+) -> tuple[dict[str, Any], Callable[..., Any]]:
+    from autotune.export.openvino import OvModule, convert_openvino, save_openvino
+    from autotune.export.parity import restore_like
+
+    converted, info = convert_openvino(model, example, spatial=spatial, onnx_path=path.with_suffix(".onnx"))
+    path.with_suffix(".onnx").unlink(missing_ok=True)
+    save_openvino(converted, path)
+    runner = OvModule(path, info["input_names"], info["output_names"])  # the saved files are what ship
+    template = _example_outputs(model, example)
+    info.update(
+        path=str(path), bin_path=path.with_suffix(".bin").name, bin_sha256=file_digest(path.with_suffix(".bin"))
+    )
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        return restore_like(template, runner(*args, **kwargs))
+
+    return info, run
+
+
 def _torchscript_runner(
     model: Any, example: Any, path: Path, fallback: Any
 ) -> tuple[dict[str, Any], Callable[..., Any]]:
@@ -123,10 +145,14 @@ def _export_one(
     try:
         if fmt == "onnx":
             info, run = _onnx_runner(model, example, path, str(device_of(model)), onnx_source, spatial)
+        elif fmt == "openvino":
+            info, run = _openvino_runner(model, example, path, spatial)
         else:
             info, run = _torchscript_runner(model, example, path, fallback)
     except Exception as exc:  # a failed export is recorded, and must not lose the other format
         path.unlink(missing_ok=True)
+        if fmt == "openvino":
+            path.with_suffix(".bin").unlink(missing_ok=True)
         return {**record, "status": "failed", "error": describe_error(exc)}
     info.pop("path")
     record.update(bytes=path.stat().st_size, sha256=file_digest(path), **info)
@@ -143,9 +169,10 @@ def _export_one(
 def ship_measured(
     artifact: dict[str, Any], module: Any, samples: list, batch_size: int, out_dir: Path, **check: Any
 ) -> dict[str, dict[str, Any]]:
-    """Ship the very file a ``runtime=torchscript`` or ``runtime=onnxruntime`` winner ran when it
-    was measured (an ONNX Runtime int8 graph stays int8), with its session settings, and check it
-    against that measured module and, through ``check``, against the baseline.
+    """Ship the very file a ``runtime=torchscript``, ``runtime=onnxruntime`` or ``runtime=openvino``
+    winner ran when it was measured (an int8 graph stays int8; OpenVINO's IR with its weights
+    file), with its session settings, and check it against that measured module and, through
+    ``check``, against the baseline.
 
     Args:
         artifact: :attr:`autotune.trial.build.BuildState.artifact` of the winner's build.
@@ -168,12 +195,22 @@ def ship_measured(
     shutil.copyfile(artifact["path"], path)
     record: dict[str, Any] = {k: v for k, v in artifact.items() if k not in ("format", "path")}
     record.update(path=path.name, batch_size=batch_size, bytes=path.stat().st_size, sha256=file_digest(path))
+    if fmt == "openvino":
+        weights = path.with_suffix(".bin")
+        shutil.copyfile(Path(artifact["path"]).with_suffix(".bin"), weights)
+        record.update(
+            bin_path=weights.name, bin_sha256=file_digest(weights), bytes=record["bytes"] + weights.stat().st_size
+        )
     record.update(winner=True, measured_as="the winner's own file, as measured in the search")
     if fmt == "onnx":
         from autotune.export.onnx import OrtModule
 
         ort = artifact["ort"]
         run: Any = OrtModule(path, artifact["input_names"], artifact["output_names"], **ort)
+    elif fmt == "openvino":
+        from autotune.export.openvino import OvModule
+
+        run = OvModule(path, artifact["input_names"], artifact["output_names"], **artifact["openvino"])
     else:
         import torch
 
@@ -221,7 +258,8 @@ def export_artifacts(
         samples: Validation samples (uncollated) for the parity check.
         batch_size: Samples per batch, recorded for loading.
         out_dir: Where the files go.
-        formats: Any of ``"onnx"``, ``"torchscript"``.
+        formats: Any of ``"onnx"``, ``"torchscript"``, ``"openvino"`` (``model.xml`` and
+            ``model.bin``: the model converted by OpenVINO in float32).
         fallback: For TorchScript: the nearest traceable form of ``model`` (see
             :func:`~autotune.export.torchscript.export_torchscript`).
         metric: ``metric(outputs, batch) -> float`` for the parity check; ``None`` compares

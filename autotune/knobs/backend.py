@@ -1,8 +1,9 @@
 """The runtime that runs the tuned model: ``runtime`` and the ONNX Runtime settings
-``ort_provider``, ``ort_precision``, ``ort_graph_optimization`` and ``ort_io_binding``.
+``ort_provider``, ``ort_precision``, ``ort_graph_optimization`` and ``ort_io_binding`` (the
+OpenVINO ones are in :mod:`autotune.knobs.openvino`).
 
-A TorchScript or ONNX Runtime candidate is exported inside its trial and measured end to end
-like any other, so it competes with the torch-side candidates under the same guard.
+A TorchScript, ONNX Runtime or OpenVINO candidate is exported inside its trial and measured end
+to end like any other, so it competes with the torch-side candidates under the same guard.
 """
 
 from __future__ import annotations
@@ -40,14 +41,25 @@ class Runtime(Knob):
     order = 40
     modes = ("inference",)
     stage = Stage.COMPILE
-    choices = ("torch", "torchscript", "onnxruntime")
+    choices = ("torch", "torchscript", "onnxruntime", "openvino")
     default = "torch"
-    help = "What runs the model: PyTorch, a frozen TorchScript trace, or ONNX Runtime on the exported graph."
+    help = (
+        "What runs the model: PyTorch, a frozen TorchScript trace, ONNX Runtime on the exported graph, "
+        "or OpenVINO (CPU) on the converted model."
+    )
 
     def offer(self, ctx: SpaceContext) -> Offer:
+        values, excluded = ["torch", "torchscript"], {}
         if _ort_providers():
-            return Offer(list(self.choices))
-        return Offer(["torch", "torchscript"], {"onnxruntime": "onnxruntime is not installed"})
+            values.append("onnxruntime")
+        else:
+            excluded["onnxruntime"] = "onnxruntime is not installed"
+        why = _openvino_problem(ctx)
+        if why is None:
+            values.append("openvino")
+        else:
+            excluded["openvino"] = why
+        return Offer(values, excluded)
 
     def apply(self, state: Any, value: str) -> None:
         if value == "torch":
@@ -68,6 +80,10 @@ class Runtime(Knob):
                 script = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
                 state.model = ts.ScriptRunner(script, info["input_names"])
                 state.artifact = {"format": "torchscript", **info, "path": str(folder / "model.pt")}
+            elif value == "openvino":
+                from autotune.knobs.openvino import build_openvino
+
+                state.model, info = build_openvino(state, extras, folder)
             else:
                 state.model, info = _ort_module(state, extras, folder)
         except TrialError:
@@ -76,6 +92,15 @@ class Runtime(Knob):
             raise TrialError("unsupported", f"{value} export failed: {type(exc).__name__}: {exc}") from exc
         state.info.update({f"{value}_{k}": v for k, v in info.items() if isinstance(v, (str, int, float, bool))})
         state.runtime = value
+
+
+def _openvino_problem(ctx: SpaceContext) -> str | None:
+    """Why ``runtime=openvino`` is not offered here, or ``None``."""
+    if ctx.env.is_cuda:
+        return "OpenVINO runs on the CPU; trials run on CUDA"
+    from autotune.export.ov_run import openvino_problem
+
+    return openvino_problem()
 
 
 def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:

@@ -137,8 +137,8 @@ class Quantization(Knob):
     )
 
     def applies(self, config: dict[str, Any]) -> bool:
-        # ONNX Runtime quantizes the exported graph itself (ort_precision).
-        return config.get("runtime", "torch") != "onnxruntime"
+        # ONNX Runtime and OpenVINO quantize their own graphs (ort_precision, ov_precision).
+        return config.get("runtime", "torch") not in ("onnxruntime", "openvino")
 
     def offer(self, ctx: SpaceContext) -> Offer:
         import autotune.compress.quantize as _quantize
@@ -192,17 +192,21 @@ _INT8_ORT = ("int8_dynamic", "int8_static")
 
 
 class _Int8Setting(Knob):
-    """A setting of the int8 methods named in ``torch_methods`` and ``ort_methods``, read by
-    ``quantization`` (torch) and ``ort_precision`` (ONNX Runtime) when they quantize."""
+    """A setting of the int8 methods named in ``torch_methods``, ``ort_methods`` and
+    ``ov_methods``, read by ``quantization`` (torch), ``ort_precision`` (ONNX Runtime) and
+    ``ov_precision`` (OpenVINO) when they quantize."""
 
     modes = ("inference",)
     stage = Stage.WEIGHTS
     torch_methods: tuple[str, ...] = ()
     ort_methods: tuple[str, ...] = ()
+    ov_methods: tuple[str, ...] = ()
 
     def applies(self, config: dict[str, Any]) -> bool:
         if config.get("runtime", "torch") == "onnxruntime":
             return config.get("ort_precision") in self.ort_methods
+        if config.get("runtime", "torch") == "openvino":
+            return config.get("ov_precision") in self.ov_methods
         return config.get("quantization", "none") in self.torch_methods
 
     def apply(self, state: Any, value: Any) -> None:
@@ -215,12 +219,13 @@ class Int8Fallback(_Int8Setting):
     order = 74  # after quantization and ort_precision, whose values decide whether it applies
     torch_methods = ("int8_dynamic", "int8_weight_only", "int8_static")
     ort_methods = _INT8_ORT
+    ov_methods = ("int8_static",)
     choices = (0, 1, 2, 4, 8, "auto")
     default = 0
     help = (
         "How many of the layers int8 hurts most stay float, ranked by their measured sensitivity: "
-        "a number, or auto (the fewest that keep the guard). For every int8 method, torch's on the CPU "
-        "and ONNX Runtime's."
+        "a number, or auto (the fewest that keep the guard). For every int8 method, torch's on the CPU, "
+        "ONNX Runtime's and OpenVINO's (NNCF)."
     )
 
     def offer(self, ctx: SpaceContext) -> Offer:

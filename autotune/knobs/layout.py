@@ -17,7 +17,7 @@ class ChannelsLast(Knob):
     help = "Store weights and 4-D inputs as NHWC, which convolution kernels on tensor cores and oneDNN prefer."
 
     def applies(self, config: dict[str, Any]) -> bool:
-        return config.get("runtime", "torch") != "onnxruntime"
+        return config.get("runtime", "torch") not in ("onnxruntime", "openvino")
 
     def offer(self, ctx: SpaceContext) -> Offer:
         if ctx.data.image_input:

@@ -20,8 +20,8 @@ class AmpDtype(Knob):
     )
 
     def applies(self, config: dict[str, Any]) -> bool:
-        # ONNX Runtime has its own precision knob (ort_precision).
-        return config.get("runtime", "torch") != "onnxruntime"
+        # ONNX Runtime and OpenVINO have their own precision knobs (ort_precision, ov_precision).
+        return config.get("runtime", "torch") not in ("onnxruntime", "openvino")
 
     def offer(self, ctx: SpaceContext) -> Offer:
         env = ctx.env

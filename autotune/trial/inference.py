@@ -363,7 +363,9 @@ class TrialContext(Context):
         size, out = state.batch_size, Path(out_dir)
         by_format = {}
         artifacts: dict[str, Any] = {}
-        measured = state.artifact if state.artifact and state.artifact["format"] in formats else None
+        # An OpenVINO winner's IR ships whatever formats were asked for: it is the winner's own file.
+        own = state.artifact and state.artifact["format"] in (*formats, "openvino")
+        measured = state.artifact if own else None
         if measured is not None:
             # The winner ran an exported file: that file ships, not a re-export of its torch model.
             artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))

@@ -1,0 +1,146 @@
+"""The OpenVINO settings of ``runtime=openvino``: ``ov_precision`` and ``ov_hint``, and the build
+of an OpenVINO candidate (:func:`build_openvino`), which ``runtime`` calls.
+
+The candidate is the tuned torch module converted by ``openvino.convert_model`` (or through its
+ONNX export), inside its trial, with dynamic batch and sequence axes; in ``int8_static`` it is
+quantized by NNCF on the run's calibration batches, the layers ``int8_fallback`` keeps float in
+NNCF's ignored scope. It runs on the CPU plugin with the inference precision, the performance
+hint and the thread count (``num_threads``) of its configuration.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
+
+__all__ = ["OvHint", "OvPrecision", "bf16_units", "build_openvino"]
+
+
+def bf16_units() -> bool:
+    """Whether this CPU has bfloat16 units (AVX512-BF16 or AMX-BF16), where OpenVINO's bf16
+    inference precision pays; elsewhere the plugin would emulate it."""
+    from autotune.env import cpu_info
+
+    return bool({"avx512_bf16", "amx_bf16"} & set(cpu_info()["isa"]))
+
+
+class _OvKnob(Knob):
+    stage = Stage.COMPILE
+    modes = ("inference",)
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return config.get("runtime") == "openvino"
+
+    def apply(self, state: Any, value: Any) -> None:
+        pass  # read by ``runtime`` when it builds the OpenVINO candidate
+
+
+@register
+class OvPrecision(_OvKnob):
+    name = "ov_precision"
+    order = 65  # after runtime; before int8_fallback, which applies to int8_static
+    choices = ("fp32", "bf16", "int8_static")
+    default = "fp32"
+    help = (
+        "The OpenVINO candidate's precision: float32; bfloat16 inference precision (CPUs with bf16 "
+        "units); or NNCF static int8, calibrated on dataset batches, its most sensitive layers kept "
+        "float by int8_fallback."
+    )
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        values, excluded = ["fp32"], {}
+        if bf16_units():
+            values.append("bf16")
+        else:
+            excluded["bf16"] = "this CPU has no bfloat16 units (AVX512-BF16 or AMX): OpenVINO would emulate it"
+        if ctx.no_calibration:  # NNCF observes activation ranges on calibration batches
+            excluded["int8_static"] = ctx.no_calibration
+        else:
+            values.append("int8_static")
+        return Offer(values, excluded)
+
+
+@register
+class OvHint(_OvKnob):
+    name = "ov_hint"
+    order = 66
+    choices = ("latency", "throughput")
+    default = "latency"
+    help = (
+        "OpenVINO's performance hint: one stream on every thread (latency), or several streams, each "
+        "batch split over as many infer requests as OpenVINO finds best (throughput)."
+    )
+
+    def offer(self, ctx: SpaceContext) -> Offer:
+        if ctx.env.cpu_threads < 2:
+            return Offer(["latency"], {"throughput": "one CPU thread: a second stream has no core to run on"})
+        return Offer(list(self.choices))
+
+
+def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+    """The OpenVINO candidate of ``state``'s configuration: its module and what to record.
+
+    Sets ``state.artifact`` to the IR it runs (``format`` ``"openvino"``, ``path`` of
+    ``model.xml``, the input and output names, ``precision`` and the compile settings under
+    ``openvino``).
+
+    Raises:
+        TrialError: ``unsupported`` when OpenVINO is missing, the device is not the CPU, or the
+            model cannot be converted or quantized to hold the guard.
+    """
+    from autotune.errors import TrialError
+    from autotune.export.openvino import OvModule, calibration_feeds, convert_openvino, is_transformer, save_openvino
+    from autotune.export.ov_run import openvino_problem
+
+    problem = openvino_problem()
+    if problem is not None or not str(state.device).startswith("cpu"):
+        raise TrialError("unsupported", problem or f"OpenVINO runs on the CPU here, not on {state.device}")
+    config = state.config
+    example = extras.example_on("cpu")
+    model, info = convert_openvino(state.model, example, spatial=bool(extras.ragged), onnx_path=folder / "model.onnx")
+    precision = config.get("ov_precision", "fp32")
+    if precision == "int8_static":
+        feeds = calibration_feeds(extras.calibration, info["input_names"])
+        model = _int8(model, config, extras, feeds, is_transformer(model), state.info)
+    saved = save_openvino(model, folder / "model.xml")
+    settings = {
+        "precision": "bf16" if precision == "bf16" else "f32",
+        "hint": config.get("ov_hint", "latency"),
+        "threads": config.get("num_threads") or 0,
+    }
+    module = OvModule(saved["path"], info["input_names"], info["output_names"], **settings)
+    measured = module.runner.properties()  # compiles now: a setting the plugin refuses fails here
+    state.artifact = {
+        "format": "openvino",
+        "path": saved["path"],
+        "input_names": info["input_names"],
+        "output_names": info["output_names"],
+        "precision": precision,
+        "converted_from": info["converted_from"],
+        "openvino": settings,
+    }
+    if "int8_kept" in state.info:  # these layers stay float in the shipped IR
+        state.artifact["int8_kept"] = list(state.info["int8_kept"])
+    record = {**info, "precision": precision, "bytes": saved["bytes"]}
+    record.update({f"plugin_{k}": v for k, v in measured.items()})
+    return module, record
+
+
+def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
+    """``model`` in NNCF static int8: every layer NNCF takes, or with ``int8_fallback`` the most
+    sensitive kept float."""
+    from autotune.export.openvino import quantize_openvino
+
+    fallback = config.get("int8_fallback", 0)
+    info["int8_transformer"] = transformer
+    if fallback == 0:
+        return quantize_openvino(model, feeds, transformer=transformer)
+    from autotune.compress.fallback import openvino_with_fallback
+
+    quantized, record = openvino_with_fallback(
+        model, fallback, extras.calibration, feeds, extras.int8, config, transformer
+    )
+    info.update(record)
+    return quantized
