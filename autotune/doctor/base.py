@@ -8,7 +8,7 @@ from typing import Any
 __all__ = ["SECTIONS", "STATUSES", "Check"]
 
 STATUSES = ("ok", "info", "warn", "fail")
-SECTIONS = ("software", "cuda", "gpu", "cpu", "compile", "onnxruntime", "system")
+SECTIONS = ("software", "cuda", "gpu", "cpu", "compile", "onnxruntime", "openvino", "system")
 
 _GIB = 2**30
 _PACKAGES = (
@@ -20,6 +20,8 @@ _PACKAGES = (
     "onnxruntime-gpu",
     "onnxscript",
     "onnxslim",
+    "openvino",
+    "nncf",
     "torchao",
     "torch-pruning",
     "triton",

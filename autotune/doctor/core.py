@@ -1,7 +1,7 @@
 """Check this machine before tuning: what ``autotune doctor`` prints.
 
 :func:`gather` collects the facts (versions, driver, GPUs, CPU, compilers, ONNX Runtime
-providers, memory and disk) into a JSON-safe dict, reusing :mod:`autotune.env` for everything
+providers, OpenVINO, memory and disk) into a JSON-safe dict, reusing :mod:`autotune.env` for everything
 a study also records, and runs the probes of :mod:`autotune.doctor.probe`. :func:`diagnose`
 turns facts into :class:`Check` rows with the rules of :mod:`autotune.doctor.checks` and
 :mod:`autotune.doctor.host`; it is a pure function, so facts recorded on one machine can be
@@ -81,6 +81,7 @@ def gather(
     }
     facts["gpus"] = _guarded(_gpu_facts) if facts["torch"].get("cuda_available") else []
     facts["onnxruntime"] = _ort_facts(on_cuda=bool(facts["gpus"]) and "error" not in facts["gpus"])
+    facts["openvino"] = _guarded(_openvino_facts)
     facts["compile_check"] = None
     if compile_check and "error" not in facts["torch"]:
         facts["compile_check"] = _compile_checks(facts, compile_timeout)
@@ -265,6 +266,12 @@ def _system_facts(workdir: Path) -> dict[str, Any]:
     }
 
 
+def _openvino_facts() -> dict[str, Any]:
+    from autotune.doctor.openvino import facts
+
+    return facts()
+
+
 def _ort_facts(on_cuda: bool) -> dict[str, Any]:
     import importlib.util
 
@@ -288,8 +295,10 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     """Turn facts from :func:`gather` (possibly recorded elsewhere) into checks, in section order."""
     import autotune.doctor.checks as stack
     import autotune.doctor.host as host
+    import autotune.doctor.openvino as openvino
 
     found: list[Check] = []
-    for part in (stack.software, stack.cuda, stack.gpus, host.cpu, stack.compiler, host.onnxruntime, host.system):
+    parts = (stack.software, stack.cuda, stack.gpus, host.cpu, stack.compiler, host.onnxruntime, openvino.checks)
+    for part in (*parts, host.system):
         found += part(facts)
     return found
