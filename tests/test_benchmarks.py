@@ -1,6 +1,7 @@
 """The benchmarks run end to end (their numbers are not checked: speed is never asserted), and the
 GPU suite's models and data sets work at tiny sizes on the CPU."""
 
+import dataclasses
 import json
 import pickle
 import subprocess
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 import benchmarks.run
-from benchmarks import gpu_check, models
+from benchmarks import gpu, gpu_check, gpu_timing, gpu_workloads, models
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -319,3 +320,83 @@ def test_gpu_check_collects_every_file_that_marks_a_gpu_test(tmp_path):
     marked = {str(p.relative_to(ROOT)) for p in (ROOT / "tests").rglob("test_*.py") if _marks_gpu(p)}
     assert set(files) == marked and not errors
     assert all(t["nodeid"].startswith(f + "::") for f, tests in files.items() for t in tests)
+
+
+# The GPU headline benchmark (benchmarks/gpu.py): what runs without a GPU.
+
+
+@pytest.mark.parametrize("argv", [["--suite", "gpu-compare"], ["--suite", "gpu", "--workloads", "bert-text"]])
+def test_gpu_suites_stop_at_once_without_cuda(argv):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the suite would run")
+    with pytest.raises(SystemExit) as stop:
+        benchmarks.run.main(argv)
+    message = str(stop.value.code)
+    assert "CUDA" in message and "\n" not in message
+
+
+def test_gpu_benchmark_says_in_one_line_that_it_needs_cuda(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is present: the benchmark would run")
+    with pytest.raises(SystemExit) as stop:
+        gpu.main(["--out", str(tmp_path / "bench")])
+    assert str(stop.value.code) == (
+        f"The GPU benchmark needs a CUDA GPU, and torch {torch.__version__} sees none here."
+    )
+    assert not (tmp_path / "bench").exists()
+    with pytest.raises(SystemExit):  # an unknown workload is refused by name, with the known ones
+        gpu.main(["--workloads", "resnet50-float,vit"])
+
+
+def test_gpu_benchmark_models_have_bert_base_and_resnet50_shapes():
+    assert sum(p.numel() for p in gpu_workloads.Bert().parameters()) == 109_482_240  # transformers' BertModel
+    assert sum(p.numel() for p in gpu_workloads.resnet50_uint8().parameters()) == 25_557_032  # torchvision's resnet50
+
+
+def test_tiny_bert_embeds_padded_sentences_as_it_does_trimmed_ones():
+    text = gpu_workloads.TokenSequences(8, seed=1)
+    batch = gpu_workloads.pad_to_max([text[i] for i in range(8)])  # (8, 128) each
+    longest = int(batch["attention_mask"].sum(1).max())
+    model = gpu_workloads.bert_base(dim=64, depth=2, heads=4)
+    with torch.inference_mode():
+        padded = model(**batch)
+        trimmed = model(**{k: v[:, :longest] for k, v in batch.items()})
+    assert padded.shape == (8, 64) and longest < gpu_workloads.MAX_LEN
+    torch.testing.assert_close(padded, trimmed)  # the mask keeps padding out of every real token's attention
+
+
+def test_gpu_benchmark_data_sets_pickle_as_their_recipe():
+    text = gpu_workloads.TokenSequences(1024)
+    lengths = torch.tensor([len(text[i]["input_ids"]) for i in range(len(text))])
+    assert lengths.min() >= 16 and lengths.max() <= gpu_workloads.MAX_LEN and 30 <= lengths.median() <= 50
+    for data in (text, gpu_workloads.FloatImageTensors(4, size=16), gpu_workloads.Uint8ImageTensors(4, size=16)):
+        blob = pickle.dumps(data)
+        assert len(blob) < 1000  # the recipe, not the samples
+        again, first = pickle.loads(blob)[3], data[3]
+        assert all(torch.equal(again[k], first[k]) for k in (first if isinstance(first, dict) else range(2)))
+    images, label = gpu_workloads.Uint8ImageTensors(4, size=16)[0]
+    assert images.dtype == torch.uint8 and images.shape == (3, 16, 16) and label.dtype == torch.int64
+    normalized = gpu_workloads.Uint8Input()(images[None])
+    torch.testing.assert_close(normalized[0], (images.float() / 255 - models.MEAN) / models.STD)
+
+
+def test_gpu_benchmark_rows_time_whole_epochs_under_their_own_settings():
+    from torch.utils.data import DataLoader, TensorDataset
+
+    data = TensorDataset(torch.randn(96, 3, 8, 8), torch.zeros(96, dtype=torch.long))
+    cpu, stock = torch.device("cpu"), gpu_timing.Flags.read()
+    seen = []
+    model = torch.nn.Conv2d(3, 4, 3)
+    model.register_forward_hook(
+        lambda m, i, o: seen.append((o.dtype, i[0].is_contiguous(), torch.backends.cudnn.benchmark))
+    )
+    flags = dataclasses.replace(stock, cudnn_benchmark=not stock.cudnn_benchmark)
+    row = gpu_timing.Row(
+        "expert", model, DataLoader(data, batch_size=32), flags, 32, "", torch.bfloat16, channels_last=True
+    )
+    with torch.inference_mode():
+        assert gpu_timing.time_epochs(row, cpu, stock, min_s=0.01) > 0
+        assert len(seen) == 6  # two whole epochs of three batches
+        assert gpu_timing.model_alone(row, cpu, stock, len(data), min_s=0.01) > 0
+    assert set(seen) == {(torch.bfloat16, False, flags.cudnn_benchmark)}  # autocast, channels-last, the row's flags
+    assert gpu_timing.Flags.read() == stock  # given back after the row

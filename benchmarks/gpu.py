@@ -1,0 +1,344 @@
+"""The GPU headline benchmark: a user's loop, an expert's recipe and autotune's winner, timed side
+by side in one process on one CUDA GPU, with the model alone on a batch already on the GPU as
+the ceiling. About 5 minutes on an H100.
+
+    python -m benchmarks.gpu [--out DIR] [--budget-s 300] [--workloads resnet50-float,...] [--trials 12]
+    python -m benchmarks.run --suite gpu [--out DIR]      # the same, at the default budget
+
+Workloads (:mod:`benchmarks.gpu_workloads`), 1,024 samples each: ``resnet50-float`` (ResNet-50 on
+224x224 float32 images in memory), ``resnet50-uint8`` (the same images stored as uint8, cast and
+normalized by the model's first step on the GPU) and ``bert-text`` (a BERT-base-shaped encoder on
+sentences of 16 to 128 tokens, padded to 128 by the user's collate). Rows of each:
+
+- baseline: fp32 eager, batch 64, no loader workers: ``for batch in loader: model(batch.to(device))``;
+- expert: bf16 autocast, channels-last, ``cudnn.benchmark``, batch 256, 8 pinned loader workers
+  with non-blocking copies, ``torch.compile``;
+- autotune: ``autotune.optimize(model, dataset, space="gpu", device="cuda", ...)`` within the
+  budget, its winner re-timed here through ``autotune.apply`` and ``autotune.dataloader``;
+- ceiling: the faster of the expert's and autotune's model alone, on one batch already on the GPU.
+
+Each figure is whole epochs, the device synchronized before the clock is read, for at least a
+second a round (:mod:`benchmarks.gpu_timing`); the rows alternate over :data:`N_ROUNDS` rounds and
+the median is shown. A row that fails is reported in its place and the others still run. Process-wide settings (cuDNN autotuning, TF32) are each row's own, stock for the
+baseline. The budget is split evenly over the workloads, and autotune's search gets
+:data:`SEARCH_SHARE` of each share. Nothing is asserted: the table is printed and written to
+``OUT/gpu.md`` and ``OUT/gpu.json`` after each workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import inspect
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+from pathlib import Path
+from typing import Any
+
+from benchmarks.gpu_timing import Flags, Row, model_alone, time_epochs, warm
+
+N_SAMPLES = 1024
+BASELINE_BATCH, EXPERT_BATCH, EXPERT_WORKERS = 64, 256, 8
+N_ROUNDS = 3
+SEARCH_SHARE = 0.5  # of a workload's share of the budget, for autotune's search (optimize's timeout)
+MIN_SEARCH_S = 60.0  # optimize ends its search 20 s before its timeout: the baseline trial needs the rest
+MIN_WORKLOAD_S = 60.0  # a workload whose share would be less is left out, with the reason
+MAX_METRIC_DROP = 0.05  # random weights: near-tied logits flip under bf16 rounding more than trained ones
+
+
+def workloads() -> dict[str, dict[str, Any]]:
+    """Each workload's model factory, data set class, the user's collate, and what a sample is."""
+    from benchmarks import gpu_workloads as w
+    from benchmarks.models import resnet50
+
+    return {
+        "resnet50-float": {"model": resnet50, "data": w.FloatImageTensors, "collate": None, "unit": "images/s"},
+        "resnet50-uint8": {"model": w.resnet50_uint8, "data": w.Uint8ImageTensors, "collate": None, "unit": "images/s"},
+        "bert-text": {"model": w.bert_base, "data": w.TokenSequences, "collate": w.pad_to_max, "unit": "sequences/s"},
+    }
+
+
+def baseline_row(spec: dict[str, Any], data: Any, device: Any, stock: Flags) -> Row:
+    """The model as given, fp32 eager, batch 64 read in this process."""
+    from torch.utils.data import DataLoader
+
+    loader = DataLoader(data, batch_size=BASELINE_BATCH, collate_fn=spec["collate"])
+    model = spec["model"]().to(device)
+    return Row("baseline", model, loader, stock, BASELINE_BATCH, f"fp32 eager, batch {BASELINE_BATCH}, no workers")
+
+
+def expert_row(spec: dict[str, Any], data: Any, device: Any, stock: Flags) -> Row:
+    """bf16 autocast, channels-last, cuDNN autotuning, batch 256, 8 pinned workers with
+    non-blocking copies, torch.compile (default mode)."""
+    import torch
+    from torch.utils.data import DataLoader
+
+    workers = min(EXPERT_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else EXPERT_WORKERS)
+    loader = DataLoader(data, batch_size=EXPERT_BATCH, num_workers=workers, pin_memory=True, persistent_workers=True,
+                        collate_fn=spec["collate"])  # fmt: skip
+    images = spec["collate"] is None
+    model = spec["model"]().to(device)
+    if images:
+        model = model.to(memory_format=torch.channels_last)
+    flags = dataclasses.replace(stock, cudnn_benchmark=True)
+    what = (
+        f"bf16 autocast{', channels-last' if images else ''}, cudnn.benchmark, batch {EXPERT_BATCH}, "
+        f"{workers} pinned workers, non_blocking, torch.compile"
+    )
+    return Row("expert", torch.compile(model), loader, flags, EXPERT_BATCH, what, torch.bfloat16, images, True)
+
+
+def autotune_row(spec: dict[str, Any], data: Any, result: Any, device: Any, stock: Flags) -> Row:
+    """The search's winner as a user rebuilds it: ``autotune.apply`` and ``autotune.dataloader``
+    (with ``device=`` where it takes one), copies non-blocking when the batches are pinned."""
+    import autotune
+
+    config = result.best_config
+    model = autotune.apply(spec["model"](), config, device=str(device), dataset=data, collate_fn=spec["collate"])
+    flags = Flags.read()  # what apply turned on for this process (cuDNN autotuning, TF32): the row's own
+    stock.set()
+    extra = {"device": str(device)} if "device" in inspect.signature(autotune.dataloader).parameters else {}
+    loader = autotune.dataloader(data, config, collate_fn=spec["collate"], **extra)
+    changes = winner_changes(result)
+    return Row(
+        "autotune",
+        model,
+        loader,
+        flags,
+        config["batch_size"],
+        changes,
+        non_blocking=bool(getattr(loader, "pin_memory", False)),
+    )
+
+
+def winner_changes(result: Any) -> str:
+    """The winner's knob values that differ from the baseline trial's, e.g. ``batch_size=512, amp_dtype=bfloat16``."""
+    base = next((t.user_attrs["config"] for t in result.study.trials if t.user_attrs.get("baseline")), {})
+    changed = [f"{k}={v}" for k, v in result.best_config.items() if k in base and base[k] != v]
+    return ", ".join(changed) or "the baseline (nothing beat it)"
+
+
+def search(name: str, spec: dict[str, Any], data: Any, out: Path, search_s: float, n_trials: int, device: Any) -> Any:
+    """autotune's search on the workload, within ``search_s`` seconds (optimize's ``timeout``)."""
+    import autotune
+
+    shutil.rmtree(out / name, ignore_errors=True)  # an earlier run's study would refuse to start again
+    return autotune.optimize(
+        spec["model"],
+        data,
+        space="gpu",
+        device=str(device),
+        n_trials=n_trials,
+        timeout=search_s,
+        out_dir=out / name,
+        baseline_batch_size=BASELINE_BATCH,
+        collate_fn=spec["collate"],
+        max_metric_drop=MAX_METRIC_DROP,
+        export=(),
+        profile=False,
+    )
+
+
+def _failure(exc: BaseException) -> str:
+    """An exception as one line (its traceback goes to stderr, the benchmark's log)."""
+    traceback.print_exc()
+    return f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+
+
+def build_rows(
+    name: str, spec: dict[str, Any], data: Any, out: Path, budget: tuple[float, int], device: Any, stock: Flags
+) -> tuple[list[Row], Any, dict[str, str]]:
+    """autotune's search (``budget``: its seconds and trials), then the baseline, expert and
+    autotune rows; ``(rows, the search's result or None, {recipe: why it failed})``. Only the
+    baseline's failure ends the workload: another row's is reported in its place."""
+    failed: dict[str, str] = {}
+    try:
+        result = search(name, spec, data, out, *budget, device)
+    except Exception as exc:
+        result, failed["autotune"] = None, f"the search failed: {_failure(exc)}"
+    rows = [baseline_row(spec, data, device, stock)]
+    builders = {"expert": lambda: expert_row(spec, data, device, stock)}
+    if result is not None:
+        builders["autotune"] = lambda: autotune_row(spec, data, result, device, stock)
+    for recipe, build in builders.items():
+        try:
+            rows.append(build())
+        except Exception as exc:
+            failed[recipe] = _failure(exc)
+    return rows, result, failed
+
+
+def measure_rows(rows: list[Row], device: Any, stock: Flags, failed: dict[str, str]) -> tuple[list[Row], dict]:
+    """Warm every row up, then time them in alternating rounds, then each model alone; a row
+    that fails (a loader worker out of shared memory, say) is left out and named in ``failed``.
+    Returns the rows measured and ``{recipe: samples/s of its model alone}``."""
+    import torch
+
+    with torch.inference_mode():
+        for row in list(rows):
+            try:
+                warm(row, device, stock)
+            except Exception as exc:
+                if row.recipe == "baseline":
+                    raise
+                failed[row.recipe] = _failure(exc)
+                rows.remove(row)
+        for i in range(N_ROUNDS):  # alternating order, so no row is always first after another
+            for row in rows if i % 2 == 0 else rows[::-1]:
+                row.rates.append(time_epochs(row, device, stock))
+        alone = {row.recipe: model_alone(row, device, stock, N_SAMPLES) for row in rows[1:]}
+    return rows, alone
+
+
+def run_workload(
+    name: str, spec: dict[str, Any], out: Path, search_s: float, n_trials: int, where: str = "cuda"
+) -> dict[str, Any]:
+    """The workload's four rows, measured on ``where``; its record for the table and the JSON."""
+    import torch
+
+    device, stock = torch.device(where), Flags.read()
+    started = time.perf_counter()
+    data = spec["data"](N_SAMPLES)
+    rows, result, failed = build_rows(name, spec, data, out, (search_s, n_trials), device, stock)
+    searched = time.perf_counter() - started
+    rows, alone = measure_rows(rows, device, stock, failed)
+    base = statistics.median(rows[0].rates)
+    table = [_row_record(r, base) for r in rows] + [{"recipe": r, "error": why} for r, why in failed.items()]
+    if alone:
+        best = max(alone, key=alone.__getitem__)
+        table.append({
+            "recipe": "ceiling",
+            "samples_per_s": alone[best],
+            "x_baseline": alone[best] / base,
+            "batch_size": next(r.batch_size for r in rows if r.recipe == best),
+            "warmup_s": None,
+            "what": f"the {best} model alone on one batch already on the device",
+            "alone": alone,
+        })  # fmt: skip
+    return {
+        "workload": name,
+        "unit": spec["unit"],
+        "rows": table,
+        "claimed_speedup": None if result is None else result.speedup,
+        "n_trials": 0 if result is None else sum(bool(t.user_attrs.get("ran")) for t in result.study.trials),
+        "search_s": round(searched, 1),
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+def _row_record(row: Row, base: float) -> dict[str, Any]:
+    rate = statistics.median(row.rates)
+    return {"recipe": row.recipe, "samples_per_s": rate, "x_baseline": rate / base, "batch_size": row.batch_size,
+            "warmup_s": round(row.warmup_s, 1), "what": row.what, "rounds": [round(r, 1) for r in row.rates]}  # fmt: skip
+
+
+def _release() -> None:
+    """Give back what a workload held: loader workers, compiled graphs, cached GPU memory."""
+    import torch
+
+    gc.collect()
+    torch._dynamo.reset()
+    torch.cuda.empty_cache()
+
+
+def table_text(docs: list[dict[str, Any]]) -> str:
+    """One Markdown table over the workloads: each recipe's rate, its ratio to the baseline, its
+    batch and warm-up, and what it runs; then autotune's own claim beside the re-timed ratio."""
+    lines = ["| workload | recipe | samples/s | x baseline | batch | warm-up s | what it runs |", "|" + "---|" * 7]
+    notes = []
+    for doc in docs:
+        if "error" in doc:
+            notes.append(f"- {doc['workload']}: not measured: {doc['error']}")
+            continue
+        unit = doc["unit"].split("/")[0]
+        for r in doc["rows"]:
+            if "error" in r:
+                cells = [doc["workload"], r["recipe"], "failed", "", "", "", r["error"]]
+            else:
+                warmup = "" if r["warmup_s"] is None else f"{r['warmup_s']:.1f}"
+                cells = [doc["workload"], r["recipe"], f"{r['samples_per_s']:,.0f} {unit}/s",
+                         f"{r['x_baseline']:.2f}x", r["batch_size"], warmup, r["what"]]  # fmt: skip
+            lines.append("| " + " | ".join(str(c).replace("|", "/") for c in cells) + " |")
+        retimed = next(
+            (f"{r['x_baseline']:.2f}x" for r in doc["rows"] if r["recipe"] == "autotune" and "error" not in r), "-"
+        )
+        claimed = "-" if doc["claimed_speedup"] is None else f"{doc['claimed_speedup']:.2f}x"
+        notes.append(
+            f"- {doc['workload']}: autotune claimed {claimed} over its own baseline (batch {BASELINE_BATCH}), "
+            f"re-timed here {retimed}; {doc['n_trials']} trials in {doc['search_s']:.0f} s of search, "
+            f"{doc['wall_s']:.0f} s in all"
+        )
+    return "\n".join(["### GPU headline: samples/s by recipe", "", *lines, "", *notes]) + "\n"
+
+
+def header() -> str:
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    return (
+        f"{torch.cuda.get_device_name(0)} ({props.total_memory / 2**30:.0f} GiB, sm{props.major}{props.minor}), "
+        f"torch {torch.__version__} (CUDA {torch.version.cuda}), {os.cpu_count()} CPUs, "
+        f"{time.strftime('%Y-%m-%d %H:%M %Z')}"
+    )
+
+
+def write(out: Path, head: str, docs: list[dict[str, Any]], budget_s: float, wall_s: float) -> str:
+    """Write ``gpu.json`` and ``gpu.md`` under ``out``; return the Markdown."""
+    text = "\n".join([head, "", table_text(docs), f"wall time: {wall_s:.0f} s of a {budget_s:.0f} s budget"]) + "\n"
+    (out / "gpu.md").write_text(text)
+    doc = {"machine": head, "budget_s": budget_s, "wall_s": wall_s, "workloads": docs}
+    (out / "gpu.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    return text
+
+
+def main(argv: list[str] | None = None) -> None:
+    names = list(workloads())
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
+    parser.add_argument("--out", type=Path, help="directory of gpu.md, gpu.json and the searches' output")
+    parser.add_argument("--budget-s", type=float, default=300.0, help="seconds for every workload (default 300)")
+    parser.add_argument("--workloads", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
+    parser.add_argument("--trials", type=int, default=12, help="autotune's trials per workload at most (default 12)")
+    args = parser.parse_args(argv)
+    chosen = args.workloads.split(",")
+    unknown = [n for n in chosen if n not in names]
+    if unknown:
+        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(names)}.")
+    import torch
+
+    if not torch.cuda.is_available():
+        sys.exit(f"The GPU benchmark needs a CUDA GPU, and torch {torch.__version__} sees none here.")
+    out = args.out or Path(tempfile.gettempdir()) / "autotune-bench-gpu"
+    out.mkdir(parents=True, exist_ok=True)
+    warnings.filterwarnings("ignore", message="Some regimes for parameter", category=UserWarning)
+    head = header()
+    print(head, flush=True)
+    started = time.perf_counter()
+    deadline = started + args.budget_s
+    docs: list[dict[str, Any]] = []
+    for i, name in enumerate(chosen):
+        share = (deadline - time.perf_counter()) / (len(chosen) - i)
+        if share < MIN_WORKLOAD_S:
+            docs.append({"workload": name, "error": f"left out: {share:.0f} s of the budget was its share"})
+            continue
+        search_s = max(MIN_SEARCH_S, SEARCH_SHARE * share)
+        print(f"{name}: {share:.0f} s, {search_s:.0f} s of them for autotune's search", flush=True)
+        try:
+            docs.append(run_workload(name, workloads()[name], out, search_s, args.trials))
+        except Exception as exc:  # one workload's failure is reported; the others still run
+            docs.append({"workload": name, "error": _failure(exc)})
+        _release()
+        write(out, head, docs, args.budget_s, time.perf_counter() - started)
+    print("\n" + write(out, head, docs, args.budget_s, time.perf_counter() - started), flush=True)
+    print(f"wrote {out / 'gpu.md'} and {out / 'gpu.json'}")
+
+
+if __name__ == "__main__":
+    main()
