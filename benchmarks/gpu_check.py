@@ -7,7 +7,8 @@ The ``gpu`` tests are collected first (``pytest -m gpu --collect-only``), then e
 pytest process of its own, cheapest first (a ``slow`` test weighs as five), with a time limit per
 test (pytest-timeout's ``--timeout``; a test's own ``timeout`` mark wins) and one for the whole
 file, after which its processes are killed: a hang costs only its own file. Each file's limit is
-its share of the time left for the tests, so what a quick file leaves goes to those after it.
+twice its share of the time left for the tests (:func:`file_share`), so what a quick file leaves
+goes to those after it.
 The benchmark (``python -m benchmarks.gpu``) gets what is left then, ``--bench-s`` at least.
 
 Everything is written under ``--out`` as it happens, so it survives a killed run: ``check.log``
@@ -38,6 +39,7 @@ OUTCOMES = ("passed", "failed", "skipped", "timed_out", "not_run")
 SLOW_WEIGHT = 5  # a slow test (compiles, whole studies) against a plain one, for the files' shares
 BENCH_SHARE = 0.45  # of the budget kept for the benchmark unless --bench-s says otherwise
 MIN_FILE_S = 30.0  # a file given less is not started (pytest, torch and CUDA take ~10 s to start)
+OVERBOOK = 2.0  # a file's limit against its even share of the time left: limits bound hangs, few files reach them
 MIN_TEST_S = 60.0  # the per-test limit is at least this (or the file's whole limit, if less)
 MIN_BENCH_S = 90.0
 BENCH_MARGIN_S = 20.0  # the benchmark is asked to finish this much before it would be killed
@@ -115,6 +117,13 @@ def weight(tests: list[dict[str, Any]]) -> int:
 def order(files: dict[str, list[dict[str, Any]]]) -> list[str]:
     """Files cheapest first (by :func:`weight`, then name)."""
     return sorted(files, key=lambda f: (weight(files[f]), f))
+
+
+def file_share(left_s: float, file_weight: int, remaining_weight: int) -> float:
+    """A file's time limit: :data:`OVERBOOK` times its share by :func:`weight` of the time left
+    for the tests (most files end well under their limit, which only bounds a hang), at least
+    :data:`MIN_FILE_S`, never past what is left."""
+    return min(left_s, max(MIN_FILE_S, OVERBOOK * left_s * file_weight / max(remaining_weight, 1)))
 
 
 def file_limits(share_s: float, n_tests: int) -> tuple[float, float]:
@@ -269,7 +278,7 @@ def run_tests(out: Path, files: dict[str, list[dict]], doc: dict[str, Any], star
     names = order(files)
     for i, path in enumerate(names):
         left = deadline - time.monotonic()
-        share = left * weight(files[path]) / sum(weight(files[n]) for n in names[i:])
+        share = file_share(left, weight(files[path]), sum(weight(files[n]) for n in names[i:]))
         if share < MIN_FILE_S:
             rec = not_started(path, files[path], f"not started: {max(left, 0):.0f} s were left for the tests")
         else:

@@ -248,6 +248,9 @@ def test_gpu_check_collects_the_gpu_tests_by_file_cheapest_first(tmp_path):
     # A slow test weighs as five: two tests, one slow, after five quick ones.
     assert gpu_check.order(files) == ["test_quick.py", "test_heavy.py"]
     assert json.loads((out / "collected.json").read_text()) == {"files": files, "errors": errors}
+    # A file's limit is twice its share by weight of the time left, 30 s at least, what is left at most.
+    assert gpu_check.file_share(260, 1, 52) == 30 and gpu_check.file_share(260, 13, 52) == 130
+    assert gpu_check.file_share(100, 13, 13) == 100 and gpu_check.file_share(20, 1, 1) == 20
     # Each test may take twice its even share of the file's time, a minute at least, the file's time at most.
     assert gpu_check.file_limits(300, 3) == (300, 200)
     assert gpu_check.file_limits(100, 10) == (100, 60)
