@@ -4,6 +4,9 @@ baseline (:mod:`autotune.run.profile`)."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +33,13 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
     best = max(ok, key=lambda r: r["samples_per_s"], default=None)
     predicted = finish_s(baseline, best, run.runners[0].start_s, diagnose=not run.options.train,
                          exports=bool(run.options.export))  # fmt: skip
-    return min(0.6 * run.options.timeout, max(5.0, 1.25 * predicted))
+    return min(0.6 * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S)
+
+
+# Seconds kept for writing the result files and the reports (report.html's figures): measured
+# 4-10 s on 2 busy cores, most of it importing the plotting stack, which starts in the
+# background when the run does (see autotune.run.stages.prepare).
+REPORT_S = 6.0
 
 
 def overrun_margin(timeout: float) -> float:
@@ -46,55 +55,80 @@ def overrun_margin(timeout: float) -> float:
 
 def finalize(run: Run) -> None:
     """Pick the winner on selection rounds, claim its speedup on fresh rounds, explain it,
-    score the held-out set and export the winner."""
-    import autotune.search.select as select
+    score the held-out set and export the winner; each phase's seconds go to
+    ``run.summary["finish"]``."""
     from autotune.run.profile import profile_run
-    from autotune.search.cost import finish_s
-    from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
     from autotune.trial.diagnose import diagnose_run
 
     opts, runner = run.options, run.runners[0]  # the first device's worker confirms and exports
+    clock = _Phases()
+    with clock("confirmation"):
+        _confirm(run, runner)
+    with clock("diagnosis"):  # from the confirmation rounds when they timed the halves: no new work
+        run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
+    if opts.test_dataset is not None:
+        with clock("held-out"):
+            run.summary["held_out"] = _held_out(run, runner)
+    if run.deadline is not None:  # the export may run past the deadline by the stated margin
+        runner.deadline = run.deadline + opts.margin_s
+    with clock("export"):
+        run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+    # Where the time goes, after every timed figure and the export: profiling never touches them.
+    if opts.profile:
+        with clock("profile"):
+            profile_run(run)
+    run.summary["finish"] = clock.rows
+
+
+class _Phases:
+    """Seconds of each phase of the finish, in order."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, Any]] = []
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.rows.append({"phase": phase, "seconds": round(time.perf_counter() - started, 1)})
+
+
+def _confirm(run: Run, runner: Any) -> None:
+    """The winner and its claim: selection rounds among the finalists, then fresh rounds of the
+    pick against the baseline, in what the deadline leaves."""
+    import autotune.search.select as select
+    from autotune.search.cost import finish_s
+    from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
+
+    opts = run.options
     run.baseline, run.best = baseline_and_best(run.study, run.objectives, run.select)
     records = run.records()
     run.front = write_pareto(run.out, records, run.objectives) if len(run.objectives) > 1 else []
     finalists = select.finalists(records, run.objectives, run.baseline["key"], opts.n_finalists, run.select)
-    if finalists:
-        # A knob fixed away from the baseline's value holds in the winner too: the baseline is
-        # then the reference of the claim, never the result (a slower pick says so in the claim).
-        speed_only = run.objectives == ["throughput"] and not _fixed_off_baseline(run)
-        # With a timeout the rounds take what the search left (the worker is cut off at the
-        # deadline too); held-out scoring, when asked, keeps a fifth of it.
-        left = run.left_s()
-        budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
-        # The least confirmation: one fresh worker, both builds, two rounds.
-        need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
-                          exports=False)  # fmt: skip
-        run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
-            runner,
-            run.baseline,
-            finalists,
-            opts.n_verify_pairs,
-            speed_only,
-            run.timing,
-            diagnose=not opts.train,
-            budget_s=budget_s,
-            need_s=need_s,
-        )
-    # Why it won: the loader and the model timed apart, in the confirmation rounds.
-    run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
-    if opts.test_dataset is not None:
-        run.summary["held_out"] = _held_out(run, runner)
-    if run.deadline is not None:  # the export may run past the deadline by the stated margin
-        runner.deadline = run.deadline + overrun_margin(opts.timeout)
-    run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
-    # Where the time goes, after every timed figure and the export: profiling never touches them.
-    profile_run(run)
+    if not finalists:
+        return
+    # A knob fixed away from the baseline's value holds in the winner too: the baseline is
+    # then the reference of the claim, never the result (a slower pick says so in the claim).
+    speed_only = run.objectives == ["throughput"] and not _fixed_off_baseline(run)
+    # With a timeout the rounds take what the search left (the worker is cut off at the
+    # deadline too); held-out scoring, when asked, keeps a fifth of it.
+    left = run.left_s()
+    budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
+    # The least confirmation: one fresh worker, both builds, two rounds.
+    need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
+                      exports=False)  # fmt: skip
+    run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
+        runner, run.baseline, finalists, opts.n_verify_pairs, speed_only, run.timing,
+        diagnose=not opts.train, budget_s=budget_s, need_s=need_s,
+    )  # fmt: skip
 
 
 def _held_out(run: Run, runner: Any) -> dict[str, Any]:
     """The baseline's and the winner's metric on ``test_dataset``, or why there is none."""
     if run.left_s() == 0.0:
-        return {"error": f"not scored: the run's timeout ({run.options.timeout:g} s) was reached"}
+        return {"error": f"not scored: the run's time limit ({run.options.limit_s:g} s) was reached"}
     try:
         return runner.call("held_out", run.baseline["config"], run.best["config"], n_trials=2)
     except TrialError as exc:  # the search's result stands without it

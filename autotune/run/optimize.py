@@ -63,6 +63,7 @@ def optimize(
     pad_values: Mapping[str, int] | None = None,
     profile: bool = True,
     repeated_passes: bool = False,
+    budget: float | str | None = None,
 ) -> Result:
     """Search for the fastest configuration of ``model`` on ``dataset`` whose accuracy holds.
 
@@ -173,6 +174,12 @@ def optimize(
         profile: Profile the baseline and the winner after the timed rounds, each for a second
             or two (``torch.profiler``): ``trace-baseline.json.gz``, ``trace-best.json.gz`` and
             the report's operator breakdown. ``False`` skips it. See docs/report.md.
+        budget: The wall time the whole run may take, from the call to the report: seconds or a
+            duration (``"5m"``, ``"90s"``, ``"1h30m"``). Unlike ``timeout`` (the hard stop), the
+            run plans its finish from measured costs (worker starts, builds, rounds, export),
+            stops searching when that time is due, and ends within 10% of it with the best
+            passing candidate confirmed; a budget too small to confirm anything says so before
+            the first trial. With both, the shorter one holds.
         repeated_passes: The same samples are read again and again in use (repeated evaluation
             of a fixed set), as epochs do in training: only then can a cache of decoded samples
             (``cache_decoded``) pay, so in inference it is offered only with ``True``, and a
@@ -189,13 +196,17 @@ def optimize(
     """
     options = {k: v for k, v in locals().items() if k not in ("model", "dataset")}
     import contextlib
+    import time
 
-    from autotune.run.options import Options
+    started = time.monotonic()  # a budget or timeout counts from the call
+
+    from autotune.run.options import Options, parse_duration
     from autotune.run.progress import display
     from autotune.run.stages import execute
 
-    options["progress"] = display(progress, timeout=timeout, n_trials=n_trials)
+    limits = [t for t in (timeout, None if budget is None else parse_duration(budget)) if t is not None]
+    options["progress"] = display(progress, timeout=min(limits) if limits else None, n_trials=n_trials)
     shown = options["progress"] if hasattr(options["progress"], "__enter__") else contextlib.nullcontext()
     opts = Options(**options)  # checked before the display starts
     with shown:
-        return execute(model, dataset, opts)
+        return execute(model, dataset, opts, started)

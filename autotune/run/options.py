@@ -48,6 +48,34 @@ def _seconds(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
+_UNITS = {"h": 3600.0, "m": 60.0, "s": 1.0}
+
+
+def parse_duration(value: Any, name: str = "budget") -> float:
+    """Seconds from a number of seconds or a duration such as ``"90s"``, ``"5m"``, ``"1h30m"``.
+
+    Raises:
+        ConfigError: not a positive duration.
+
+    Example:
+        >>> parse_duration("5m"), parse_duration("1h30m"), parse_duration(45), parse_duration("2.5m")
+        (300.0, 5400.0, 45.0, 150.0)
+    """
+    import re
+
+    if _seconds(value):
+        return float(value)
+    text = str(value).strip().lower().replace(" ", "")
+    parts = re.fullmatch(r"(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s?)?", text)
+    if isinstance(value, str) and text and parts is not None:
+        seconds = sum(float(v) * u for v, u in zip(parts.groups(), _UNITS.values(), strict=True) if v)
+        if seconds > 0:
+            return seconds
+    raise ConfigError(
+        f"`{name}` must be a positive duration: seconds (300) or with units (90s, 5m, 1h30m), but got {value!r}."
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class Options:
     """Every option of a run; see :func:`autotune.optimize` for what each means."""
@@ -96,8 +124,11 @@ class Options:
     pad_values: Mapping[str, int] | None = None
     profile: bool = True
     repeated_passes: bool = False
+    budget: float | str | None = None
 
     def __post_init__(self) -> None:
+        if self.budget is not None:
+            object.__setattr__(self, "budget", parse_duration(self.budget))
         self._check_numbers()
         self._check_choices()
         from autotune.search.select import check_select
@@ -147,6 +178,13 @@ class Options:
         check_strategy(self.strategy)
         if self.isolation not in ("subprocess", "inprocess"):
             raise ConfigError(f"`isolation` must be 'subprocess' or 'inprocess', but got {self.isolation!r}.")
+        if self.join and self.storage is None:
+            # Each worker would open its own sqlite:///<out_dir>/study.db and search alone.
+            raise ConfigError(
+                "`join=True` (CLI: --join) shares a study through a database every worker reaches, but no `storage` "
+                "was given, so each worker would search alone in its own out_dir's study.db: give every worker the "
+                "same storage=URL (CLI: --storage postgresql://...), or use devices=[...] (--devices) on one machine."
+            )
         if self.mode not in ("inference", "train"):
             raise ConfigError(f"`mode` must be 'inference' or 'train', but got {self.mode!r}.")
         if self.pad_values is not None and not (
@@ -191,6 +229,23 @@ class Options:
                 "`measure` takes n_windows, window_s, warmup_batches, max_cov, max_others_cpu, n_remeasure and "
                 f"stop_share: {exc}."
             ) from None
+
+    @property
+    def limit_s(self) -> float | None:
+        """Seconds the whole run may take: the ``budget`` it plans to end in, or the ``timeout``
+        (the hard stop), whichever is shorter; ``None`` without either."""
+        limits = [t for t in (self.timeout, self.budget) if t is not None]
+        return min(limits) if limits else None
+
+    @property
+    def margin_s(self) -> float:
+        """Seconds the export may run past :attr:`limit_s`: 5% of a budget (a budget run ends
+        within 10% of it, its result files written), else :func:`overrun_margin` of the timeout."""
+        if self.budget is not None and self.budget == self.limit_s:
+            return 0.05 * self.budget
+        from autotune.run.finish import overrun_margin
+
+        return overrun_margin(self.limit_s or 0.0)
 
     def plan_args(self) -> dict[str, Any]:
         """The keywords of :func:`autotune.plan` these options set."""

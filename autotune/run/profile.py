@@ -38,7 +38,8 @@ def profile_run(run: Any) -> None:
     if not run.options.profile:
         return
     if run.left_s() == 0.0:
-        run.summary["profile"] = {"error": f"not profiled: the run's timeout ({run.options.timeout:g} s) was reached"}
+        limit = run.options.limit_s
+        run.summary["profile"] = {"error": f"not profiled: the run's time limit ({limit:g} s) was reached"}
         return
     runner, out = run.runners[0], run.out.resolve()
     found: dict[str, Any] = {}

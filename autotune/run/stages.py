@@ -18,6 +18,7 @@ round, a restart) is bounded by what is left.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -382,6 +383,8 @@ def _story(run: Run, best: dict[str, Any]) -> dict[str, Any]:
     story = search_story(records, run.options.strategy, best.get("number"), left_out)
     if run.stop_reason == "converged":
         story["converged"] = run.study.user_attrs.get("converged")
+    if run.summary.get("finish"):
+        story["time"] = {**run.summary.get("time", {}), "finish": run.summary["finish"]}
     return story
 
 
@@ -420,17 +423,53 @@ def write(run: Run, *, interrupted: bool = False) -> Any:
     return result
 
 
-def execute(model: Any, dataset: Any, opts: Options) -> Any:
-    """The stages in order; Ctrl-C writes what was found and re-raises; the workers always stop."""
+def _import_reports() -> None:
+    import contextlib
+
+    with contextlib.suppress(Exception):
+        import autotune.report.html  # noqa: F401
+
+
+def _say_if_too_small(run: Run) -> None:
+    """Say, before the first trial, when what is left of a ``budget`` cannot hold a confirmed
+    pick: the baseline, the confirmation's two fresh workers and the export each start a worker
+    at least, and one start was just timed."""
+    import sys
+
+    left, start = run.left_s(), run.runners[0].start_s
+    if run.options.budget is None or left is None or start is None:
+        return
+    need = 4 * start + 10.0  # starts, and a few seconds of timing each
+    if left < need:
+        print(
+            f"autotune: a budget of {run.options.budget:g} s is too small to confirm a pick here: {left:.0f} s are "
+            f"left, a worker start took {start:.1f} s and a confirmed pick needs about {need:.0f} s; the run will "
+            f"end 'unconfirmed: deadline'. Give it at least {need + run.options.budget - left:.0f} s.",
+            file=sys.stderr,
+        )
+
+
+def execute(model: Any, dataset: Any, opts: Options, started: float | None = None) -> Any:
+    """The stages in order; Ctrl-C writes what was found and re-raises; the workers always stop.
+    A ``timeout`` or ``budget`` counts from ``started`` (a ``time.monotonic()`` instant: the
+    call's), or from now."""
     import time
 
     from autotune.search.parallel import close_runners
 
-    deadline = None if opts.timeout is None else time.monotonic() + opts.timeout
+    started = time.monotonic() if started is None else started
+    deadline = None if opts.limit_s is None else started + opts.limit_s
+    if deadline is not None:  # the reports' plotting stack loads while the trials run
+        threading.Thread(target=_import_reports, daemon=True).start()
     run = prepare(model, dataset, opts, deadline)
+    _say_if_too_small(run)
+    seconds = run.summary["time"] = {"prepare_s": round(time.monotonic() - started, 1)}
     try:
         search(run)
+        seconds["search_s"] = round(time.monotonic() - started - seconds["prepare_s"], 1)
         finalize(run)
+        seconds["finish_s"] = round(sum(p["seconds"] for p in run.summary.get("finish") or []), 1)
+        seconds["total_s"] = round(time.monotonic() - started, 1)
     except KeyboardInterrupt:
         write(run, interrupted=True)
         raise

@@ -15,7 +15,16 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["CONVERGED_AFTER", "PHASES", "converged", "fidelity_line", "phase_of", "search_story", "story_lines"]
+__all__ = [
+    "CONVERGED_AFTER",
+    "PHASES",
+    "converged",
+    "fidelity_line",
+    "phase_of",
+    "search_story",
+    "story_lines",
+    "time_line",
+]
 
 PHASES = ("baseline", "recipe", "screen", "compose", "refine", "tpe")
 
@@ -163,7 +172,28 @@ def story_lines(story: Mapping[str, Any] | None) -> list[str]:
     if story.get("not_started"):
         lines.append(f"{story['not_started']} trials not started: they would not have finished before the deadline")
     line = fidelity_line(story.get("fidelity"))
+    lines = [*lines, line] if line else lines
+    line = time_line(story.get("time"))
     return [*lines, line] if line else lines
+
+
+def time_line(seconds: Mapping[str, Any] | None) -> str | None:
+    """Where the run's wall time went, the finish by phase.
+
+    Example:
+        >>> time_line({"prepare_s": 4.0, "search_s": 180.0, "finish_s": 50.0, "total_s": 234.0,
+        ...            "finish": [{"phase": "confirmation", "seconds": 30.0}, {"phase": "export", "seconds": 20.0}]})
+        'time: prepare 4 s, search 180 s, finish 50 s (21% of 234 s: confirmation 30 s, export 20 s)'
+    """
+    if not seconds or not seconds.get("finish"):
+        return None
+    parts = ", ".join(f"{p['phase']} {p['seconds']:.0f} s" for p in seconds["finish"])
+    total, finish = seconds.get("total_s") or 0.0, seconds.get("finish_s") or 0.0
+    share = f"{finish / total:.0%} of {total:.0f} s: " if total else ""
+    return (
+        f"time: prepare {seconds.get('prepare_s', 0.0):.0f} s, search {seconds.get('search_s', 0.0):.0f} s, "
+        f"finish {finish:.0f} s ({share}{parts})"
+    )
 
 
 def fidelity_line(fidelity: Mapping[str, Any] | None) -> str | None:

@@ -165,3 +165,51 @@ def test_a_compile_trial_that_cannot_finish_before_the_deadline_is_not_started(t
     assert late and all("not started" in r["reason"] for r in late)
     assert any(r.get("ran") and not r.get("baseline") for r in records)  # cheap trials ran
     assert result.verdict != "failed"
+
+
+class _SlowBuild(MLP):
+    """An MLP whose every build (a fresh copy in the worker) takes 2 s, as a compile does."""
+
+    def __setstate__(self, state):
+        super().__setstate__(state)
+        time.sleep(2.0)
+
+
+@pytest.mark.slow  # a 40 s run; the arithmetic is tested fast in tests/search/test_cost.py
+def test_a_budget_run_ends_within_a_tenth_of_its_budget_with_a_confirmed_pick(tmp_path):
+    """Every build costs 2 s: a search that ran to the deadline (or a fixed quarter kept for the
+    finish) left the confirmation's builds no time. The finish is priced from the measured builds,
+    and the whole run, report included, ends within 10% of the budget."""
+    import autotune
+
+    budget = 40.0
+    started = time.monotonic()
+    result = autotune.optimize(
+        _SlowBuild(),
+        classification_data(256),
+        space={"base": None, "batch_size": [8, 16, 32, 64, 128]},
+        baseline_batch_size=8,
+        measure={"n_windows": 2, "window_s": 0.1, "warmup_batches": 1, "n_remeasure": 0},
+        n_trials=50,
+        budget="40s",
+        out_dir=tmp_path,
+        device="cpu",
+        isolation="inprocess",
+        export=("torchscript",),
+    )
+    elapsed = time.monotonic() - started
+    assert elapsed <= 1.1 * budget, elapsed
+    assert result.stop_reason in ("timeout", "converged", "exhausted")
+    assert result.claim["verdict"] not in ("unconfirmed", "failed"), result.claim  # the pick was confirmed
+    assert result.claim["n_rounds"] >= 2
+    saved = (tmp_path / "best_config.json").read_text()
+    assert '"finish"' in saved and "confirmation" in saved  # the finish's phases with their seconds
+
+
+def test_a_budget_is_a_duration_and_a_bad_one_says_how_to_write_it():
+    from autotune.errors import ConfigError
+    from autotune.run.options import Options
+
+    assert Options(budget="5m").limit_s == 300.0 and Options(budget=90, timeout=60).limit_s == 60
+    with pytest.raises(ConfigError, match="90s, 5m, 1h30m"):
+        Options(budget="five minutes")

@@ -1,0 +1,30 @@
+"""A run's deadline arithmetic: trials and the finish priced from what the study measured."""
+
+import pytest
+
+from autotune.search.cost import HEAVY_PRIOR_S, finish_s, trial_cost_s
+
+BASE = {"config": {"compile_mode": "none", "runtime": "torch", "batch_size": 8}, "ran": True, "wall_s": 3.0,
+        "timed_s": 2.0, "compile_s": 0.2}  # fmt: skip
+
+
+def test_a_first_compile_is_priced_by_a_prior_and_later_ones_by_what_compiles_cost():
+    first = trial_cost_s({**BASE["config"], "compile_mode": "default"}, [BASE], BASE)
+    assert first == pytest.approx(3.0 + HEAVY_PRIOR_S)  # at least 15 s before any compile was timed
+    slow = {"config": {**BASE["config"], "compile_mode": "default"}, "ran": True, "wall_s": 70.0, "compile_s": 60.0}
+    # Another compile mode costs what the slowest compile cost so far, on the baseline's time.
+    assert trial_cost_s({**BASE["config"], "compile_mode": "max-autotune"}, [BASE, slow], BASE) == 63.0
+    # The same kind of build at another batch: what that build took.
+    assert trial_cost_s({**BASE["config"], "compile_mode": "default", "batch_size": 64}, [BASE, slow], BASE) == 70.0
+    # A cheap change costs a baseline trial; before the baseline nothing is known.
+    assert trial_cost_s({**BASE["config"], "batch_size": 64}, [BASE, slow], BASE) == 3.0
+    assert trial_cost_s(BASE["config"], [], None) == 0.0
+
+
+def test_the_finish_pays_two_fresh_workers_the_builds_the_rounds_and_the_export():
+    pick = {"wall_s": 70.0, "timed_s": 2.0, "compile_s": 60.0}
+    with_compile = finish_s(BASE, pick, start_s=8.0)
+    # Each confirmation process: a worker start and both builds; then the pick's export.
+    assert with_compile >= 2 * (8.0 + 60.0) + 60.0
+    assert finish_s(BASE, BASE, start_s=8.0) < with_compile / 3  # an eager pick is cheap to confirm
+    assert finish_s(None, pick, 8.0) == 0.0
