@@ -282,7 +282,8 @@ def run_tests(out: Path, files: dict[str, list[dict]], doc: dict[str, Any], star
         if share < MIN_FILE_S:
             rec = not_started(path, files[path], f"not started: {max(left, 0):.0f} s were left for the tests")
         else:
-            log_line(out, f"{path}: {len(files[path])} gpu tests, {share:.0f} s")
+            n = len(files[path])
+            log_line(out, f"{path}: {n} gpu test{'' if n == 1 else 's'}, {share:.0f} s")
             rec = run_file(path, files[path], share, out)
         doc["files"].append(rec)
         counts = ", ".join(f"{v} {k.replace('_', ' ')}" for k, v in rec["counts"].items() if v)
