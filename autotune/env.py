@@ -266,6 +266,18 @@ def _mem_bytes() -> int:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
 
 
+def native_bf16(major: int) -> bool:
+    """Whether a CUDA device of compute capability ``major`` runs bfloat16 in hardware (Ampere,
+    8.x, and later). ``torch.cuda.is_bf16_supported()`` also counts the emulation older GPUs
+    (V100, T4) offer, where bfloat16 autocast only slows the model down.
+
+    Example:
+        >>> native_bf16(9), native_bf16(7)
+        (True, False)
+    """
+    return major >= 8
+
+
 @dataclasses.dataclass(frozen=True)
 class Env:
     """Hardware and software facts that decide which knob values can run.
@@ -342,7 +354,7 @@ class Env:
                 gpu_name=props.name,
                 gpu_capability=(props.major, props.minor),
                 device_mem_bytes=int(props.total_memory),
-                bf16=bool(torch.cuda.is_bf16_supported()),
+                bf16=native_bf16(props.major),
                 fp16=True,
                 cpu_threads=torch.get_num_threads(),
                 cpu_capability=cpu_capability,

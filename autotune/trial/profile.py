@@ -126,7 +126,14 @@ def _op_rows(prof: Any, cuda: bool) -> list[dict[str, Any]]:
 
 
 def _stage_us(prof: Any, names: tuple[str, ...]) -> dict[str, float]:
-    spans = {e.key: float(e.cpu_time_total) for e in prof.key_averages() if e.key.startswith(RANGE_PREFIX)}
+    # On CUDA each range has a device-side twin of the same name with no CPU time: only the
+    # CPU-side entry holds the stage's time.
+    from torch.autograd import DeviceType
+
+    spans: dict[str, float] = {}
+    for e in prof.key_averages():
+        if e.key.startswith(RANGE_PREFIX) and e.device_type == DeviceType.CPU:
+            spans[e.key] = spans.get(e.key, 0.0) + float(e.cpu_time_total)
     return {n: spans.get(RANGE_PREFIX + n, 0.0) for n in names}
 
 
