@@ -58,7 +58,10 @@ def test_runtime_trials_are_guarded_like_any_other(tmp_path):
     result = autotune.optimize(
         TinyEncoder(),
         token_data(128),
-        space={"base": None, "runtime": "all"},
+        space={
+            "base": None,
+            "runtime": ["torch", "torchscript", "onnxruntime"],
+        },  # OpenVINO: tests/deploy/test_openvino.py
         device="cpu",
         out_dir=tmp_path,
         n_trials=3,

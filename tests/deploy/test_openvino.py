@@ -1,0 +1,173 @@
+"""An OpenVINO winner end to end: measured and guarded in the search, its IR shipped with parity,
+served by ``autotune.load`` in a process that imports no torch, re-checked by ``verify``.
+
+The model is a deep, narrow MLP (48 Linear + ReLU pairs on 16 features): eager PyTorch pays its
+per-operator overhead 96 times a batch, which OpenVINO's compiled graph does not, so OpenVINO
+wins on any CPU.
+"""
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import autotune
+from tests.models import classification_data
+
+pytest.importorskip("openvino", reason="runtime=openvino needs the openvino extra")
+
+FAST = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 2, "n_remeasure": 0}
+
+
+class DeepMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        layers = [m for _ in range(48) for m in (nn.Linear(16, 16), nn.ReLU())]
+        self.net = nn.Sequential(*layers, nn.Linear(16, 4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("openvino-run")
+    result = autotune.optimize(
+        DeepMLP(),
+        classification_data(256),
+        space={"base": None, "runtime": ["torch", "openvino"]},
+        fix={"runtime": "openvino"},
+        device="cpu",
+        out_dir=out,
+        n_trials=2,
+        n_val=64,
+        measure=FAST,
+        n_verify_pairs=1,
+        export=("torchscript",),
+        isolation="inprocess",
+    )
+    return out, result
+
+
+def _best(out):
+    return json.loads((out / "best_config.json").read_text())
+
+
+def test_the_openvino_candidate_is_measured_and_guarded(run):
+    _out, result = run
+    trials = [t.user_attrs for t in result.study.trials if t.user_attrs.get("config", {}).get("runtime") == "openvino"]
+    assert trials, "no OpenVINO trial ran"
+    for attrs in trials:
+        assert attrs["status"] == "ok", attrs.get("reason")
+        assert attrs["samples_per_s"] > 0 and attrs["metric_drop"] <= 0.01
+        assert attrs["openvino_converted_from"] == "torch"
+
+
+def test_the_winner_ships_its_ir_with_parity(run):
+    out, result = run
+    assert result.best_config["runtime"] == "openvino"
+    record = _best(out)["artifacts"]["openvino"]
+    assert record["status"] == "ok" and record["winner"] is True
+    assert record["path"] == "model.xml" and record["bin_path"] == "model.bin"
+    assert (out / "model.xml").is_file() and (out / "model.bin").is_file()
+    assert record["parity"]["ok"] and record["parity"]["baseline_fidelity"] >= 0.99
+    assert record["openvino"]["precision"] == "f32"
+    # The other format is labelled: exported from the torch model, not the winner.
+    assert _best(out)["artifacts"]["torchscript"]["winner"] is False
+
+
+_NO_TORCH = """
+import json, sys
+import numpy as np
+{block}
+import autotune
+pred = autotune.load(sys.argv[1]{fmt})
+x = np.load(sys.argv[2])
+np.save(sys.argv[3], pred(x))
+print(json.dumps({{"torch": sys.modules.get("torch") is not None, "format": pred.format, "chosen": pred.chosen}}))
+"""
+
+
+def _serve_in_a_fresh_process(out, tmp_path, *, block_torch: bool, fmt: str = ""):
+    x = np.random.default_rng(0).standard_normal((70, 16)).astype(np.float32)  # 70: chunks of 32, padded
+    np.save(tmp_path / "x.npy", x)
+    code = _NO_TORCH.format(block="sys.modules['torch'] = None" if block_torch else "", fmt=fmt)
+    argv = [sys.executable, "-c", code, str(out), str(tmp_path / "x.npy"), str(tmp_path / "y.npy")]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env={"PYTHONPATH": ".", "PATH": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    with torch.no_grad():
+        expected = DeepMLP().eval()(torch.from_numpy(x)).numpy()
+    return json.loads(done.stdout.strip().splitlines()[-1]), np.load(tmp_path / "y.npy"), expected
+
+
+def test_load_serves_the_ir_in_a_process_that_imports_no_torch(run, tmp_path):
+    facts, got, expected = _serve_in_a_fresh_process(run[0], tmp_path, block_torch=False, fmt=", format='openvino'")
+    assert facts["torch"] is False and facts["format"] == "openvino"
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_without_torch_installed_load_serves_the_openvino_winner(run, tmp_path):
+    facts, got, expected = _serve_in_a_fresh_process(run[0], tmp_path, block_torch=True)
+    assert facts["format"] == "openvino" and "torch is not installed" in facts["chosen"]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_load_with_torch_compares_the_ir_with_the_other_files(run):
+    served = autotune.load(run[0])
+    assert "openvino" in served.chosen and "torchscript" in served.chosen  # both timed here, on the same batches
+    out = served(torch.randn(5, 16))
+    assert isinstance(out, torch.Tensor) and out.shape == (5, 4)
+
+
+def test_verify_rechecks_the_ir_and_its_weights_file(run, tmp_path):
+    import shutil
+
+    report = autotune.verify(run[0], n_batches=2)
+    assert report["artifacts"]["openvino"]["status"] == "ok", report["artifacts"]["openvino"]["reason"]
+    copy = tmp_path / "copy"
+    shutil.copytree(run[0], copy)
+    weights = bytearray((copy / "model.bin").read_bytes())
+    weights[-4:] = b"\x00\x00\x80\x7f"  # the last float32 weight made infinite
+    (copy / "model.bin").write_bytes(bytes(weights))
+    assert autotune.verify(copy, n_batches=1)["artifacts"]["openvino"]["status"] == "modified"
+    with pytest.raises(autotune.ConfigError, match=r"model\.bin"):
+        autotune.load(copy, format="openvino")
+
+
+@pytest.mark.slow
+def test_a_damaged_int8_candidate_is_rejected_by_the_guard(tmp_path):
+    """NNCF int8 of every layer of a model whose head reads an outlier channel: the guard rejects
+    it; with int8_fallback=auto the head stays float and it passes."""
+    from tests.export.test_openvino import OutlierMLP
+
+    result = autotune.optimize(
+        OutlierMLP(),
+        classification_data(512),
+        space={"base": None, "runtime": ["torch", "openvino"], "int8_fallback": [0, "auto"]},
+        fix={"runtime": "openvino", "ov_precision": "int8_static"},
+        device="cpu",
+        out_dir=tmp_path,
+        n_trials=3,
+        n_val=128,
+        measure=FAST,
+        n_verify_pairs=1,
+        export=(),
+        isolation="inprocess",
+    )
+    by_fallback = {
+        t.user_attrs["config"]["int8_fallback"]: t.user_attrs
+        for t in result.study.trials
+        if t.user_attrs.get("config", {}).get("runtime") == "openvino"
+    }
+    assert set(by_fallback) == {0, "auto"}, textwrap.shorten(str(by_fallback), 500)
+    assert by_fallback[0]["metric_drop"] > 0.01  # measured, then refused by the guard
+    assert by_fallback[0]["status"] != "ok" or not by_fallback[0].get("feasible", True)
+    kept = by_fallback["auto"]
+    assert kept["status"] == "ok" and kept["metric_drop"] <= 0.01, kept.get("reason")
+    assert len(kept["int8_kept"]) == 1 and "head" in kept["int8_kept"][0]
