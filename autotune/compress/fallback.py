@@ -1,7 +1,8 @@
 """INT8 with per-layer fallback inside a trial: the ``int8_fallback`` knob's work.
 
-A trial that quantizes (torch's ``int8_dynamic``, ``int8_weight_only`` or ``int8_static``, or
-ONNX Runtime's ``int8_dynamic`` / ``int8_static``) with ``int8_fallback`` other than 0 ranks the model's quantizable layers by
+A trial that quantizes (torch's ``int8_dynamic``, ``int8_weight_only`` or ``int8_static``,
+ONNX Runtime's ``int8_dynamic`` / ``int8_static``, or OpenVINO's NNCF ``int8_static``) with
+``int8_fallback`` other than 0 ranks the model's quantizable layers by
 their int8 sensitivity (:mod:`autotune.compress.sensitivity`), judged by the guard's own
 criterion (the user's metric and its ``max_metric_drop``, or fidelity to the float model's
 outputs, each output by its kind on real tokens, on the calibration batches, which the guard
@@ -23,7 +24,14 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["Int8Plan", "StudyRankings", "ranking_key", "onnx_with_fallback", "torch_with_fallback"]
+__all__ = [
+    "Int8Plan",
+    "StudyRankings",
+    "ranking_key",
+    "onnx_with_fallback",
+    "openvino_with_fallback",
+    "torch_with_fallback",
+]
 
 # What a ranking may cost by default when the plan does not say: two short trials' worth.
 _DEFAULT_BUDGET_S = 60.0
