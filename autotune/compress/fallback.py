@@ -281,20 +281,14 @@ def openvino_with_fallback(
     Raises:
         TrialError: ``unsupported`` when NNCF quantizes no layer or only the float model passes.
     """
-    from autotune.compress.sensitivity_ov import (
-        fallback_openvino,
-        openvino_layers,
-        quantize_openvino_except,
-        rank_openvino,
-    )
+    from autotune.compress.sensitivity_ov import fallback_openvino, rank_openvino
     from autotune.export.openvino import quantize_openvino
 
     plan = plan or Int8Plan()
-    quantized = quantize_openvino(float_model, feeds, transformer=transformer)
-    layers = openvino_layers(quantized)
-    if plan.keep is not None:
-        kept = quantize_openvino_except(float_model, plan.keep, feeds, layers, transformer)
+    if plan.keep is not None:  # a run's own layers (apply): NNCF's ignored scope, no ranking
+        kept = quantize_openvino(float_model, feeds, ignored=plan.keep, transformer=transformer)
         return kept, {"int8_kept": list(plan.keep)}
+    quantized = quantize_openvino(float_model, feeds, transformer=transformer)
     score, threshold = _judge(plan, calibration)
     key = ranking_key("openvino", "int8_static", config)
     ranking, fresh = _ranking(plan, key, lambda: rank_openvino(float_model, quantized, feeds, budget_s=plan.budget_s))
