@@ -101,3 +101,36 @@ def test_no_function_longer_than_80_lines():
     _, lengths = _import_graph()
     long = sorted(((n, f) for n, f in lengths if n > 80), reverse=True)
     assert not long, long
+
+
+# --- the distribution (README "Install") ------------------------------------------------------------
+
+
+def _project() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the backport autotune requires there
+        import tomli as tomllib
+    from pathlib import Path
+
+    return tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+
+
+def test_the_distribution_has_a_name_of_its_own_and_installs_the_autotune_command():
+    project = _project()
+    # "autotune" on PyPI is an unrelated project; the module and the command keep the name.
+    assert project["name"] == "torch-autotune"
+    assert project["scripts"] == {"autotune": "autotune.cli:main"}
+
+
+def test_the_default_install_is_a_cpu_one_and_the_gpu_extra_adds_the_gpu_onnxruntime():
+    from packaging.requirements import Requirement
+
+    project = _project()
+    core = {Requirement(r).name for r in project["dependencies"]}
+    assert "onnxruntime" in core and "onnxruntime-gpu" not in core
+    extras = {name: {Requirement(r).name for r in reqs} for name, reqs in project["optional-dependencies"].items()}
+    assert {"onnxruntime-gpu", "nvidia-ml-py"} <= extras["gpu"]
+    # What only the tests use stays in `dev`, out of a user's install.
+    assert not core & {"pytest", "pytest-timeout", "playwright", "ruff", "scikit-learn", "transformers"}
+    assert {"pytest", "playwright", "ruff"} <= extras["dev"]

@@ -134,8 +134,11 @@ def _requirements() -> list[dict[str, Any]] | None:
         from packaging.requirements import Requirement
     except ImportError:
         return None
+    # The distribution is torch-autotune (the import name stays autotune); an older checkout's is autotune.
+    dists = metadata.packages_distributions().get("autotune") or []
+    dist = "torch-autotune" if "torch-autotune" in dists or not dists else dists[0]
     try:
-        required = metadata.requires("autotune") or []
+        required = metadata.requires(dist) or []
     except metadata.PackageNotFoundError:
         return None
     rows = []

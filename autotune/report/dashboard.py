@@ -10,7 +10,9 @@ from autotune.report.data import storage_of
 
 __all__ = ["dashboard_storage", "run_dashboard"]
 
-_MISSING = '`autotune dashboard` needs optuna-dashboard, which is not installed: pip install "autotune[dashboard]"'
+_MISSING = (
+    '`autotune dashboard` needs optuna-dashboard, which is not installed: pip install "torch-autotune[dashboard]"'
+)
 
 
 def dashboard_storage(out_dir: str | Path) -> str:

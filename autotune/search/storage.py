@@ -115,7 +115,11 @@ def open_storage(
         try:
             storage = _create_rdb(url, engine_kwargs, heartbeat_interval_s, grace_period_s)
         except ImportError as exc:
-            fix = 'pip install "autotune[postgres]"' if url.startswith("postgresql") else "install the driver it names"
+            fix = (
+                'pip install "torch-autotune[postgres]"'
+                if url.startswith("postgresql")
+                else "install the driver it names"
+            )
             cause = exc.__cause__ or exc
             raise ConfigError(f"Storage {redact(url)} needs a database driver ({cause}): {fix}.") from None
         except sqlalchemy.exc.ArgumentError as exc:

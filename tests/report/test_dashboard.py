@@ -15,7 +15,7 @@ def test_without_the_extra_the_error_says_what_to_install(finished_run, monkeypa
     monkeypatch.setitem(sys.modules, "optuna_dashboard", None)  # what an absent package looks like to import
     assert main(["dashboard", str(finished_run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and 'pip install "autotune[dashboard]"' in err
+    assert len(err.splitlines()) == 1 and 'pip install "torch-autotune[dashboard]"' in err
 
 
 def test_the_storage_is_the_one_the_run_recorded(finished_run):
