@@ -28,6 +28,7 @@ __all__ = [
     "Result",
     "TrialError",
     "apply",
+    "collect",
     "dataloader",
     "load",
     "load_config",
@@ -45,6 +46,7 @@ _LAZY = {
     "Config": "autotune.config",
     "Result": "autotune.search.result",
     "apply": "autotune.run.apply",
+    "collect": "autotune.run.collect",
     "dataloader": "autotune.run.apply",
     "optimize": "autotune.run.optimize",
     "plan": "autotune.run.plan",
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from autotune.deploy.verify import verify
     from autotune.run.apply import apply, dataloader, training
     from autotune.run.cfg import load_config
+    from autotune.run.collect import collect
     from autotune.run.optimize import optimize
     from autotune.run.plan import plan
     from autotune.run.predict import Predictor, predict, predictor

@@ -17,6 +17,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub.add_parser("run", help="tune the model and dataset defined in a cfg.py"))
+    _collect_parser(sub.add_parser("collect", help="the one winner of a shared study: re-measured here, written once"))
     prof = sub.add_parser("profile", help="profile one configuration: a Chrome trace and the top operators")
     prof.add_argument("cfg", help="Python file defining model and dataset, as for run")
     prof.add_argument("--config", help="a best_config.json or a run's output directory (default: the baseline)")
@@ -62,7 +63,9 @@ def _run_parser(run: argparse.ArgumentParser) -> None:
     """The arguments of ``autotune run``."""
     run.add_argument("cfg", help="Python file defining model and dataset (and optionally metric, space, options)")
     run.add_argument("--trials", type=int, help="measured trials in the study (default 30)")
-    run.add_argument("--timeout", type=float, help="seconds for the search")
+    run.add_argument(
+        "--timeout", type=float, help="seconds for the whole run: search, confirmation, export (within a margin)"
+    )
     run.add_argument(
         "--trial-timeout",
         type=float,
@@ -98,6 +101,44 @@ def _run_parser(run: argparse.ArgumentParser) -> None:
     run.add_argument("--debug", action="store_true", help="show tracebacks")
 
 
+def _collect_parser(collect: argparse.ArgumentParser) -> None:
+    """The arguments of ``autotune collect``."""
+    collect.add_argument("cfg", help="the cfg.py the workers ran (its model, dataset and options)")
+    collect.add_argument("--storage", required=True, help="the study's storage URL, as the workers were given it")
+    collect.add_argument("--study", help="study name (default autotune)")
+    collect.add_argument("--out", help="output directory (default autotune-out)")
+    collect.add_argument("--device", help="auto, cpu, cuda or cuda:N, like the workers' (default auto)")
+    collect.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
+    collect.add_argument("--timeout", type=float, help="seconds for the whole collect, export within a margin")
+    collect.add_argument("--json", action="store_true", help="print only the result as JSON")
+    collect.add_argument("--debug", action="store_true", help="show tracebacks")
+
+
+def _collect(args: argparse.Namespace, console: Any) -> int:
+    import json
+
+    from autotune.run.cfg import load_config
+    from autotune.run.collect import collect_options
+    from autotune.run.options import Options
+
+    cfg = load_config(args.cfg)
+    flags = {"storage": args.storage, "study_name": args.study, "out_dir": args.out, "device": args.device}
+    flags.update(timeout=args.timeout, export=_formats(args.export), join=True)
+    result = collect_options(cfg["model"], cfg["dataset"], Options.from_cfg(cfg, flags, where=args.cfg))
+    if args.json:
+        from autotune.report.data import run_summary
+
+        print(json.dumps(run_summary(result.out_dir), indent=2, default=str))
+        return 0
+    _print_result(console, result)
+    return 0
+
+
+def _formats(export: str | None) -> tuple[str, ...] | None:
+    """``--export onnx,torchscript`` as the ``export`` option."""
+    return None if export is None else tuple(f.strip() for f in export.split(",") if f.strip())
+
+
 def _parse_fix(items: list[str]) -> dict[str, Any]:
     from autotune.knobs import get_knob
 
@@ -131,7 +172,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "devices": args.devices,
         "heartbeat_interval_s": args.heartbeat,
         "grace_period_s": args.grace,
-        "export": None if args.export is None else tuple(f.strip() for f in args.export.split(",") if f.strip()),
+        "export": _formats(args.export),
         "resume": True if args.resume else None,
         "join": True if args.join else None,
         "profile": False if args.no_profile else None,
@@ -371,6 +412,9 @@ def _run(args: argparse.Namespace, console: Any) -> int:
     except KeyboardInterrupt:
         shown.print(f"Interrupted: every finished trial is saved in {out}/. Continue with --resume.")
         return 130
+    from autotune.run.hints import space_note
+
+    result.notes.extend(filter(None, [space_note(options)]))
     if args.json:
         from autotune.report.data import run_summary
 
@@ -607,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
             return _doctor(args, console)
         if args.command == "status":
             return _status(args, console)
+        if args.command == "collect":
+            return _collect(args, console)
         return _run(args, console)
     except AutotuneError as exc:
         if args.debug:

@@ -207,6 +207,16 @@ def test_an_out_that_is_a_file_is_bad_input_before_any_work(tmp_path, capsys):
     assert not (tmp_path / "autotune-out").exists()
 
 
+def test_join_without_storage_is_refused_in_one_line_before_any_work(tmp_path, capsys):
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(textwrap.dedent(CFG))
+    out = tmp_path / "results-node1"
+    assert main(["run", str(cfg), "--join", "--out", str(out), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--join" in err and "--storage" in err
+    assert not out.exists()  # refused before the output directory and its own study.db were made
+
+
 def test_show_status_and_the_result_report_one_speedup(finished_run, capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "250")
     best = json.loads((finished_run / "best_config.json").read_text())

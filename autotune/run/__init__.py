@@ -14,6 +14,7 @@ __all__, __getattr__, __dir__ = exports(
         "predictor": "predict",
         "Predictor": "predict",
         "load_config": "cfg",
+        "collect": "collect",
         "make_progress": "progress",
     },
 )

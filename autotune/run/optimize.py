@@ -209,4 +209,8 @@ def optimize(
     shown = options["progress"] if hasattr(options["progress"], "__enter__") else contextlib.nullcontext()
     opts = Options(**options)  # checked before the display starts
     with shown:
-        return execute(model, dataset, opts, started)
+        result = execute(model, dataset, opts, started)
+    from autotune.run.hints import space_note
+
+    result.notes.extend(filter(None, [space_note(opts)]))
+    return result

@@ -56,3 +56,14 @@ def test_cfg_then_flags_override_in_order():
     assert opts.n_trials == 9 and opts.space == "quick" and opts.fix == {"amp_dtype": "float32", "num_threads": 1}
     with pytest.raises(autotune.ConfigError, match=r"Unknown option 'n_trial' in cfg\.py's options\. Known: "):
         Options.from_cfg({"options": {"n_trial": 5}}, {})
+
+
+def test_join_without_a_shared_storage_is_refused_in_one_line():
+    # Each worker would open its own out_dir's study.db: as many searches as machines, none shared.
+    with pytest.raises(autotune.ConfigError, match="no `storage` was given") as refused:
+        Options(join=True)
+    message = str(refused.value)
+    assert "\n" not in message and "--storage" in message and "--join" in message
+    assert Options(join=True, storage="sqlite:///shared.db").join
+    with pytest.raises(autotune.ConfigError, match="no `storage` was given"):
+        Options(storage="sqlite:///shared.db").replace(join=True, storage=None)

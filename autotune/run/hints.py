@@ -1,0 +1,59 @@
+"""What a run says about the search space it was given, beside its result.
+
+The ``default`` preset tunes the pipeline of the model as it is and keeps it a float PyTorch
+model: no other runtime, no ONNX Runtime, no int8. On a CPU those are often where the largest
+gains are (an int8 ONNX Runtime winner on a CPU server, say), so a CPU run of that preset says
+which preset searches them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["space_note"]
+
+# Knobs whose presence in the space (or in ``fix``) means the user chose runtimes or int8.
+_DEPLOY_KNOBS = ("runtime", "quantization", "ort_precision", "ort_provider")
+
+
+def space_note(opts: Any) -> str | None:
+    """The note for a CPU inference run of the ``default`` preset that leaves int8 and the other
+    runtimes out, else ``None``.
+
+    Args:
+        opts: The run's :class:`~autotune.run.options.Options`.
+
+    Example:
+        >>> from autotune.run.options import Options
+        >>> space_note(Options(device="cpu")).split(":")[0]
+        'The default space searched no int8 and no runtime but torch'
+        >>> space_note(Options(device="cpu", space="cpu-deploy")) is None
+        True
+    """
+    if opts.train or not _on_cpu(opts):
+        return None
+    space = opts.space
+    if isinstance(space, Mapping):
+        named = {k for k in space if k != "base"}
+        space = space.get("base", "default")
+    else:
+        named = set()
+    named |= set(opts.fix or {})
+    if not isinstance(space, str) or space != "default" or named & set(_DEPLOY_KNOBS):
+        return None
+    return (
+        "The default space searched no int8 and no runtime but torch: on a CPU, the cpu-deploy preset adds "
+        'int8 quantization and the TorchScript and ONNX Runtime runtimes (space="cpu-deploy", CLI: '
+        "--space cpu-deploy)."
+    )
+
+
+def _on_cpu(opts: Any) -> bool:
+    devices = opts.devices
+    if devices is not None:
+        items = devices.split(",") if isinstance(devices, str) else list(devices)
+        return all(str(d).strip().lower() == "cpu" for d in items)
+    from autotune.env import resolve_device
+
+    return resolve_device(opts.device) == "cpu"
