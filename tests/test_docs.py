@@ -3,9 +3,17 @@
 - Every ```python block in docs/ and README.md runs: the blocks of one file in order, in one
   fresh interpreter (as a reader pastes them into one script), in an empty working directory.
   A block preceded by ``<!-- skip: why -->`` is not run; it is reported as a skipped test.
-- docs/cli.md documents every subcommand and long flag of the real parser.
-- docs/knobs/ has an entry for every registered knob, listing every value it knows.
-- docs/README.md links every page, and relative links between pages resolve.
+- docs/cli.md documents every subcommand and long flag of the real parser, and every flag a page
+  names exists under that name: in cli.md's sections, in any ``autotune CMD ...`` command line,
+  and in any inline code span (benchmark scripts' flags checked against their sources).
+- docs/api.md's signatures are the functions' own, its tables name only real keywords and
+  ``Result`` attributes; cfg.md's names are the ones cfg.py may define.
+- docs/knobs/ has an entry for every registered knob, listing every value it knows, and the
+  README's knob table has a row for every knob.
+- docs/README.md links every page, and every relative link (and its #anchor) resolves: no page
+  is exempt.
+- Install lines name this project's distribution and its real extras, never the unrelated
+  ``autotune`` on PyPI; the README's user install pulls no contributor extra.
 """
 
 import argparse
@@ -22,9 +30,6 @@ ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.rglob("*.md"))
 FILES = [*PAGES, ROOT / "README.md"]
-# Pages that other parts of the project are writing; the index links them already, and the
-# link check holds them to existing once they do.
-PENDING = {"training.md", "scaling.md", "report.md"}
 
 _FENCE = re.compile(r"^([ \t]*)```python[ \t]*\n(.*?)^[ \t]*```[ \t]*$", re.MULTILINE | re.DOTALL)
 _SKIP = re.compile(r"<!--\s*skip:\s*(.+?)\s*-->\s*$")
@@ -217,6 +222,14 @@ def test_the_knob_index_has_a_row_for_every_knob():
 # --- the index and the links -------------------------------------------------------------------
 
 _LINK = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+_LINK_ANCHOR = re.compile(r"\]\(([^)#\s]*)(?:#([^)\s]*))?\)")
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings: lower case, punctuation dropped, spaces as ``-``."""
+    text = re.sub(r"^[ \t]*```.*?^[ \t]*```", "", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+    headings = re.findall(r"^#{1,6} +(.+?)\s*$", text, re.MULTILINE)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
 
 
 def test_index_links_every_page():
@@ -226,15 +239,17 @@ def test_index_links_every_page():
     assert not unlinked, f"docs/README.md does not link: {', '.join(unlinked)}"
 
 
-def test_relative_links_resolve():
+def test_relative_links_and_their_anchors_resolve():
     broken = []
     for page in FILES:
-        for target in _LINK.findall(page.read_text()):
+        for target, anchor in _LINK_ANCHOR.findall(page.read_text()):
             if "://" in target or target.startswith("mailto:"):
                 continue
-            path = (page.parent / target).resolve()
-            if not path.exists() and path.name not in PENDING:
+            path = (page.parent / target).resolve() if target else page
+            if not path.exists():
                 broken.append(f"{_rel(page)} -> {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{_rel(page)} -> {target}#{anchor}")
     assert not broken, f"broken links: {', '.join(broken)}"
 
 
@@ -262,3 +277,261 @@ def test_readme_measurement_paragraph_matches_the_claims_code():
         assert stale not in text
     # Fidelity is judged per output kind, not by relative error alone.
     assert "relative error for other outputs" not in (ROOT / "README.md").read_text()
+
+
+# --- every option the docs name exists under that name ------------------------------------------
+
+
+def _all_flags() -> dict[str, set[str]]:
+    """Every subcommand of the real parser with all its long flags (hidden ones included)."""
+    from autotune.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {
+        name: {f for action in command._actions for f in action.option_strings if f.startswith("--")}
+        for name, command in sub.choices.items()
+    }
+
+
+_FLAG = re.compile(r"(?<![\w-])--[a-z][\w-]*")
+_FENCED = re.compile(r"^[ \t]*```[^\n]*\n(.*?)^[ \t]*```", re.MULTILINE | re.DOTALL)
+# Other tools' flags that pages name in passing: docker, tensorboard, srun, pip, kubectl.
+_FOREIGN = {"--cpus", "--logdir", "--kill-on-bad-exit", "--gpus-per-node", "--index-url", "--no-deps", "--from-file"}
+
+
+def _command_lines(text: str) -> list[str]:
+    """Shell commands of a page: each code block's lines with their continuations (a trailing
+    backslash, or a next line that starts with ``[`` or ``--``), split at ``&&``, ``|`` and
+    ``;``, and every inline code span."""
+    commands = []
+    for block in _FENCED.findall(text):
+        joined: list[str] = []
+        for line in block.splitlines():
+            if joined and (joined[-1].endswith("\\") or re.match(r"\s+(\[|--)", line)):
+                joined[-1] = joined[-1].rstrip("\\") + " " + line.strip()
+            else:
+                joined.append(line)
+        commands += joined
+    commands += re.findall(r"`([^`\n]+)`", _FENCED.sub("", text))
+    return [part for line in commands for part in re.split(r"&&|\|\||[|;]", line)]
+
+
+def test_every_flag_in_a_command_line_exists_for_its_command():
+    flags = _all_flags()
+    wrong = []
+    for page in FILES:
+        for command in _command_lines(page.read_text()):
+            found = re.search(r"(?:^|\s|\()autotune +([a-z]+)\b(.*)", command)
+            if found and found.group(1) in flags:
+                wrong += [
+                    f"{_rel(page)}: autotune {found.group(1)} {flag}"
+                    for flag in _FLAG.findall(found.group(2))
+                    if flag not in flags[found.group(1)]
+                ]
+            script = re.search(r"python -m benchmarks\.(\w+)(.*)", command)
+            if script:
+                source = (ROOT / "benchmarks" / f"{script.group(1)}.py").read_text()
+                wrong += [
+                    f"{_rel(page)}: benchmarks.{script.group(1)} {flag}"
+                    for flag in _FLAG.findall(script.group(2))
+                    if f'"{flag}"' not in source
+                ]
+    assert not wrong, f"flags the code lacks: {', '.join(sorted(set(wrong)))}"
+
+
+def test_every_flag_a_page_names_exists():
+    known = set().union(*_all_flags().values()) | _FOREIGN
+    for source in (ROOT / "benchmarks").glob("*.py"):
+        known |= set(re.findall(r"[\"'](--[a-z][\w-]*)[\"'=]", source.read_text()))
+    unknown = set()
+    for page in FILES:
+        for span in re.findall(r"`([^`\n]+)`", _FENCED.sub("", page.read_text())):
+            unknown |= {f"{_rel(page)}: {flag}" for flag in _FLAG.findall(span) if flag not in known}
+    assert not unknown, f"flags no command has: {', '.join(sorted(unknown))}"
+
+
+def test_cli_reference_sections_name_only_their_commands_flags():
+    flags = _all_flags()
+    sections = _sections((DOCS / "cli.md").read_text(), "##")
+    wrong = []
+    for name, body in sections.items():
+        command = re.fullmatch(r"`autotune (\w+)`", name)
+        assert command and command.group(1) in flags, f"docs/cli.md has a section for no command: {name}"
+        for flag in set(_FLAG.findall(body)) - flags[command.group(1)]:
+            # Another command's flag may be named as such ("`autotune run --no-profile`").
+            if not re.search(rf"autotune \w+ [^`\n]*{re.escape(flag)}", body):
+                wrong.append(f"{command.group(1)} {flag}")
+    assert not wrong, f"docs/cli.md names flags its command lacks: {', '.join(sorted(wrong))}"
+
+
+def test_every_command_is_in_both_command_lists():
+    commands = _all_flags()
+    readme = (ROOT / "README.md").read_text()
+    listing = _FENCED.findall(readme[readme.index("## Command line") :])[0]
+    cli_listing = _FENCED.findall((DOCS / "cli.md").read_text())[0]
+    for where, text in (("README.md", listing), ("docs/cli.md", cli_listing)):
+        listed = set(re.findall(r"^autotune (\w+)", text, re.MULTILINE))
+        assert listed == set(commands), f"{where}'s command list: {sorted(listed)} != {sorted(commands)}"
+
+
+def test_cli_help_and_reference_agree_on_what_the_timeout_bounds():
+    from autotune.cli import _parser
+
+    sub = next(a for a in _parser()._actions if isinstance(a, argparse._SubParsersAction))
+    run = {f: a for a in sub.choices["run"]._actions for f in a.option_strings}
+    row = re.search(r"^\| `--timeout S` \|([^|]+)\|", (DOCS / "cli.md").read_text(), re.MULTILINE).group(1)
+    assert "whole run" in run["--timeout"].help and "whole run" in row
+    # Where the help states a default, the reference's row states the same.
+    rows = dict(
+        re.findall(
+            r"^\| `(--[\w-]+)[^`]*` \|(.+)$", _sections((DOCS / "cli.md").read_text(), "##")["`autotune run`"], re.M
+        )
+    )
+    differ = []
+    for flag, action in run.items():
+        stated = re.search(r"\(default:? ([^),;]+)", action.help or "")
+        if stated and flag in rows and stated.group(1).split()[0].strip("'") not in rows[flag]:
+            differ.append(f"{flag}: help {stated.group(1)!r}, docs {rows[flag].strip()!r}")
+    assert not differ, f"docs/cli.md and the help differ: {'; '.join(differ)}"
+
+
+def _signature(body: str) -> list[str]:
+    """The parameter names of the first ```text signature block of an API section."""
+    text = " ".join(re.search(r"```text\n(.*?)```", body, re.DOTALL).group(1).split())
+    params = re.match(r"\w+\((.*?)\)\s*(?:->.*)?$", text).group(1)
+    return [p.split("=")[0].strip() for p in params.split(",") if p.strip() and p.strip() != "*"]
+
+
+def test_api_signatures_are_the_functions_own_and_tables_name_real_options():
+    import inspect
+
+    import autotune
+
+    text = (DOCS / "api.md").read_text()
+    sections = _sections(text, "##")
+    wrong = []
+    for name in (*_API, "predict", "predictor", "profile", "collect"):
+        real = [
+            f"**{p.name}" if p.kind is p.VAR_KEYWORD else p.name
+            for p in inspect.signature(getattr(autotune, name)).parameters.values()
+        ]
+        if _signature(sections[f"`autotune.{name}`"]) != real:
+            wrong.append(f"{name}: {_signature(sections[f'`autotune.{name}`'])} != {real}")
+    keywords = inspect.signature(autotune.optimize).parameters
+    for table_name in re.findall(r"^\| `([^`]+)`", sections["`autotune.optimize`"], re.MULTILINE):
+        wrong += [f"optimize table: {n}" for n in re.findall(r"\w+", table_name) if n not in keywords]
+    result_fields = {f.name for f in dataclasses.fields(autotune.Result)}
+    for row in re.findall(r"^\| (`.+?) \|", sections["`autotune.Result`"], re.MULTILINE):
+        wrong += [f"Result table: {n}" for n in re.findall(r"`(\w+)`", row) if n not in result_fields]
+    listed = re.search(r"The public names are in `autotune.__all__`:(.*?)\.\n", text, re.DOTALL).group(1)
+    wrong += [
+        f"not in the public names: {n}" for n in autotune.__all__ if n != "__version__" and f"`{n}`" not in listed
+    ]
+    assert not wrong, "; ".join(wrong)
+
+
+def test_cfg_reference_names_what_a_cfg_may_define_and_real_flags():
+    from autotune.run.options import CFG_OPTIONS, Options
+
+    sections = _sections((DOCS / "cfg.md").read_text(), "##")
+    names = re.findall(r"^\| `(\w+)` \|", sections["Names"], re.MULTILINE)
+    assert sorted(names) == sorted({"model", "dataset", "options", *CFG_OPTIONS}), names
+    run_flags = _all_flags()["run"]
+    for flags, options in re.findall(r"^\| (`--.+?) \| (`.+?) \|$", sections["Precedence"], re.MULTILINE):
+        assert set(_FLAG.findall(flags)) <= run_flags, flags
+        assert {o.split("=")[0] for o in re.findall(r"`([\w=]+)", options)} <= set(Options.names()), options
+
+
+def test_readme_knob_table_has_a_row_for_every_knob():
+    from autotune.knobs import REGISTRY
+
+    first_cells = re.findall(r"^\| (`\w+`(?:, `\w+`)*) \|", _readme_raw("Knobs"), re.MULTILINE)
+    named = set(re.findall(r"`(\w+)`", " ".join(first_cells)))
+    assert set(REGISTRY) <= named, f"README knob table lacks: {sorted(set(REGISTRY) - named)}"
+    assert named <= set(REGISTRY), f"README knob table names knobs that do not exist: {sorted(named - set(REGISTRY))}"
+
+
+def _readme_raw(title: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"## {title}")
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end != -1 else None]
+
+
+# --- installing ------------------------------------------------------------------------------------
+
+
+def _project() -> dict:
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the backport autotune requires there
+        import tomli as tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_install_lines_name_this_distribution_and_its_real_extras():
+    project = _project()
+    extras = set(project["optional-dependencies"])
+    wrong = []
+    code = [*sorted((ROOT / "autotune").rglob("*.py")), *sorted((ROOT / "tests").rglob("*.py"))]
+    sources = [*FILES, *(path for path in code if path != Path(__file__).resolve())]
+    for path in sources:
+        for line in path.read_text().splitlines():
+            for name, wanted in re.findall(r"([\w.-]+)\[([\w,-]+)\]", line if "pip install" in line else ""):
+                if name in (".", project["name"]):
+                    wrong += [f"{_rel(path)}: no extra {e!r}" for e in wanted.split(",") if e not in extras]
+                elif name == "autotune":
+                    wrong.append(f"{_rel(path)}: {name}[{wanted}] is another project on PyPI")
+            if re.search(r"pip install ['\"]?autotune\b(?!-)", line):
+                wrong.append(f"{_rel(path)}: 'pip install autotune' installs another project")
+    assert not wrong, "; ".join(wrong)
+
+
+def test_the_readme_user_install_is_cpu_torch_then_the_package_without_contributor_extras():
+    blocks = _FENCED.findall(_readme_raw("The two commands"))
+    assert len(blocks) == 2, "two commands: install and run the main job, run the tests"
+    install, tests = (" ".join(b.split()) for b in blocks)
+    assert "autotune run" in install and "pytest" in tests and '".[dev]"' in tests
+    torch_at, package_at = install.index("pip install torch"), install.index("pip install -e .")
+    assert torch_at < package_at, "torch first, or pip resolves it to PyPI's CUDA build"
+    assert "--index-url https://download.pytorch.org/whl/cpu" in install[torch_at:package_at]
+    assert "[" not in install[package_at:].split("&&")[0], "the user install takes no extra"
+
+
+# --- the examples give what the model gives -----------------------------------------------------
+
+
+def test_readme_mean_pooling_gives_unit_length_embeddings_like_the_model():
+    """all-MiniLM-L6-v2 ends in a Normalize layer: SentenceTransformer.encode gives the masked
+    mean of the last hidden state scaled to unit length. The README's wrapper must do the same."""
+    import types
+
+    import torch
+
+    block = next(b for b in _blocks(ROOT / "README.md") if "class MeanPooled" in b.code).code
+    source = block[block.index("class MeanPooled") : block.index("\nmodel = ")]
+    namespace: dict = {"torch": torch}
+    exec(source, namespace)
+    hidden = torch.randn(3, 5, 8) * 4
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]])
+    encoder = lambda ids, attention, types_=None: types.SimpleNamespace(last_hidden_state=hidden)  # noqa: E731
+    out = namespace["MeanPooled"](encoder)(torch.zeros(3, 5, dtype=torch.long), mask)
+    keep = mask.unsqueeze(-1).float()
+    expected = torch.nn.functional.normalize((hidden * keep).sum(1) / keep.sum(1), p=2, dim=1)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out.norm(dim=1), torch.ones(3))
+
+
+# --- secrets -------------------------------------------------------------------------------------
+
+
+def test_no_page_puts_a_database_password_in_a_url():
+    """A password in a storage URL ends up on the command line (``ps``) or in a manifest: the
+    pages pass it through the driver's environment (PGPASSWORD) or a secret instead."""
+    found = []
+    for page in FILES:
+        for match in re.finditer(r"\b[a-z+]+://[^\s/:@'\"]+:([^\s@'\"/]+)@", page.read_text()):
+            if match.group(1) != "***":  # how autotune writes a recorded URL
+                found.append(f"{_rel(page)}: {match.group(0)}")
+    assert not found, f"passwords in URLs: {', '.join(found)}"
