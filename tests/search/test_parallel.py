@@ -62,7 +62,7 @@ def _postgres_url() -> str:
     try:
         import psycopg
     except ImportError:
-        pytest.skip('psycopg is not installed (pip install "autotune[postgres]")')
+        pytest.skip('psycopg is not installed (pip install "torch-autotune[postgres]")')
     try:
         psycopg.connect(url.replace("postgresql+psycopg://", "postgresql://"), connect_timeout=3).close()
     except Exception as exc:
@@ -73,9 +73,10 @@ def _postgres_url() -> str:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def shared(request, tmp_path):
     """How the workers find the study: (storage URL, study name, flags of worker ``i``)."""
-    if request.param == "sqlite":  # the default storage: every worker on this machine uses one out dir
+    if request.param == "sqlite":  # one file on this machine: every worker names it, sharing one out dir
         out = tmp_path / "out"
-        yield f"sqlite:///{out / 'study.db'}", "autotune", lambda i: ["--out", str(out)]
+        url = f"sqlite:///{out / 'study.db'}"
+        yield url, "autotune", lambda i: ["--out", str(out), "--storage", url]
         return
     url = _postgres_url()
     name = f"test-scale-{uuid.uuid4().hex[:12]}"
@@ -107,7 +108,31 @@ def _measured(trials):
     return [t for t in trials if t.user_attrs.get("ran") and t.user_attrs.get("repeat_of") is None]
 
 
-@pytest.mark.slow  # CI time: the staged strategy's two-worker test and the killed-worker test share studies too
+def test_two_workers_share_one_study_with_the_budget_exact(shared, tmp_path):
+    """The CI version of the four-worker test below: two processes (each imports torch once, the
+    cost that dominates on two cores), the same promises."""
+    url, name, flags = shared
+    cfg = _cfg(tmp_path, [1, 2, 4, 8, 16, 32, 64])
+    procs = [_start(cfg, [*flags(i), "--no-profile"], n_trials=4) for i in range(2)]
+    outputs = [p.communicate(timeout=180)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outputs)
+
+    trials = _trials(url, name)
+    measured = _measured(trials)
+    assert len(measured) == 4, "the budget counts every worker's trials, exactly"
+    keys = [t.user_attrs["key"] for t in measured]
+    assert len(set(keys)) == len(keys), "a configuration was measured twice"
+    assert sum(t.user_attrs["baseline"] for t in measured) == 1
+    assert not [t for t in trials if t.state in (TrialState.RUNNING, TrialState.WAITING)]
+    assert len({t.user_attrs["worker"] for t in trials}) == 2, "both workers took part in the study"
+    ok = [t for t in measured if t.user_attrs["status"] == "ok"]
+    fastest = max(ok, key=lambda t: t.user_attrs["samples_per_s"]).user_attrs["config"]
+    for i in range(2):
+        best = json.loads((tmp_path / ("out" if "sqlite" in url else f"out{i}") / "best_config.json").read_text())
+        assert best["config"] == fastest and best["n_trials"] == len(trials)
+
+
+@pytest.mark.slow  # CI runs the two-worker version above
 def test_four_workers_share_one_study(shared, tmp_path):
     url, name, flags = shared
     cfg = _cfg(tmp_path, [1, 2, 4, 8, 16, 32, 64])
