@@ -22,6 +22,7 @@ import torch
 from autotune.data import batch_size_of, call_model, to_device
 from autotune.knobs.state import BuildState, unwrap
 from autotune.trial.build import make_loader, settings_active
+from autotune.trial.warmup import compile_counts, compiles_per_shape, fallback_note, shape_batches
 
 __all__ = [
     "GpuSharing",
@@ -88,7 +89,8 @@ def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: i
     TorchScript, cuDNN's autotuner), its first measurement warms up through whole epochs, so
     every shape is compiled before the clock starts and the windows start at an epoch's
     beginning; later measurements of the same build warm up ``warmup_batches`` as usual. A
-    longer epoch drops its short last batch, and ``warmup_batches`` are run.
+    longer epoch drops its short last batch, and ``warmup_batches`` are run (:func:`measure`
+    first runs one batch of each of its shapes, where they vary: :func:`_shapes_first`).
 
     Example:
         >>> import torch
@@ -105,10 +107,7 @@ def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: i
         return _Epochs(make_loader(dataset, state, drop_last=True, timing=True, seed=seed)), warmup_batches
     extras = state.extras
     uneven = len(dataset) % state.batch_size != 0 or (extras is not None and extras.lengths is not None)
-    per_shape = (
-        state.compile_mode != "none" or state.runtime == "torchscript" or bool(state.settings.get("cudnn_benchmark"))
-    )
-    if uneven and per_shape and not state.info.get("shapes_warmed"):  # measure() sets it once warmed
+    if uneven and compiles_per_shape(state) and not state.info.get("shapes_warmed"):  # measure() sets it once warmed
         return _Epochs(loader), n_batches * -(-max(warmup_batches, 1) // n_batches)  # whole epochs
     return _Epochs(loader), warmup_batches
 
@@ -349,6 +348,9 @@ def _noise_causes(result: dict[str, Any], settings: MeasureSettings) -> dict[str
         causes["cpu"] = f"other processes used {result['others_cpu']:.0%} of the CPU (> {settings.max_others_cpu:.0%})"
     if result.get("gpu_others"):
         causes["gpu"] = f"{result['gpu_others']} other process(es) computed on the GPU"
+    if result.get("recompiles"):
+        # A shape the warm-up had not run compiled on the clock: the windows timed a compile.
+        causes["compile"] = f"torch.compile compiled {result['recompiles']} new shape(s) inside its timed windows"
     return causes
 
 
@@ -461,6 +463,19 @@ def _window(
     return n_samples, n_batches, w_s
 
 
+def _shapes_first(dataset: Any, state: BuildState, batches: _Epochs, seed: int) -> list[Any]:
+    """One batch of each shape of a long epoch of token sequences, for a build that compiles per
+    shape and has not run them yet; else nothing. A short epoch is warmed whole
+    (:func:`timing_batches`), and a long one's ``warmup_batches`` see few of its lengths, so
+    the windows would time the others' compiles."""
+    extras = state.extras
+    if batches.n_batches <= WHOLE_EPOCH_BATCHES or extras is None or extras.lengths is None or extras.images:
+        return []
+    if not compiles_per_shape(state) or state.info.get("shapes_warmed"):
+        return []
+    return shape_batches(make_loader(dataset, state, drop_last=True, timing=True, seed=seed), extras.lengths)
+
+
 def _far_below(stop_below: float | None, n_batches: int, totals: list[Any], compiled_before: int) -> bool:
     """Whether a measurement may stop: at least :data:`STOP_MIN_BATCHES` batches timed, under
     ``stop_below`` samples/s so far, and no shape compiled in its windows (a window slowed by a
@@ -504,7 +519,9 @@ def measure(
         windows) and ``others_cpu_max``; ``peak_mem_mib`` (the trial's own: see
         :func:`memory_mark`); ``compile_s`` (warm-up); ``recompiles`` (graphs torch.compile
         compiled during the timed windows: new shapes the warm-up did not see, timed as they
-        would be in use); ``timed_s``; ``n_windows`` (the windows timed); ``stopped``;
+        would be in use; a cause of noise, see :func:`noise_reason`); ``compile_fallbacks``
+        (frames of this build dynamo gave up compiling, past its recompile limit: their batches
+        ran eager) with ``compile_note`` saying so where there are any; ``timed_s``; ``n_windows`` (the windows timed); ``stopped``;
         ``batch_size``.
 
     Example:
@@ -529,9 +546,11 @@ def measure(
     mark = memory_mark(device) if mem_mark is None else mem_mark
     sharing = GpuSharing(device)
     try:
-        cached_before = _cache_counts()
+        cached_before, fell_back = _cache_counts(), compile_counts()[1]
         with settings_active(state.settings), torch.inference_mode():
             start = time.perf_counter()
+            for batch in _shapes_first(dataset, state, batches, seed):
+                call_model(state.model, to_device(batch, device, non_blocking=state.non_blocking))
             for _ in range(n_warm):
                 call_model(state.model, to_device(next(batches), device, non_blocking=state.non_blocking))
             _sync(device)
@@ -555,6 +574,9 @@ def measure(
             gpu_users = sharing.stop()
     finally:
         batches.close()  # shuts down the loader's workers
+    # Frames dynamo gave up compiling (its recompile limit): their batches ran eager, warm-up
+    # and windows alike, as in a user's loop. The figure is that pipeline's, and says so.
+    state.info["compile_fallbacks"] = state.info.get("compile_fallbacks", 0) + compile_counts()[1] - fell_back
     stats = window_stats(windows, latencies)
     if (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1:
         # Batches differ in cost (text lengths, a short last batch): a window of cheap ones runs
@@ -571,6 +593,8 @@ def measure(
         "compile_cache_hits": cache_hits,
         "compile_cache_misses": cache_misses,
         "recompiles": recompiles,
+        "compile_fallbacks": state.info["compile_fallbacks"],
+        **({"compile_note": fallback_note(state.info["compile_fallbacks"])} if state.info["compile_fallbacks"] else {}),
         "timed_s": timed_s,
         "n_windows": len(windows),
         "stopped": len(windows) < settings.n_windows,

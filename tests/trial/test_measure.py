@@ -153,3 +153,112 @@ def test_a_small_datasets_short_last_batch_is_timed_as_a_users_pass_pays_it():
     per_call = 8 / 0.004
     assert r["samples_per_s"] < 0.85 * per_call, r["samples_per_s"]
     assert r["recompiles"] == 0
+
+
+def _long_text_epoch(lengths, n=140):
+    """``n`` token sequences whose real lengths cycle through ``lengths``, at their own length:
+    at batch 2, an epoch of 70 batches, past the 64 a timing epoch is warmed whole up to."""
+    gen = torch.Generator().manual_seed(0)
+    sizes = [lengths[i % len(lengths)] for i in range(n)]
+    return [{"input_ids": torch.randint(1, 200, (k,), generator=gen), "attention_mask": torch.ones(k, dtype=torch.long)}
+            for k in sizes]  # fmt: skip
+
+
+def _text_state(model, data, **config):
+    import functools
+
+    from autotune.batching import lengths_of, pad_collate
+    from autotune.knobs.state import BuildExtras
+
+    extras = BuildExtras(collate_fn=functools.partial(pad_collate, pad_values={}), lengths=lengths_of(data))
+    return build(
+        model, Config({"batch_size": 2, "padding": "trim", "length_grouping": 4, **config}), "cpu", extras=extras
+    )
+
+
+class _PerShape(torch.nn.Module):
+    """Pays on the first batch of each shape, as a per-shape autotuner or compiler does, and
+    records whether that first sight came inside a timed window (``timing`` is set by a spy on
+    :func:`autotune.trial.measure._window`)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(200, 8)
+        self.seen, self.late, self.timing = set(), [], False
+
+    def forward(self, input_ids, attention_mask):
+        shape = tuple(input_ids.shape)
+        if shape not in self.seen:
+            self.seen.add(shape)
+            if self.timing:
+                self.late.append(shape)
+            time.sleep(0.005)
+        return (self.embed(input_ids) * attention_mask.unsqueeze(-1)).sum(1)
+
+
+def test_every_shape_of_a_long_text_epoch_runs_before_the_clock_on_a_per_shape_build(monkeypatch):
+    """A build that works per shape (here cuDNN's autotuner setting) over 70 batches of nine
+    lengths: a few warm-up batches see two or three of them, so the windows would time the
+    others' first sight. Every shape runs once before the first window."""
+    import autotune.trial.measure as measure_module
+
+    window = measure_module._window
+
+    def spy(state, *args, **kwargs):
+        state.model.timing = True
+        return window(state, *args, **kwargs)
+
+    monkeypatch.setattr(measure_module, "_window", spy)
+    data = _long_text_epoch(list(range(4, 13)))
+    model = _PerShape()
+    state = _text_state(model, data, cudnn_benchmark=True)
+    state.model = model  # the module itself, so the spy reaches it
+    result = measure(state, data, MeasureSettings(n_windows=3, window_s=0.05, warmup_batches=1))
+    assert len(model.seen) >= 5 and model.late == [], model.late
+    assert result["recompiles"] == 0 and result["compile_fallbacks"] == 0 and "compile_note" not in result
+
+
+def test_a_compile_inside_the_windows_makes_the_measurement_noisy():
+    settings = MeasureSettings()
+    assert "compiled 3 new shape(s) inside its timed windows" in noise_reason({"recompiles": 3}, settings)
+    assert noise_reason({"recompiles": 0}, settings) is None
+
+
+class _Pooled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(200, 8)
+
+    def forward(self, input_ids, attention_mask):
+        return (self.embed(input_ids) * attention_mask.unsqueeze(-1)).sum(1)
+
+
+@pytest.mark.slow
+def test_a_static_compile_over_many_lengths_compiles_each_before_the_windows():
+    """torch.compile (static shapes) over 70 batches of four lengths: four graphs, every one
+    compiled before the clock (dynamo's own count), none inside the windows."""
+    from autotune.trial.warmup import compile_counts
+
+    torch._dynamo.reset()
+    data = _long_text_epoch([3, 5, 7, 9])
+    state = _text_state(_Pooled(), data, compile_mode="default")
+    before = compile_counts()[0]
+    result = measure(state, data, MeasureSettings(n_windows=2, window_s=0.05, warmup_batches=1))
+    assert compile_counts()[0] - before == 4
+    assert result["recompiles"] == 0 and result["compile_fallbacks"] == 0
+
+
+@pytest.mark.slow
+def test_a_static_compile_past_the_recompile_limit_is_marked_as_running_eager(monkeypatch):
+    """Past dynamo's recompile limit the batches of further shapes run eager: the measurement
+    times that pipeline (no compile on the clock) and says so, never as the compiled figure."""
+    import torch._dynamo.config as dynamo_config
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(dynamo_config, "recompile_limit", 2)
+    data = _long_text_epoch([3, 5, 7, 9])
+    state = _text_state(_Pooled(), data, compile_mode="default")
+    result = measure(state, data, MeasureSettings(n_windows=2, window_s=0.05, warmup_batches=1))
+    assert result["recompiles"] == 0 and result["compile_fallbacks"] >= 1
+    assert "recompile limit (2)" in result["compile_note"] and "ran eager" in result["compile_note"]
+    torch._dynamo.reset()
