@@ -182,7 +182,15 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
             {"runtime": ("onnxruntime",)},
         ),
     )
-    add("compile_mode", _variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)}))
+    # Token sequences of many lengths whose padding the space may trim: a static compile makes
+    # one graph per width and past dynamo's recompile limit (8) runs the others eager, inside
+    # the trial's windows (real MiniLM text: "size mismatch at index 1, expected 28, actual 18").
+    # Shapes as symbols come first.
+    dynamic = _variants(space, {"compile_mode": ("default",), "compile_dynamic": (True,)}) if shape else []
+    add(
+        "compile_mode",
+        [*dynamic, *_variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})],
+    )
     larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
     if larger:
         add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])

@@ -507,3 +507,35 @@ def test_a_launch_bound_best_tries_cuda_graphs_next():
     configs = [t.user_attrs["config"] for t in _measured(study)]
     assert any(c["compile_mode"] == "reduce-overhead" for c in configs[:4]), [Config(c).key() for c in configs]
     assert _best_config(study)["compile_mode"] == "reduce-overhead"
+
+
+def _compiled_text(c):
+    """Trimmed, grouped padding doubles the speed; a static compile over its many widths
+    recompiles past dynamo's limit and costs 40%, shapes as symbols gain 30%; over as-given
+    padding (one width) either compile gains 10%."""
+    x = _independent(c)
+    if c["compile_mode"] == "none":
+        return x
+    if c["padding"] == "as_given":
+        return 1.1 * x
+    return x * (1.3 if c["compile_dynamic"] else 0.6)
+
+
+def test_with_many_lengths_and_trimmed_padding_compile_is_screened_with_shapes_as_symbols_first():
+    values = {**SPACE, "compile_mode": ["none", "default"], "compile_dynamic": [False, True]}
+    space, table = _table(_compiled_text, values)
+    lever = next(lever for lever in Staged(space, ["throughput"]).levers if lever.name == "compile_mode")
+    assert lever.variants[0] == {"compile_mode": "default", "compile_dynamic": True}
+    assert {"compile_mode": "default"} in lever.variants[1:]  # the static compile stays, after it
+    study, _ = _run(space, table, 6)
+    configs = _configs_of(study)
+    compiled = [c for c in configs if c["compile_mode"] != "none"]
+    assert compiled and compiled[0]["compile_dynamic"], [Config(c).key() for c in configs]
+    best = _best_config(study)
+    assert best["compile_dynamic"] and best["padding"] == "trim", best
+    # Samples of one length, nothing to trim: no shapes to make symbols of; the compile is static.
+    one_width = space_of({"compile_mode": ["none", "default"], "compile_dynamic": [False, True]})
+    variants = next(
+        lever for lever in Staged(one_width, ["throughput"]).levers if lever.name == "compile_mode"
+    ).variants
+    assert variants[0] == {"compile_mode": "default"}
