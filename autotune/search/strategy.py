@@ -120,6 +120,19 @@ def _variants(space: SearchSpace, *options: Mapping[str, Sequence[Any]]) -> list
     return found
 
 
+def _openvino(space: SearchSpace, shape: list[dict[str, Any]], auto: dict[str, Any]) -> tuple[list, list]:
+    """OpenVINO's variants: float32 then bfloat16 (offered only with bf16 units), and its int8
+    (for the int8 lever), each on the trimmed, grouped batches where the data has them: OpenVINO
+    runs any length without recompiling, which is where it pays (a hand export on trimmed, sorted
+    MiniLM batches: 3.07x; untrimmed far less), and it cannot join a recipe holding autocast,
+    which it replaces."""
+    ov = {"runtime": ("openvino",)}
+    on_shape = dict(shape[0]) if shape else {}
+    floats = _variants(space, ov, {**ov, "ov_precision": ("bf16",)})
+    int8 = _variants(space, {**ov, "ov_precision": ("int8_static",), **auto})
+    return [{**v, **on_shape} for v in floats], [{**v, **on_shape} for v in int8]
+
+
 def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") -> list[Lever]:
     """The levers the space offers, in order of promise (the order they are screened in).
 
@@ -148,15 +161,9 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
     image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
     add("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
     add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
-    # OpenVINO on the CPU, float32 then bfloat16 (offered only with bf16 units), on the trimmed,
-    # grouped batches where the data has them: it runs any length without recompiling, which is
-    # where it pays (a hand export on trimmed, sorted MiniLM batches: 3.07x; untrimmed far less),
-    # and it cannot be added to a recipe holding autocast, which it replaces. Its int8 is screened
-    # with the int8 lever.
-    ov = {"runtime": ("openvino",)}
-    on_shape = dict(shape[0]) if shape else {}
     auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
-    add("openvino", [{**v, **on_shape} for v in _variants(space, ov, {**ov, "ov_precision": ("bf16",)})])
+    ov_float, ov_int8 = _openvino(space, shape, auto)
+    add("openvino", ov_float)
     workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
     cuda = device.startswith("cuda")
     if cuda:
@@ -171,10 +178,9 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
             add("num_workers", _variants(space, kept, {"num_workers": (n,), "persistent_workers": (True,)}) or
                 [{"num_workers": n}])  # fmt: skip
     ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
-    ov_int8 = _variants(space, {**ov, "ov_precision": ("int8_static",), **auto})
     add(
         "int8",
-        [{**v, **on_shape} for v in ov_int8]
+        ov_int8
         + _variants(
             space,
             {**ort, **auto},
