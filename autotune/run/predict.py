@@ -24,10 +24,20 @@ class Predictor:
     runs the tuned model and returns one output per sample, without a batch axis; a token-level
     output (one row per position) keeps the sample's real tokens only.
 
+    A compiled model compiles per batch shape (or once, with ``compile_dynamic``); :meth:`warm`
+    runs one batch of each shape the tuned loader makes, so a call's time is the pipeline's,
+    as the run timed it after its own warm-up. Where dynamo stops compiling new shapes (its
+    recompile limit), a one-line warning says that their batches run eager.
+
     Attributes:
         model: The tuned model (what :func:`~autotune.apply` returned).
         config: The configuration it was built with.
         device: Where it runs.
+        build_s: Seconds building the tuned model took here (0.0 when this process had built it
+            already, or it was given built).
+        compile_s: Seconds :meth:`warm` took: the compiles (as trials report ``compile_s``).
+        n_compiles: Graphs torch.compile compiled during calls, after the warm-up: shapes it
+            had not seen (another dataset's).
     """
 
     def __init__(
@@ -38,44 +48,112 @@ class Predictor:
         self.device = device
         self.collate_fn = collate_fn
         self.pad_values = pad_values
+        self.build_s = 0.0
+        self.compile_s = 0.0
+        self.n_compiles = 0
+        self._warned = False
         # The last dataset, its loader, and its order as a list and inverted (batching.inverse_order).
         self._cached: tuple[Any, Any, list[int], Any] | None = None
         self._sizes: tuple[Any, list[tuple[int, int]]] | None = None  # images: the last dataset's sizes
+
+    def _loader(self, dataset: Any, collate_fn: Any) -> tuple[Any, list[int], Any]:
+        """The tuned loader over ``dataset``, its order and the order inverted (the last
+        dataset's again, if it is)."""
+        from autotune.batching import inverse_order
+        from autotune.run.apply import dataloader
+
+        if self._cached is not None and self._cached[0] is dataset:
+            # The same samples again: the same loader (its persistent workers stay up) and order.
+            return self._cached[1], self._cached[2], self._cached[3]
+        loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values)
+        order = [i for ids in loader.batch_sampler for i in ids]
+        self._cached = (dataset, loader, order, inverse_order(order))
+        return loader, order, self._cached[3]
+
+    def warm(self, dataset: Any) -> float:
+        """Run the model once on each batch shape the tuned loader makes of ``dataset`` (for
+        token sequences: each batch size and longest sample), so that a compiled model compiles
+        them here and not inside a call. Shapes this model ran already are skipped.
+
+        Returns:
+            The seconds it took, also added to :attr:`compile_s`.
+        """
+        import time
+
+        import torch
+
+        from autotune.batching import lengths_of
+        from autotune.data import call_model, collector_frozen, describe, to_device
+        from autotune.run.apply import _unloaded
+        from autotune.trial.warmup import compile_counts, shape_batches, signature
+
+        dataset, collate_fn = _unloaded(dataset, self.collate_fn)
+        loader = self._loader(dataset, collate_fn)[0]
+        if loader.collate_fn is not None and _pads_images(loader.collate_fn):
+            return 0.0  # images of many sizes: their shapes are not told apart here
+        started, before = time.perf_counter(), compile_counts()
+        sequence = describe(dataset, collate_fn, self.pad_values).sequence is not None
+        # Kept on the model: every predictor of one build (predict's calls) skips what it ran.
+        done = getattr(self.model, "__dict__", {}).setdefault("_autotune_shapes", set())
+        where = torch.device(self.device)
+        with torch.inference_mode(), collector_frozen():
+            for batch in shape_batches(loader, lengths_of(dataset) if sequence else None):
+                mark = signature(batch)
+                if mark not in done:
+                    call_model(self.model, to_device(batch, where) if where.type != "cpu" else batch)
+                    done.add(mark)
+        self._compiled(before, counted=False)
+        spent = time.perf_counter() - started
+        self.compile_s += spent
+        return spent
+
+    def _compiled(self, before: tuple[int, int], counted: bool = True) -> None:
+        """Count the graphs compiled since ``before`` (:func:`~autotune.trial.warmup.compile_counts`)
+        and warn, once, where dynamo gave up compiling new shapes."""
+        import warnings
+
+        from autotune.trial.warmup import compile_counts, fallback_note
+
+        compiled, fell_back = (now - then for now, then in zip(compile_counts(), before, strict=True))
+        if counted:
+            self.n_compiles += compiled
+        if fell_back and not self._warned:
+            self._warned = True
+            warnings.warn(f"predict: {fallback_note(fell_back)}.", stacklevel=3)
 
     def __call__(self, dataset: Any) -> Sequence[Any]:
         """Every sample's output of ``dataset`` (samples, or a DataLoader over them), in order."""
         import torch
 
-        from autotune.batching import MASK_KEY, gather_outputs, inverse_order
+        from autotune.batching import MASK_KEY, gather_outputs
         from autotune.data import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
-        from autotune.run.apply import _unloaded, dataloader
+        from autotune.run.apply import _unloaded
+        from autotune.trial.warmup import compile_counts
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
-        if self._cached is not None and self._cached[0] is dataset:
-            # The same samples again: the same loader (its persistent workers stay up) and order.
-            loader, order = self._cached[1:3]
-        else:
-            loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values)
-            order = [i for ids in loader.batch_sampler for i in ids]
-            self._cached = (dataset, loader, order, inverse_order(order))
+        loader, order, inverse = self._loader(dataset, collate_fn)
         where = torch.device(self.device)
         non_blocking = bool(loader.pin_memory) and where.type == "cuda"
         # A DataLoader's batches are on the CPU already: moving them there again costs a small
         # model's forward pass a few percent per batch, for nothing.
         move = where.type != "cpu"
+        before = compile_counts()
         if loader.collate_fn is not None and _pads_images(loader.collate_fn):
             if self._sizes is None or self._sizes[0] is not dataset:
                 from autotune.shapes import image_sizes
 
                 self._sizes = (dataset, image_sizes(dataset))
-            return _image_outputs(self.model, loader, order, self._sizes[1], where, non_blocking)
+            outputs = _image_outputs(self.model, loader, order, self._sizes[1], where, non_blocking)
+            self._compiled(before)
+            return outputs
         chunks = []
         with torch.inference_mode(), collector_frozen():
             for batch in loader:
                 out = call_model(self.model, to_device(batch, where, non_blocking=non_blocking) if move else batch)
                 inputs = sample_inputs(batch)
                 chunks.append((outputs_to_cpu(out), None if inputs is None else inputs.get(MASK_KEY)))
-        return gather_outputs(chunks, self._cached[3])
+        self._compiled(before)
+        return gather_outputs(chunks, inverse)
 
     predict = __call__
 
@@ -123,13 +201,20 @@ def predictor(
 ) -> Predictor:
     """A :class:`Predictor`: ``model`` tuned as ``config`` says, once, to call on any samples.
 
+    A config that is costly to build (compiled, exported, quantized or pruned) is built once
+    per process for the same model object, config and device: a second predictor, a
+    :func:`predict` or :func:`~autotune.load` with ``model=`` reuses it, unless the model's
+    weights changed since (then it is built again, with a one-line warning).
+
     Args:
         model: The model as given to :func:`~autotune.optimize` (an ``nn.Module`` or a factory),
             or what :func:`~autotune.apply` returned (then it is used as it is).
         config: A dict, :class:`~autotune.Config`, ``best_config.json`` or its directory; for an
             applied model, ``None`` or the config it was applied with.
         dataset: The data the build needs (configs that prune or quantize), as for
-            :func:`~autotune.apply`; a DataLoader gives its dataset and collate.
+            :func:`~autotune.apply`; a DataLoader gives its dataset and collate. With a compiled
+            config, one batch of each shape the tuned loader makes of it runs here
+            (:meth:`Predictor.warm`), so the calls do not compile them.
         collate_fn: The collate the run used, if it needed one.
         pad_values: As for :func:`~autotune.optimize`.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
@@ -145,20 +230,80 @@ def predictor(
         >>> len(out), tuple(out[0].shape)
         (5, (2,))
     """
-    from autotune.env import resolve_device
-    from autotune.run.apply import _read_config, _unloaded, applied_as, apply
+    from autotune.run.apply import _unloaded, applied_as
 
+    data, collate_fn = _unloaded(dataset, collate_fn)
     mark = applied_as(model)
     if mark is not None:
-        return _reuse(model, mark, config, device, collate_fn, pad_values)
-    if config is None:
+        run = _reuse(model, mark, config, device, collate_fn, pad_values)
+    elif config is None:
         raise ConfigError("predictor() needs the config to tune `model` with: pass config= (result.best_config).")
-    where = resolve_device(device)
-    data, collate_fn = _unloaded(dataset, collate_fn)
-    tuned = apply(
-        model, config, device=where, dataset=data, collate_fn=collate_fn, pad_values=pad_values, **apply_kwargs
+    else:
+        run = _built(model, config, data, collate_fn, pad_values, device, apply_kwargs)
+    if data is not None and _compiles(run.config):
+        run.warm(data)
+    return run
+
+
+def _compiles(cfg: Any) -> bool:
+    """Whether ``cfg``'s model compiles per input shape (torch.compile, TorchScript)."""
+    return cfg["compile_mode"] != "none" or cfg["runtime"] == "torchscript"
+
+
+def _costly(cfg: Any) -> bool:
+    """Whether building ``cfg`` costs more than a copy: it compiles, exports, quantizes or prunes."""
+    return (
+        cfg["compile_mode"] != "none"
+        or cfg["runtime"] != "torch"
+        or cfg["quantization"] != "none"
+        or bool(cfg["prune_ratio"])
     )
-    return Predictor(tuned, _read_config(config), where, collate_fn, pad_values)
+
+
+def _built(
+    model: Any, config: Any, data: Any, collate_fn: Any, pad_values: Any, device: str, apply_kwargs: dict[str, Any]
+) -> Predictor:
+    """A predictor over ``model`` tuned as ``config`` says: built here, or, for a config that is
+    costly to build, the build this process made already for the same model, config and device
+    (:mod:`autotune.run._built`), its process-wide settings turned on again."""
+    import json
+
+    from autotune.env import resolve_device
+    from autotune.run._built import build_once
+    from autotune.run.apply import _read_config, _rebuild_of, apply
+
+    where, cfg = resolve_device(device), _read_config(config)
+
+    def build() -> Any:
+        return apply(model, config, device=where, dataset=data, collate_fn=collate_fn, pad_values=pad_values,
+                     **apply_kwargs)  # fmt: skip
+
+    if not _costly(cfg):
+        run = Predictor(build(), cfg, where, collate_fn, pad_values)
+        return run
+    # What the build depends on besides the model: the config with the run's draw (int8
+    # calibration), the device, and apply's other arguments by identity.
+    recipe = json.dumps([cfg.to_dict(), _rebuild_of(config)], sort_keys=True, default=str)
+    others = tuple(sorted((k, id(v)) for k, v in apply_kwargs.items()))
+    entry = build_once(model, (recipe, where, others), build, "predict")
+    if entry.reused:
+        _activate(cfg, where)
+    run = Predictor(entry.model, cfg, where, collate_fn, pad_values)
+    run.build_s = 0.0 if entry.reused else entry.build_s
+    return run
+
+
+def _activate(cfg: Any, device: str) -> None:
+    """Turn on ``cfg``'s process-wide settings (threads, ...), as :func:`~autotune.apply` does."""
+    from autotune.knobs import REGISTRY, Stage
+    from autotune.knobs.state import BuildState
+    from autotune.trial.build import apply_settings
+
+    state = BuildState(model=None, device=device)
+    for knob in REGISTRY.values():
+        if knob.stage == Stage.RUNTIME and knob.applies(cfg.to_dict()):
+            knob.apply(state, cfg[knob.name])
+    apply_settings(state.settings)
 
 
 def _reuse(model: Any, mark: dict[str, Any], config: Any, device: str, collate_fn: Any, pad_values: Any) -> Predictor:
@@ -194,9 +339,14 @@ def predict(
     """Every sample's output, in dataset order, from ``model`` tuned and batched as ``config``
     says (its batch size, workers, padding and length grouping, whatever order the batches run in).
 
-    A one-shot :func:`predictor`: it tunes ``model`` on each call (an int8 config quantizes again,
-    a compiled one compiles again). To predict more than once, build the predictor once, or pass
-    the model :func:`~autotune.apply` returned, which is used as it is.
+    A one-shot :func:`predictor`. A config that is costly to build (compiled, exported,
+    quantized or pruned) is built once per process: a later call with the same model object,
+    config and device reuses that build, so a compiled model compiles on the first call only
+    (one batch of each shape the tuned loader makes of ``dataset`` runs first; the cost is
+    :attr:`Predictor.build_s` and :attr:`Predictor.compile_s` of a :func:`predictor`). A model
+    changed since (its weights updated in place, through torch) is tuned again, with a warning.
+    A build that needs data (int8 calibration) uses the first call's. Other configs are applied
+    on each call, which costs a copy of the model.
 
     Args:
         model: The model (an ``nn.Module`` or a factory), as given to :func:`~autotune.optimize`,

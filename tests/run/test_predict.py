@@ -162,3 +162,109 @@ def test_each_pass_of_the_tuned_loader_runs_with_earlier_objects_out_of_full_col
     for _ in loader:
         break  # left after one batch: the iterator is dropped, its pass ends
     assert gc.get_freeze_count() == 0 and gc.isenabled()
+
+
+INT8 = {"batch_size": 16, "quantization": "int8_dynamic"}
+
+
+def test_predict_builds_a_costly_config_once_per_process_and_reuses_it():
+    """An int8 (or compiled) config costs a build: predict's later calls with the same model,
+    config and device reuse the first one's, as a predictor does."""
+    built = []
+
+    def make():
+        built.append(1)
+        return MLP()
+
+    data = classification_data(40)
+    first = autotune.predict(make, data, INT8, device="cpu")
+    second = autotune.predict(make, data, INT8, device="cpu")
+    run = autotune.predictor(make, INT8, device="cpu")
+    assert len(built) == 1 and run.build_s == 0.0
+    assert torch.equal(first.tensor, second.tensor)
+    autotune.predict(make, data, {**INT8, "batch_size": 8}, device="cpu")  # another config: its own build
+    assert len(built) == 2
+
+
+def test_a_model_changed_since_it_was_tuned_is_tuned_again_and_predict_says_so():
+    import warnings
+
+    model, data = MLP(), classification_data(24)
+    before = autotune.predict(model, data, INT8, device="cpu")
+    with torch.no_grad():
+        model.net[0].weight.mul_(2.0)  # an in-place update, as an optimizer step makes
+    with pytest.warns(UserWarning, match=r"^predict: `model` changed since this process tuned it") as caught:
+        after = autotune.predict(model, data, INT8, device="cpu")
+    assert len(caught) == 1 and "\n" not in str(caught[0].message)
+    assert not torch.allclose(before.tensor, after.tensor)  # the new weights, not the old build
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # unchanged since: the new build is reused, quietly
+        again = autotune.predict(model, data, INT8, device="cpu")
+    assert torch.equal(again.tensor, after.tensor)
+
+
+def test_a_kept_build_goes_with_its_model():
+    import gc
+
+    from autotune.run import _built
+
+    model = MLP()
+    autotune.predict(model, classification_data(16), INT8, device="cpu")
+    key = next(k for k in _built._BUILT if k[0] == id(model))
+    del model
+    gc.collect()
+    assert key not in _built._BUILT
+
+
+class _Pooled(torch.nn.Module):
+    """Token embeddings averaged over the mask: cheap to compile, one graph per padded width."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.embed = torch.nn.Embedding(200, 8)
+
+    def forward(self, input_ids, attention_mask):
+        keep = attention_mask.unsqueeze(-1).float()
+        return (self.embed(input_ids) * keep).sum(1) / keep.sum(1)
+
+
+@pytest.mark.slow
+def test_predict_called_twice_on_a_compiled_winner_compiles_once():
+    """A compiled winner over trimmed, grouped text (one graph per width, weights frozen into
+    each): the first predict builds it and compiles every width before its pass, the second
+    compiles nothing (dynamo's own count), and a predictor of the same model reuses the build."""
+    from torch._dynamo.utils import counters
+
+    config = {"batch_size": 4, "padding": "trim", "length_grouping": 4, "compile_mode": "default-freezing"}
+    model = _Pooled()
+    data = [{"input_ids": torch.arange(1, n + 1), "attention_mask": torch.ones(n, dtype=torch.long)}
+            for n in [3, 5, 7] * 8]  # fmt: skip
+    torch._dynamo.reset()
+    frames = counters["frames"]["ok"]
+    first = autotune.predict(model, data, config, device="cpu")
+    compiled = counters["frames"]["ok"] - frames
+    assert compiled >= 2, compiled  # several widths, each its own graph
+    second = autotune.predict(model, data, config, device="cpu")
+    run = autotune.predictor(model, config, dataset=data, device="cpu")
+    run(data)
+    assert counters["frames"]["ok"] - frames == compiled and run.n_compiles == 0 and run.build_s == 0.0
+    assert torch.equal(first.tensor, second.tensor)
+    with torch.inference_mode():  # each sample's own output, in dataset order
+        expected = torch.cat([_Pooled()(**{k: v[None] for k, v in s.items()}) for s in data[:3]])
+    torch.testing.assert_close(first.tensor[:3], expected)
+
+
+@pytest.mark.slow
+def test_a_predictor_warms_every_width_the_tuned_loader_makes_before_its_first_call():
+    from torch._dynamo.utils import counters
+
+    config = {"batch_size": 2, "padding": "trim", "length_grouping": 4, "compile_mode": "default"}
+    data = [{"input_ids": torch.arange(1, n + 1), "attention_mask": torch.ones(n, dtype=torch.long)}
+            for n in [2, 4, 6, 8] * 4]  # fmt: skip
+    torch._dynamo.reset()
+    run = autotune.predictor(_Pooled(), config, dataset=data, device="cpu")
+    assert run.compile_s > 0 and run.build_s > 0
+    frames = counters["frames"]["ok"]
+    run(data)
+    assert counters["frames"]["ok"] == frames and run.n_compiles == 0
