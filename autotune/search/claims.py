@@ -41,6 +41,7 @@ __all__ = [
     "half_width",
     "interval",
     "judge",
+    "shortfall",
 ]
 
 # Two-sided 97.5% quantiles of Student's t for 1..30 degrees of freedom (then the normal's).
@@ -121,7 +122,13 @@ def enough_rounds(
     return half_width([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]) <= target
 
 
-def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float, processes: Sequence[float] = ()) -> Claim:
+def judge(
+    ratios: Sequence[float],
+    others_cpu: float,
+    max_others_cpu: float,
+    processes: Sequence[float] = (),
+    shortfall: str | None = None,
+) -> Claim:
     """The verdict on confirmation rounds' ratios (pick / baseline per round).
 
     Args:
@@ -133,6 +140,8 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float, pro
             that holds for its whole life and differs from the next process's (one or both
             cores used), which rounds within one process cannot show: the interval is widened
             to contain every process's ratio.
+        shortfall: What the rounds lacked of what a confirmation sets out to do, and why (fewer
+            worker processes or rounds: the time budget), said at the end of the sentence.
 
     Returns:
         ``{"verdict", "speedup", "low", "high", "median", "min", "max", "n_rounds",
@@ -173,8 +182,9 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float, pro
         "busy": busy,
         "processes": [float(p) for p in processes],
         "wide": wide,
+        "shortfall": shortfall,
     }
-    where = ""
+    where = " in 1 process" if shortfall and len(processes) < 2 else ""
     if len(processes) > 1:
         where = f" in {len(processes)} worker processes: " + ", ".join(f"{p:.2f}x" for p in processes)
     span = f"{mid:.2f}x (95% CI {lo:.2f}-{hi:.2f}x over {len(ratios)} rounds{where})"
@@ -198,4 +208,31 @@ def judge(ratios: Sequence[float], others_cpu: float, max_others_cpu: float, pro
         claim["sentence"] = f"speedup {span}" + (
             f": the rounds disagree, so the speedup is at least {lo:.2f}x" if wide else ""
         )
+    if shortfall:
+        claim["sentence"] += f"; {shortfall}"
     return claim
+
+
+def shortfall(
+    ratios: Sequence[float], n_processes: int, why: str | None, n_max: int, target: float, max_s: float | None
+) -> str | None:
+    """What a confirmation lacked of what it sets out to do (rounds in :data:`CONFIRM_PROCESSES`
+    fresh worker processes until the interval is within +-``target``, or ``n_max`` rounds), and
+    why (``why``: why fewer processes ran); ``None`` when it did all of it. :func:`judge` ends
+    the claim's sentence with it.
+
+    Example:
+        >>> shortfall([2.0, 2.6], 1, "the time ran out", 15, 0.05, 30.0)[:52]
+        'less than planned: 1 process of the 2 planned (the t'
+        >>> shortfall([2.0, 2.0, 2.0], 2, None, 15, 0.05, 30.0) is None
+        True
+    """
+    parts = []
+    if why is not None and n_processes < CONFIRM_PROCESSES:
+        parts.append(f"{n_processes} process of the {CONFIRM_PROCESSES} planned ({why})")
+    if len(ratios) < n_max and half_width(ratios) > target and max_s is not None:
+        parts.append(
+            f"{len(ratios)} rounds, ended by the confirmation's time limit ({max_s:.3g} s) before the interval "
+            f"was within +-{target:.0%}"
+        )
+    return "less than planned: " + "; ".join(parts) if parts else None

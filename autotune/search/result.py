@@ -173,25 +173,39 @@ def confirm(
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
         :func:`autotune.search.claims.judge`.
     """
-    from autotune.search.claims import CONFIRM_DRAWS, CONFIRM_PROCESSES, TARGET_HALF_WIDTH, geomean, judge
+    from autotune.search.claims import CONFIRM_DRAWS, CONFIRM_PROCESSES, TARGET_HALF_WIDTH, geomean, judge, shortfall
 
     target = TARGET_HALF_WIDTH if target is None else target
-    groups, pids = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, CONFIRM_PROCESSES,
-                                   target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS)  # fmt: skip
+    groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, CONFIRM_PROCESSES,
+                                        target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS)  # fmt: skip
     rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
     processes = [geomean([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in g]) for g in groups]
     base, best = _figures(rounds, 0), _figures(rounds, 1)
     others = statistics.fmean([base["others_cpu"], best["others_cpu"]])
-    claim = judge(ratios, others, settings.max_others_cpu, processes=processes if len(groups) > 1 else ())
+    short = shortfall(ratios, len(groups), why, n_max, target, max_s)
+    claim = judge(ratios, others, settings.max_others_cpu, processes=processes if len(groups) > 1 else (),
+                  shortfall=short)  # fmt: skip
+    claim["n_processes"] = len(groups)
+    # A shape compiled, or run eager past dynamo's limit, inside the rounds' windows: said, not hidden.
+    claim["recompiles"] = sum(r[i].get("recompiles", 0) for r in rounds for i in (0, 1))
+    claim["compile_fallbacks"] = max((r[1].get("compile_fallbacks", 0) for r in rounds), default=0)
+    if claim["compile_fallbacks"]:
+        claim["sentence"] += (
+            "; the pick ran batches of some shapes eager (torch.compile reached dynamo's recompile limit), "
+            "as it will in use"
+        )
+    if claim["recompiles"]:
+        claim["sentence"] += f"; {claim['recompiles']} compile(s) fell inside the rounds' timed windows"
     return {"claim": claim, "baseline": base, "best": best, "worker_pids": pids}
 
 
 def _process_rounds(
     runner: Any, configs: list[dict[str, Any]], n_min: int, n_max: int, n_processes: int, **kw: Any
-) -> tuple[list[list[list[dict[str, Any]]]], list[int | None]]:
+) -> tuple[list[list[list[dict[str, Any]]]], list[int | None], str | None]:
     """Interleaved rounds split over up to ``n_processes`` worker processes, a fresh one each
-    (where the runner can start one): each process's rounds (at least two each), and its pid.
+    (where the runner can start one): each process's rounds (at least two each), its pid, and
+    why fewer processes ran than ``n_processes`` (``None`` when none is missing).
 
     The first process is fresh too, not the worker that ran the trials, which carries what
     every trial left in it (in one real-text run it gave the pick 5.45x, a fresh worker 6.51x
@@ -202,6 +216,7 @@ def _process_rounds(
     import time
 
     max_s = kw.pop("max_s", None)
+    why = None if runner.restarts else "isolation='inprocess' starts no worker process"
     n_processes = n_processes if runner.restarts else 1
     # Confirmation rounds draw from a range of their own: a fresh process counts rounds from
     # zero, and would otherwise re-read the batches the selection rounds drew.
@@ -210,8 +225,11 @@ def _process_rounds(
         if k:
             left = None if max_s is None else max_s - (time.monotonic() - started)
             if left is not None and left / (n_processes - k) < 0.5 * max_s / n_processes:
-                break  # too little time left for another process's rounds
+                # Too little time left for another process's rounds (its start and builds too).
+                why = f"{max(left, 0.0):.3g} s of the confirmation's {max_s:.3g} s were left, too little for another"
+                break
         if not runner.restart() and k:
+            why = "a fresh worker process could not be started"
             break
         # The share is what is left after the new process started: its start counts too.
         left = None if max_s is None else max_s - (time.monotonic() - started)
@@ -223,7 +241,7 @@ def _process_rounds(
         groups.append(reply["rounds"])
         pids.append(reply.get("pid"))
         drawn = reply.get("drawn", drawn)
-    return groups, pids
+    return groups, pids, why
 
 
 def claim_speedup(

@@ -341,3 +341,47 @@ def test_one_process_ratio_at_no_speedup_makes_the_claim_none():
     rounds = [1.5, 1.52, 1.49, 0.99, 0.98, 1.0]
     claim = judge(rounds, 0.0, 0.1, processes=[geomean(rounds[:3]), geomean(rounds[3:])])
     assert claim["verdict"] in ("none", "noisy") and claim["low"] <= 0.99
+
+
+def test_a_confirmation_cut_short_by_its_time_budget_says_how_many_rounds_and_processes_it_had(tmp_path):
+    """Two fresh worker processes are planned; a budget of a fraction of a second leaves the
+    second no time after the first's least rounds: the claim says it rests on those rounds in
+    one process, and why."""
+    from autotune.search.result import confirm
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=FAST)  # fmt: skip
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "worker.log")
+    try:
+        baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+        pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
+        confirmed = confirm(runner, baseline, pick, FAST, n_min=4, n_max=12, max_s=0.2, diagnose=False)
+    finally:
+        runner.close()
+    claim = confirmed["claim"]
+    assert len(confirmed["worker_pids"]) == 1 and claim["n_processes"] == 1 and claim["n_rounds"] == 2
+    assert f"over {claim['n_rounds']} rounds in 1 process" in claim["sentence"], claim["sentence"]
+    assert "1 process of the 2 planned" in claim["sentence"] and "too little for another" in claim["sentence"]
+    assert claim["shortfall"] in claim["sentence"]
+
+
+def test_rounds_run_in_this_process_say_so_in_the_claim():
+    ctx = _context(MLP())
+    runner = InProcessRunner.__new__(InProcessRunner)
+    runner._ctx, runner.info = ctx, ctx.info
+    from autotune.search.result import confirm
+
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
+    claim = confirm(runner, baseline, pick, FAST, n_min=2, n_max=2, diagnose=False)["claim"]
+    assert "over 2 rounds in 1 process" in claim["sentence"]
+    assert "1 process of the 2 planned (isolation='inprocess' starts no worker process)" in claim["sentence"]
+
+
+def test_a_full_confirmation_adds_nothing_to_its_sentence():
+    claim = judge([1.5, 1.52, 1.49, 1.51], 0.0, 0.1, processes=[1.51, 1.5])
+    assert claim["shortfall"] is None and "planned" not in claim["sentence"]
+    short = judge([1.5, 1.52], 0.0, 0.1, shortfall="less than planned: 1 process of the 2 planned (budget)")
+    assert short["sentence"].endswith("; less than planned: 1 process of the 2 planned (budget)")
+    assert "over 2 rounds in 1 process)" in short["sentence"]
