@@ -56,13 +56,13 @@ _LAZY = {
     "profile": "autotune.run.profile",
     "training": "autotune.run.apply",
     "load_config": "autotune.run.cfg",
-    "load": "autotune.deploy.light",  # torch-free for an OpenVINO artifact, else autotune.deploy.serve.load
+    "load": "autotune.deploy.entry",  # torch-free for an OpenVINO artifact, else autotune.deploy.serve.load
     "verify": "autotune.deploy.verify",
 }
 
 if TYPE_CHECKING:
     from autotune.config import Config
-    from autotune.deploy.light import load
+    from autotune.deploy.entry import load
     from autotune.deploy.verify import verify
     from autotune.run.apply import apply, dataloader, training
     from autotune.run.cfg import load_config

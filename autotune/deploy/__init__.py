@@ -5,7 +5,7 @@ from autotune._lazy import exports
 __all__, __getattr__, __dir__ = exports(
     __name__,
     {
-        "load": "light",
+        "load": "entry",
         "Predictor": "load",
         "verify": "verify",
     },

@@ -1,12 +1,9 @@
-""":func:`load`, and serving an OpenVINO artifact without torch (:class:`OvPredictor`).
+"""Serving an OpenVINO artifact without torch (:class:`OvPredictor`), and reading a run's
+directory without torch: its artifacts, their files inside it, which one is the winner
+(:mod:`autotune.deploy.load` re-exports these helpers).
 
-An OpenVINO winner's IR runs with ``openvino`` and ``numpy`` alone. ``load(out, format="openvino")``
-serves it without importing torch, and so does ``load(out)`` on a machine without torch (a
-deployment image with ``openvino`` only), where it is the one artifact that can run. Everything
-else :func:`autotune.deploy.serve.load` serves, timing the candidates, as before.
-
-The helpers that read a run's directory (its artifacts, their files inside it, which is the
-winner) live here, without torch, and :mod:`autotune.deploy.load` re-exports them.
+An OpenVINO winner's IR runs with ``openvino`` and ``numpy`` alone; :func:`autotune.deploy.entry.load`
+serves it so.
 
 Example:
     >>> predict = autotune.load("autotune_out", format="openvino")  # doctest: +SKIP
@@ -15,7 +12,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import warnings
@@ -26,52 +22,17 @@ from typing import Any
 from autotune.errors import ConfigError, InputError
 from autotune.export import file_digest
 
-__all__ = ["OvPredictor", "load"]
+__all__ = ["OvPredictor", "open_openvino"]
 
 
-def load(
-    out_dir: str | Path,
-    *,
-    model: Any = None,
-    dataset: Any = None,
-    collate_fn: Any = None,
-    format: str | None = None,
-    device: str | None = None,
-    allow_modified: bool = False,
-) -> Any:
-    """Serve a tuning run from ``out_dir``: see :func:`autotune.deploy.serve.load`, which this is.
-
-    Two cases run without torch, and import none: ``format="openvino"`` (the IR, untimed, on the
-    CPU), and no ``format`` on a machine where torch is not installed, which serves the run's
-    OpenVINO artifact, the one that runs there.
+def open_openvino(out_dir: Path, fmt: str | None, device: str | None, allow_modified: bool) -> OvPredictor:
+    """The run's OpenVINO artifact as an :class:`OvPredictor`: asked for (``fmt="openvino"``),
+    or (``fmt=None``) as the one artifact that runs without torch.
 
     Raises:
-        ConfigError: as :func:`autotune.deploy.serve.load`; and without torch, a run with no
-            OpenVINO artifact, or ``device`` other than the CPU for one.
+        ConfigError: no such artifact (or, unasked, none that passed its checks), ``device``
+            other than the CPU, its files missing, outside ``out_dir`` or changed since export.
     """
-    if model is None and (format == "openvino" or (format is None and _torch_missing())):
-        return _openvino(Path(out_dir), format, device, allow_modified)
-    from autotune.deploy.serve import load as serve
-
-    return serve(
-        out_dir,
-        model=model,
-        dataset=dataset,
-        collate_fn=collate_fn,
-        format=format,
-        device=device,
-        allow_modified=allow_modified,
-    )
-
-
-def _torch_missing() -> bool:
-    try:
-        return importlib.util.find_spec("torch") is None
-    except (ImportError, ValueError):  # a broken entry in sys.modules
-        return True
-
-
-def _openvino(out_dir: Path, fmt: str | None, device: str | None, allow_modified: bool) -> OvPredictor:
     if device is not None and str(device) != "cpu":
         raise ConfigError(f"An OpenVINO artifact runs on the CPU, but device={device!r} was given: pass device='cpu'.")
     artifacts, run_batch_size = _read_artifacts(out_dir)
@@ -210,14 +171,9 @@ class OvPredictor:
     def predict(self, samples: Sequence[Any], collate_fn: Any = None) -> list[Any]:
         """Every sample's output, batched as the run's winner batches: see
         :meth:`autotune.deploy.load.Predictor.predict` (it needs torch, as samples are tensors)."""
-        from autotune.deploy.load import Predictor
+        from autotune.deploy.samples import predict_samples
 
-        return Predictor.predict(self, samples, collate_fn)  # type: ignore[arg-type]
-
-    def _predict_images(self, samples: list[Any], config: Mapping[str, Any]) -> list[Any]:
-        from autotune.deploy.load import Predictor
-
-        return Predictor._predict_images(self, samples, config)  # type: ignore[arg-type]
+        return predict_samples(self, samples, collate_fn)
 
 
 def _is_torch(value: Any) -> bool:

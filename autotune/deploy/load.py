@@ -135,71 +135,9 @@ class Predictor:
             collate_fn: The run's own collate, when it had one (it is not saved with the run);
                 a run that padded token sequences itself pads them the same way here.
         """
-        from autotune.batching import Batching, lengths_of, pad_collate, split_samples
-        from autotune.export.parity import flat_inputs
-        from autotune.run.apply import _unloaded
+        from autotune.deploy.samples import predict_samples
 
-        samples, collate_fn = _unloaded(samples, collate_fn)
-        data = self.run.get("data") or {}
-        if collate_fn is None and data.get("collate") == "user":
-            raise InputError(
-                "This run batched its samples with its own collate_fn: pass it, predict(samples, collate_fn=...)."
-            )
-        if collate_fn is None and data.get("collate") == "pad":
-            pad_values = dict(data.get("pad_values") or {})
-            collate_fn = lambda part: pad_collate(part, pad_values)  # noqa: E731
-        config = self.run.get("config") or {}
-        if collate_fn is None and data.get("collate") == "image":
-            return self._predict_images(list(samples), config)
-        grouping = int(config.get("length_grouping") or 0)
-        batching = Batching(
-            batch_size=self.batch_size,
-            collate_fn=collate_fn,
-            padding=config.get("padding", "as_given"),
-            grouping=grouping,
-            lengths=lengths_of(samples) if grouping else None,
-        )
-        outputs: list[Any] = [None] * len(samples)
-        for ids, batch in batching.batches(list(samples)):
-            names, tensors, _ = flat_inputs(batch)
-            out = self(dict(zip(names, tensors, strict=True)))
-            for i, piece in zip(ids, split_samples(out, batch), strict=False):
-                outputs[i] = map_tensors(lambda t: t[0], piece)
-        return outputs
-
-    def _predict_images(self, samples: list[Any], config: Mapping[str, Any]) -> list[Any]:
-        """Images of different sizes, batched as the run batched them (each batch padded to its
-        largest image, rounded up to ``image_padding``'s multiple; with ``size_grouping``,
-        images of similar shape together), every dense map cut back to its own image's size."""
-        from autotune.batching import Batching
-        from autotune.data import image_of
-        from autotune.export.parity import flat_inputs
-        from autotune.knobs.state import image_multiple
-        from autotune.shapes import dense_crop, pad_images, size_keys
-
-        found = [image_of(s) for s in samples]
-        if any(image is None for image in found):
-            raise InputError(
-                "This run batched images of different sizes: every sample must hold a float "
-                "(channels, height, width) tensor, as its dataset gave them."
-            )
-        sizes = [tuple(int(n) for n in image.shape[-2:]) for image in found]
-        grouping = int(config.get("size_grouping") or 0)
-        batching = Batching(
-            batch_size=self.batch_size,
-            collate_fn=pad_images,
-            grouping=grouping,
-            lengths=size_keys(sizes) if grouping else None,
-            image_multiple=image_multiple(str(config.get("image_padding", "largest"))),
-        )
-        outputs: list[Any] = [None] * len(samples)
-        for ids, batch in batching.batches(samples):
-            names, tensors, _ = flat_inputs(batch)
-            images = batch if isinstance(batch, torch.Tensor) else batch[0]
-            out = self(dict(zip(names, tensors, strict=True)))
-            for i, piece in zip(ids, dense_crop(out, tuple(images.shape[-2:]), [sizes[i] for i in ids]), strict=True):
-                outputs[i] = piece
-        return outputs
+        return predict_samples(self, samples, collate_fn)
 
 
 def run_device(out_dir: Path) -> str:

@@ -1,0 +1,94 @@
+"""Samples through a served artifact, batched as the run's winner batched them: what
+``Predictor.predict`` does, for every kind of predictor (:class:`~autotune.deploy.load.Predictor`,
+:class:`~autotune.deploy.light.OvPredictor`), which call it with themselves."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from autotune.errors import InputError
+
+__all__ = ["predict_images", "predict_samples"]
+
+
+def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -> list[Any]:
+    """Every sample's output, in the order given, batched as the run's winner batches: its
+    batch size, padding and length grouping (``best_config.json``). Each output is the
+    sample's own, without a batch axis; token-level outputs keep the real tokens only.
+
+    Args:
+        samples: Samples as the dataset gives them (dicts of tensors, or a tokenizer's lists
+            of ints, for text), or a DataLoader over them: its dataset and its collate.
+        collate_fn: The run's own collate, when it had one (it is not saved with the run);
+            a run that padded token sequences itself pads them the same way here.
+    """
+    from autotune.batching import Batching, lengths_of, pad_collate, split_samples
+    from autotune.data import map_tensors
+    from autotune.export.parity import flat_inputs
+    from autotune.run.apply import _unloaded
+
+    samples, collate_fn = _unloaded(samples, collate_fn)
+    data = pred.run.get("data") or {}
+    if collate_fn is None and data.get("collate") == "user":
+        raise InputError(
+            "This run batched its samples with its own collate_fn: pass it, predict(samples, collate_fn=...)."
+        )
+    if collate_fn is None and data.get("collate") == "pad":
+        pad_values = dict(data.get("pad_values") or {})
+        collate_fn = lambda part: pad_collate(part, pad_values)  # noqa: E731
+    config = pred.run.get("config") or {}
+    if collate_fn is None and data.get("collate") == "image":
+        return predict_images(pred, list(samples), config)
+    grouping = int(config.get("length_grouping") or 0)
+    batching = Batching(
+        batch_size=pred.batch_size,
+        collate_fn=collate_fn,
+        padding=config.get("padding", "as_given"),
+        grouping=grouping,
+        lengths=lengths_of(samples) if grouping else None,
+    )
+    outputs: list[Any] = [None] * len(samples)
+    for ids, batch in batching.batches(list(samples)):
+        names, tensors, _ = flat_inputs(batch)
+        out = pred(dict(zip(names, tensors, strict=True)))
+        for i, piece in zip(ids, split_samples(out, batch), strict=False):
+            outputs[i] = map_tensors(lambda t: t[0], piece)
+    return outputs
+
+
+def predict_images(pred: Any, samples: list[Any], config: Mapping[str, Any]) -> list[Any]:
+    """Images of different sizes, batched as the run batched them (each batch padded to its
+    largest image, rounded up to ``image_padding``'s multiple; with ``size_grouping``,
+    images of similar shape together), every dense map cut back to its own image's size."""
+    import torch
+
+    from autotune.batching import Batching
+    from autotune.data import image_of
+    from autotune.export.parity import flat_inputs
+    from autotune.knobs.state import image_multiple
+    from autotune.shapes import dense_crop, pad_images, size_keys
+
+    found = [image_of(s) for s in samples]
+    if any(image is None for image in found):
+        raise InputError(
+            "This run batched images of different sizes: every sample must hold a float "
+            "(channels, height, width) tensor, as its dataset gave them."
+        )
+    sizes = [tuple(int(n) for n in image.shape[-2:]) for image in found]
+    grouping = int(config.get("size_grouping") or 0)
+    batching = Batching(
+        batch_size=pred.batch_size,
+        collate_fn=pad_images,
+        grouping=grouping,
+        lengths=size_keys(sizes) if grouping else None,
+        image_multiple=image_multiple(str(config.get("image_padding", "largest"))),
+    )
+    outputs: list[Any] = [None] * len(samples)
+    for ids, batch in batching.batches(samples):
+        names, tensors, _ = flat_inputs(batch)
+        images = batch if isinstance(batch, torch.Tensor) else batch[0]
+        out = pred(dict(zip(names, tensors, strict=True)))
+        for i, piece in zip(ids, dense_crop(out, tuple(images.shape[-2:]), [sizes[i] for i in ids]), strict=True):
+            outputs[i] = piece
+    return outputs
