@@ -343,14 +343,6 @@ class Staged:
             and any(self._add(self._recipe, self.recipe_parts, v) is not None for v in lever.variants)
         ]
 
-    def _recipe_paid(self, scores: Mapping[str, float | None]) -> float | None:
-        """The recipe's speed against the baseline when it was measured and paid, else ``None``."""
-        base = scores.get(self.baseline_key)
-        found = scores.get(Config(self._recipe).key()) if self._recipe is not None else None
-        if found is None or not base or found < MIN_GAIN * base:
-            return None
-        return found / base
-
     def _ablations(self, scores: Mapping[str, float | None]) -> list[dict[str, Any]]:
         """The recipe with each of its levers (but the batch) taken back out, when the recipe
         paid: measured right after it, before anything is built on it, so a lever that costs
@@ -381,6 +373,14 @@ class Staged:
                 continue  # it cost inside the recipe
             kept.append(part)
         return kept, best / base
+
+    def _recipe_paid(self, scores: Mapping[str, float | None]) -> float | None:
+        """The recipe's speed against the baseline when it was measured and paid, else ``None``."""
+        base = scores.get(self.baseline_key)
+        found = scores.get(Config(self._recipe).key()) if self._recipe is not None else None
+        if found is None or not base or found < MIN_GAIN * base:
+            return None
+        return found / base
 
     def _full(self, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The whole configuration as the study loop builds it from the same parameters:
@@ -523,6 +523,10 @@ class Staged:
         first = [[c] for _, cs in paid[1:] for c in cs if c not in held] + [
             list(lever.variants) for lever in self.levers if lever.name in on_recipe
         ]
+        # Cheap changes first (data shape, precision, loader: seconds each); a costly build
+        # (compile, int8, another runtime) is tried once, on the best cheap composition.
+        heavy = [steps for steps in first if any(k in HEAVY_KNOBS for c in steps for k in c)]
+        first = [steps for steps in first if steps not in heavy]
         # The recipe's own levers (its batch) are not tried again on what was built on it.
         inside = {lever.name for lever in self.recipe_levers} if recipe_ratio is not None else set()
         second = [
@@ -536,10 +540,6 @@ class Staged:
                 climb = self._interactions(records, scores, self._alone_harmful(records) + harmful, batch_only=True)
                 if climb is not None:
                     return climb, harmful
-        # Cheap changes first (data shape, precision, loader: seconds each); a costly build
-        # (compile, int8, another runtime) is tried once, on the best cheap composition.
-        heavy = [steps for steps in first if any(k in HEAVY_KNOBS for c in steps for k in c)]
-        first = [steps for steps in first if steps not in heavy]
             if tier and recipe_ratio is not None:
                 # The batch around a recipe was climbed before screening: the costly builds and
                 # the second tier go on the fastest configuration holding the rest of what was kept.
