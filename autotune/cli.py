@@ -92,6 +92,7 @@ def _run_parser(run: argparse.ArgumentParser) -> None:
     )
     run.add_argument("--export", help="artifacts of the winner: onnx,torchscript (default) or none")
     run.add_argument("--no-profile", action="store_true", help="skip profiling the baseline and the winner")
+    run.add_argument("--budget", help="wall time for the whole run, planned to end in it: 300, 90s, 5m, 1h30m")
     reread = "the same samples are read again in use (repeated evaluation of a fixed set): caches may pay"
     run.add_argument("--repeated-passes", action="store_true", help=reread)
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
@@ -177,6 +178,7 @@ def _options(args: argparse.Namespace) -> tuple[dict[str, Any], Any]:
         "join": True if args.join else None,
         "profile": False if args.no_profile else None,
         "repeated_passes": True if args.repeated_passes else None,
+        "budget": args.budget,
         "fix": _parse_fix(args.fix) if args.fix else None,
     }
     return cfg, Options.from_cfg(cfg, flags, where=args.cfg)
@@ -405,7 +407,7 @@ def _run(args: argparse.Namespace, console: Any) -> int:
     out = options.out_dir
     # With --json, stdout carries the JSON alone: progress and messages go to stderr.
     shown = Console(stderr=True) if args.json else console
-    progress = make_progress(shown, timeout=options.timeout, n_trials=options.n_trials, quiet=args.quiet)
+    progress = make_progress(shown, timeout=options.limit_s, n_trials=options.n_trials, quiet=args.quiet)
     try:
         with progress if progress is not None else contextlib.nullcontext():
             result = execute(cfg["model"], cfg["dataset"], options.replace(progress=progress))
