@@ -37,9 +37,8 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
 
 
 # Seconds kept for writing the result files and the reports (report.html's figures): measured
-# 4-10 s on 2 busy cores, most of it importing the plotting stack, which starts in the
-# background when the run does (see autotune.run.stages.prepare).
-REPORT_S = 6.0
+# 4-10 s on 2 busy cores, most of it importing the plotting stack.
+REPORT_S = 8.0
 
 
 def overrun_margin(timeout: float) -> float:
@@ -74,9 +73,12 @@ def finalize(run: Run) -> None:
     with clock("export"):
         run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
     # Where the time goes, after every timed figure and the export: profiling never touches them.
-    if opts.profile:
+    left = run.left_s()
+    if opts.profile and (left is None or left > 2 * REPORT_S):  # a second or two each, then the reports
         with clock("profile"):
             profile_run(run)
+    elif opts.profile:
+        run.summary["profile"] = {"error": f"not profiled: {left:.0f} s were left for it and the reports"}
     run.summary["finish"] = clock.rows
 
 
@@ -99,7 +101,7 @@ def _confirm(run: Run, runner: Any) -> None:
     """The winner and its claim: selection rounds among the finalists, then fresh rounds of the
     pick against the baseline, in what the deadline leaves."""
     import autotune.search.select as select
-    from autotune.search.cost import finish_s
+    from autotune.search.cost import build_s, finish_s
     from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
 
     opts = run.options
@@ -115,6 +117,9 @@ def _confirm(run: Run, runner: Any) -> None:
     # With a timeout the rounds take what the search left (the worker is cut off at the
     # deadline too); held-out scoring, when asked, keeps a fifth of it.
     left = run.left_s()
+    if left is not None:  # the export and the reports come after, inside the same deadline
+        pick = finalists[0]
+        left = max(0.0, left - (build_s(pick) + float(pick.get("wall_s") or 0.0) if opts.export else 0.0) - REPORT_S)
     budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
     # The least confirmation: one fresh worker, both builds, two rounds.
     need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,

@@ -18,7 +18,6 @@ round, a restart) is bounded by what is left.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -423,13 +422,6 @@ def write(run: Run, *, interrupted: bool = False) -> Any:
     return result
 
 
-def _import_reports() -> None:
-    import contextlib
-
-    with contextlib.suppress(Exception):
-        import autotune.report.html  # noqa: F401
-
-
 def _say_if_too_small(run: Run) -> None:
     """Say, before the first trial, when what is left of a ``budget`` cannot hold a confirmed
     pick: the baseline, the confirmation's two fresh workers and the export each start a worker
@@ -459,8 +451,6 @@ def execute(model: Any, dataset: Any, opts: Options, started: float | None = Non
 
     started = time.monotonic() if started is None else started
     deadline = None if opts.limit_s is None else started + opts.limit_s
-    if deadline is not None:  # the reports' plotting stack loads while the trials run
-        threading.Thread(target=_import_reports, daemon=True).start()
     run = prepare(model, dataset, opts, deadline)
     _say_if_too_small(run)
     seconds = run.summary["time"] = {"prepare_s": round(time.monotonic() - started, 1)}

@@ -35,7 +35,14 @@ def _heavy(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...
 
 
 def _measured(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-    return [r for r in records if r.get("ran") and r.get("wall_s") and isinstance(r.get("config"), Mapping)]
+    """Trials that ran, with their wall time: a trial killed at its limit has only ``trial_s``,
+    and a compile that ran out of time must raise the price of the next, not be forgotten."""
+    found = []
+    for r in records:
+        wall = r.get("wall_s") or r.get("trial_s")
+        if r.get("ran", True) and wall and isinstance(r.get("config"), Mapping) and r.get("kind") != "deadline":
+            found.append({**r, "wall_s": wall})
+    return found
 
 
 def trial_cost_s(

@@ -215,6 +215,8 @@ def _process_rounds(
     import math
     import time
 
+    from autotune.errors import TrialError
+
     max_s = kw.pop("max_s", None)
     why = None if runner.restarts else "isolation='inprocess' starts no worker process"
     n_processes = n_processes if runner.restarts else 1
@@ -228,16 +230,23 @@ def _process_rounds(
                 # Too little time left for another process's rounds (its start and builds too).
                 why = f"{max(left, 0.0):.3g} s of the confirmation's {max_s:.3g} s were left, too little for another"
                 break
-        if not runner.restart() and k:
-            why = "a fresh worker process could not be started"
+        try:
+            if not runner.restart() and k:
+                why = "a fresh worker process could not be started"
+                break
+            # The share is what is left after the new process started: its start counts too.
+            left = None if max_s is None else max_s - (time.monotonic() - started)
+            share = None if left is None else max(left, 0.0) / (n_processes - k)
+            n_lo = max(2, math.ceil(n_min / n_processes))
+            n_hi = max(n_lo, math.ceil(n_max / n_processes))
+            # Each process draws batches after the earlier ones': no round re-reads another's.
+            reply = _rounds_reply(runner, configs, n_lo, n_hi, max_s=share, drawn=drawn, **kw)
+        except TrialError as exc:
+            if not k or exc.kind != "deadline":
+                raise
+            # The run's deadline cut a later process short: the earlier one's rounds stand.
+            why = f"the run's deadline cut the next process short ({exc})"
             break
-        # The share is what is left after the new process started: its start counts too.
-        left = None if max_s is None else max_s - (time.monotonic() - started)
-        share = None if left is None else max(left, 0.0) / (n_processes - k)
-        n_lo = max(2, math.ceil(n_min / n_processes))
-        n_hi = max(n_lo, math.ceil(n_max / n_processes))
-        # Each process draws batches after the earlier ones': no round re-reads another's.
-        reply = _rounds_reply(runner, configs, n_lo, n_hi, max_s=share, drawn=drawn, **kw)
         groups.append(reply["rounds"])
         pids.append(reply.get("pid"))
         drawn = reply.get("drawn", drawn)
@@ -276,7 +285,8 @@ def claim_speedup(
         return finalists[0], None, [{"error": f"{left}, and confirming the pick needs about {need_s:.0f} s",
                                      "deadline": True}]  # fmt: skip
     try:
-        half = None if budget_s is None else budget_s / 2
+        # Selection and confirmation share the budget; with one finalist nothing is selected.
+        half = None if budget_s is None else budget_s / (1 if len(finalists) == 1 else 2)
         pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
         if pick is None:
             if speed_only:

@@ -415,7 +415,8 @@ class Staged:
         """Score by key of every configuration with a result (``None``: it failed or missed the guard)."""
         scores: dict[str, float | None] = {}
         for r in records:
-            if "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
+            late = r.get("kind") == "deadline" and not r.get("ran")  # not started: no result
+            if "key" in r and r.get("status") not in (None, "skipped", "interrupted") and not late:
                 scores.setdefault(r["key"], _score(r, self.key, self.maximize))
         return scores
 
@@ -630,9 +631,7 @@ class Staged:
             for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
                 if lever.name != "batch_size" and self._keeps(best, part):
                     ablations.append({k: self.baseline[k] for k in part})
-        moves = (
-            [*graphs, *larger, *smaller] if batch_only else [*graphs, *larger, *again, *smaller, *ablations, *dynamic]
-        )
+        moves = [*larger, *smaller] if batch_only else [*graphs, *larger, *again, *smaller, *ablations, *dynamic]
         for changes in moves:
             candidate = self._full(changes, best)
             key = Config(candidate).key()

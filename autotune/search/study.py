@@ -59,6 +59,18 @@ _MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
 _MAX_REPEATS = 30
 # Statuses that say nothing about a configuration: it may be measured again.
 _NO_RESULT = ("skipped", "interrupted")
+# This many trials in a row not started for the deadline end the search ("timeout").
+_MAX_LATE = 5
+
+
+def _has_result(attrs: Mapping[str, Any]) -> bool:
+    """Whether a finished trial holds a result for its configuration: not a skipped or
+    interrupted claim, nor one not started for the deadline (a resumed run measures it)."""
+    if attrs.get("status", "skipped") in _NO_RESULT:
+        return False
+    return not (attrs.get("kind") == "deadline" and not attrs.get("ran"))
+
+
 # A worker waiting for others (the budget spoken for) looks at the study again this often.
 _POLL_S = 0.5
 # How long a claim waits for younger claims on the same key or budget slot to withdraw.
@@ -219,7 +231,7 @@ class _View:
                 self.claims.append(t)
             elif t.state in (TrialState.WAITING, TrialState.RUNNING) and attrs.get("baseline"):
                 self.baseline_queued = True  # queued, or asked and about to claim
-            elif t.state.is_finished() and attrs.get("status", "skipped") not in _NO_RESULT and "key" in attrs:
+            elif t.state.is_finished() and _has_result(attrs) and "key" in attrs:
                 self.results.setdefault(attrs["key"], t)
                 self.n_measured += bool(attrs.get("ran") and attrs.get("repeat_of") is None)
         base = self.results.get(baseline_key)
@@ -493,7 +505,7 @@ def run_trials(
     study.set_user_attr("n_trials", n_trials)  # for `autotune status`: the budget last asked for
     deadline = None if timeout is None else time.monotonic() + timeout
     limits = _Limits(runner, trial_timeout, deadline, timeout, reserve)
-    repeats = 0
+    repeats = late = 0
     waiting: set[int] = set()
     while True:
         if stop is not None and stop.is_set():
@@ -562,8 +574,14 @@ def run_trials(
                     trial.set_user_attr("status", "interrupted")
                     study.tell(trial, state=TrialState.FAIL)
                 raise
+        if outcome == "late" and limits.deadline is not None:
+            late += 1
+            if late >= _MAX_LATE:  # nothing proposed fits in what is left: the deadline ended it
+                return "timeout"
+        else:
+            late = 0
         # A refusal of a value left out after screening costs no budget: many in a row, the space is spent.
-        repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened", "late") else 0
+        repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened") else 0
 
 
 class _Limits:
@@ -605,7 +623,7 @@ class _Limits:
         left = self._left(records)
         if left is None:
             return False
-        cheapest = trial_cost_s(self.baseline["config"], records, self.baseline) if self.baseline else 0.0
+        cheapest = float(self.baseline.get("wall_s") or 0.0) if self.baseline else 0.0
         return left <= 0 or left < cheapest
 
     def too_late(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> str | None:
@@ -623,13 +641,13 @@ class _Limits:
             f"had {max(left, 0.0):.0f} s left before the run's deadline"
         )
 
-    def for_config(self, config: Mapping[str, Any]) -> tuple[float, bool]:
-        """(seconds, whether the study's deadline is what limits them)."""
+    def for_config(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> tuple[float, bool]:
+        """(seconds, whether the search's deadline is what limits them): a trial that runs past
+        its predicted cost is stopped where the finish's reserve begins, not after eating it."""
         limit = trial_limit(config, self.baseline, self.fixed)
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left < limit:
-                return max(left, 0.0), True
+        left = self._left([trial_record(t) for t in finished]) if self.deadline is not None else None
+        if left is not None and left < limit:
+            return max(left, 0.0), True
         return limit, False
 
     def timeout_reason(self, limit: float, at_deadline: bool) -> dict[str, Any]:
@@ -734,7 +752,7 @@ def _one_trial(
     elif (late := limits.too_late(config, finished)) is not None:
         result = TrialResult("timeout", "deadline", late, {"ran": False, **attrs})
     else:
-        limit, at_deadline = limits.for_config(config)
+        limit, at_deadline = limits.for_config(config, finished)
         fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space)
         result = runner.run(config, timeout=limit, fidelity=fidelity)
         result.metrics.update(attrs, ran=result.metrics.get("ran", True))

@@ -193,7 +193,10 @@ class TrialContext(Context):
             # the pipeline feeds the chip (input-, launch- or compute-bound).
             from autotune.trial.diagnose import model_alone
 
-            result.update(model_alone(state, self.spec.dataset, result["samples_per_s"], self.spec.measure))
+            try:
+                result.update(model_alone(state, self.spec.dataset, result["samples_per_s"], self.spec.measure))
+            except Exception as exc:  # the end-to-end figure stands without its explanation
+                result["bound_error"] = one_line(exc)
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
         if result["stopped"]:
             # Far below the best so far after its first windows: neither more timing nor the

@@ -126,4 +126,8 @@ class GpuSharing:
         except Exception:
             return None
         mine = run_pids()
+        if samples and not any(s.pid in mine for s in samples):
+            # This worker computed in the windows, yet no sample names it: NVML speaks of
+            # another PID namespace (a container's), so whose samples these are is unknown.
+            return None
         return len({s.pid for s in samples if s.pid not in mine and (s.smUtil or s.memUtil)})

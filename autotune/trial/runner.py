@@ -236,7 +236,7 @@ class SubprocessRunner(Runner):
         log = open(self._log_path, "ab")
         try:
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.trial.worker", str(to_child_r), str(from_child_w)],
+                [sys.executable, "-m", "autotune.trial.worker", str(to_child_r), str(from_child_w), str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -328,7 +328,9 @@ class SubprocessRunner(Runner):
         except TrialError as exc:
             if exc.kind != "deadline":
                 raise
-            return TrialResult("timeout", "deadline", str(exc), {"trial_s": time.perf_counter() - started, "ran": False})
+            return TrialResult(
+                "timeout", "deadline", str(exc), {"trial_s": time.perf_counter() - started, "ran": False}
+            )
         if self.bounded(timeout) <= 0:
             return _not_started(started)
         message = ("trial", config, fidelity)

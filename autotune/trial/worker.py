@@ -67,7 +67,7 @@ def serve(conn: Any) -> None:
             return
 
 
-def watch_parent(interval_s: float = 0.5) -> None:
+def watch_parent(parent: int | None = None, interval_s: float = 0.5) -> None:
     """End this worker, and the loader processes it started, once its parent is gone.
 
     The worker runs in a session of its own (so Ctrl-C reaches only the parent), so nothing
@@ -80,7 +80,7 @@ def watch_parent(interval_s: float = 0.5) -> None:
     import threading
     import time
 
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent  # given: a parent gone before now counts too
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -93,7 +93,7 @@ def watch_parent(interval_s: float = 0.5) -> None:
 def main(argv: list[str]) -> None:
     from multiprocessing.connection import Connection
 
-    watch_parent()
+    watch_parent(int(argv[3]) if len(argv) > 3 else None)
     read_fd, write_fd = int(argv[1]), int(argv[2])
     inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
 

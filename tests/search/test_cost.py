@@ -28,3 +28,21 @@ def test_the_finish_pays_two_fresh_workers_the_builds_the_rounds_and_the_export(
     assert with_compile >= 2 * (8.0 + 60.0) + 60.0
     assert finish_s(BASE, BASE, start_s=8.0) < with_compile / 3  # an eager pick is cheap to confirm
     assert finish_s(None, pick, 8.0) == 0.0
+
+
+def test_a_compile_killed_at_its_limit_raises_the_price_of_the_next():
+    """A trial killed at its limit has no wall_s, only trial_s: it must not be forgotten."""
+    killed = {"config": {**BASE["config"], "compile_mode": "default"}, "ran": True, "status": "timeout",
+              "trial_s": 90.0}  # fmt: skip
+    assert trial_cost_s({**BASE["config"], "compile_mode": "default", "batch_size": 64}, [BASE, killed], BASE) == 90.0
+    late = {"config": {**BASE["config"], "compile_mode": "default"}, "ran": False, "kind": "deadline", "trial_s": 0.0}
+    assert trial_cost_s({**BASE["config"], "compile_mode": "default"}, [BASE, late], BASE) == 3.0 + HEAVY_PRIOR_S
+
+
+def test_a_trial_not_started_for_the_deadline_holds_no_result():
+    """A resumed run measures it: it was never run, so it is no 'repeat' of anything."""
+    from autotune.search.study import _has_result
+
+    assert not _has_result({"status": "timeout", "kind": "deadline", "ran": False})
+    assert _has_result({"status": "timeout", "kind": "deadline", "ran": True})  # stopped while running
+    assert _has_result({"status": "ok", "ran": True}) and not _has_result({"status": "skipped"})

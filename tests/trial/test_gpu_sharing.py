@@ -101,3 +101,13 @@ def test_on_cuda_the_users_own_context_does_not_make_a_measurement_noisy():
     state = build(MLP(), Config({"batch_size": 16}), "cuda")
     result = measure(state, classification_data(128), MeasureSettings(n_windows=2, window_s=0.05))
     assert result["gpu_others"] in (0, None)
+
+
+def test_samples_from_another_pid_namespace_are_unknown_not_others(monkeypatch):
+    """In a container NVML may speak of the host's PIDs: the worker's own samples then carry a
+    PID it does not know, and counting them would mark every trial noisy."""
+    stranger = max(run_pids()) + 100_000
+    _fake_nvml(monkeypatch, [(stranger, 80, 30)])
+    probe = GpuSharing(torch.device("cuda", 0))
+    probe.start()
+    assert probe.stop() is None
