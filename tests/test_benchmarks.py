@@ -398,8 +398,9 @@ def test_gpu_benchmark_rows_time_whole_epochs_under_their_own_settings():
         "expert", model, DataLoader(data, batch_size=32), flags, 32, "", torch.bfloat16, channels_last=True
     )
     with torch.inference_mode():
-        assert gpu_timing.time_epochs(row, cpu, stock, min_s=0.01) > 0
-        assert len(seen) == 6  # two whole epochs of three batches
+        # No minimum time: two whole epochs of three batches, however fast the machine.
+        assert gpu_timing.time_epochs(row, cpu, stock, min_s=0.0) > 0
+        assert len(seen) == 6
         assert gpu_timing.model_alone(row, cpu, stock, len(data), min_s=0.01) > 0
     assert set(seen) == {(torch.bfloat16, False, flags.cudnn_benchmark)}  # autocast, channels-last, the row's flags
     assert gpu_timing.Flags.read() == stock  # given back after the row

@@ -574,12 +574,9 @@ def run_trials(
                     trial.set_user_attr("status", "interrupted")
                     study.tell(trial, state=TrialState.FAIL)
                 raise
-        if outcome == "late" and limits.deadline is not None:
-            late += 1
-            if late >= _MAX_LATE:  # nothing proposed fits in what is left: the deadline ended it
-                return "timeout"
-        else:
-            late = 0
+        late = late + 1 if outcome == "late" else 0
+        if late >= _MAX_LATE:  # nothing proposed fits in what is left: the deadline ended it
+            return "timeout"
         # A refusal of a value left out after screening costs no budget: many in a row, the space is spent.
         repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened") else 0
 
