@@ -21,7 +21,7 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
     """Seconds before a run's deadline its search leaves for the finish: the predicted cost of
     confirming and exporting the fastest trial so far (:func:`autotune.search.cost.finish_s`,
     from the measured worker start, builds and timings) with a quarter more for the diagnosis
-    and the profile, at most 60% of the ``timeout``.
+    and the profile, at most :data:`RESERVE_SHARE` of the run's time limit.
 
     A fixed share cannot be right for every model: a quarter of 200 s left a compiled
     ResNet-50's confirmation worker one second to start, and is minutes too many for a small MLP.
@@ -33,7 +33,13 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
     best = max(ok, key=lambda r: r["samples_per_s"], default=None)
     predicted = finish_s(baseline, best, run.runners[0].start_s, diagnose=not run.options.train,
                          exports=bool(run.options.export))  # fmt: skip
-    return min(0.6 * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S)
+    return min(RESERVE_SHARE * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S)
+
+
+# The most of a run's time the finish may keep from the search: a prediction made from the
+# baseline alone (a worker start, a trial's wall time) is pessimistic, and on a 45 s quickstart
+# run a 60% reserve left the search one trial.
+RESERVE_SHARE = 0.4
 
 
 # Seconds kept for writing the result files and the reports (report.html's figures): measured

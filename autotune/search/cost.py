@@ -105,7 +105,7 @@ def finish_s(
         >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5}
         >>> pick = {"wall_s": 30.0, "timed_s": 2.0, "compile_s": 20.0}
         >>> finish_s(base, pick, 3.0)
-        121.0
+        115.0
         >>> finish_s(base, pick, 3.0, diagnose=False, exports=False)
         59.0
     """
@@ -115,6 +115,6 @@ def finish_s(
     start = float(start_s or 0.0)
     per_process = start + build_s(baseline) + build_s(best)
     round_s = float(baseline.get("timed_s") or 0.0) + float(best.get("timed_s") or 0.0)
-    rounds = n_rounds * round_s * (2 if diagnose else 1)
+    rounds = n_rounds * round_s * (1.5 if diagnose else 1)  # the halves' windows are shorter
     export = build_s(best) + float(best.get("wall_s") or 0.0) if exports else 0.0
     return n_processes * per_process + rounds + export

@@ -415,8 +415,9 @@ class Staged:
         """Score by key of every configuration with a result (``None``: it failed or missed the guard)."""
         scores: dict[str, float | None] = {}
         for r in records:
-            late = r.get("kind") == "deadline" and not r.get("ran")  # not started: no result
-            if "key" in r and r.get("status") not in (None, "skipped", "interrupted") and not late:
+            # A trial not started for the deadline counts as failed here, so the search moves on
+            # to a cheaper lever (a resumed run still measures it: see search.study._has_result).
+            if "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
                 scores.setdefault(r["key"], _score(r, self.key, self.maximize))
         return scores
 

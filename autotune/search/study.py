@@ -59,8 +59,10 @@ _MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
 _MAX_REPEATS = 30
 # Statuses that say nothing about a configuration: it may be measured again.
 _NO_RESULT = ("skipped", "interrupted")
-# This many trials in a row not started for the deadline end the search ("timeout").
-_MAX_LATE = 5
+# This many trials in a row not started for the deadline end the search ("timeout"): the staged
+# strategy moves on to cheaper levers after each, and a sampler proposing only costly ones
+# would otherwise never stop before the deadline.
+_MAX_LATE = 30
 
 
 def _has_result(attrs: Mapping[str, Any]) -> bool:
