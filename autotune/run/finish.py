@@ -70,7 +70,14 @@ def finalize(run: Run) -> None:
     with clock("confirmation"):
         _confirm(run, runner)
     with clock("diagnosis"):  # from the confirmation rounds when they timed the halves: no new work
-        run.summary["diagnosis"] = None if opts.train else diagnose_run(runner, run.baseline, run.best, run.confirmed)
+        left = run.left_s()
+        if opts.train:
+            run.summary["diagnosis"] = None
+        elif run.confirmed is None and left is not None and left < 2 * REPORT_S:
+            # Measuring it apart takes a worker and two builds: the export comes first.
+            run.summary["diagnosis"] = {"error": f"not measured: {left:.0f} s were left before the deadline"}
+        else:
+            run.summary["diagnosis"] = diagnose_run(runner, run.baseline, run.best, run.confirmed)
     if opts.test_dataset is not None:
         with clock("held-out"):
             run.summary["held_out"] = _held_out(run, runner)
@@ -130,10 +137,18 @@ def _confirm(run: Run, runner: Any) -> None:
     # The least confirmation: one fresh worker, both builds, two rounds.
     need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
                       exports=False)  # fmt: skip
-    run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
-        runner, run.baseline, finalists, opts.n_verify_pairs, speed_only, run.timing,
-        diagnose=not opts.train, budget_s=budget_s, need_s=need_s,
-    )  # fmt: skip
+    # The rounds stop at their own budget, not at the run's deadline: what comes after them (the
+    # export, the reports) keeps its time even when a round runs long.
+    kept = runner.deadline
+    if budget_s is not None and kept is not None:
+        runner.deadline = min(kept, time.monotonic() + budget_s)
+    try:
+        run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
+            runner, run.baseline, finalists, opts.n_verify_pairs, speed_only, run.timing,
+            diagnose=not opts.train, budget_s=budget_s, need_s=need_s,
+        )  # fmt: skip
+    finally:
+        runner.deadline = kept
 
 
 def _held_out(run: Run, runner: Any) -> dict[str, Any]:
