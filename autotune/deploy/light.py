@@ -107,20 +107,7 @@ class OvPredictor:
         return f"OvPredictor(path={str(self.path)!r}, batch_size={self.batch_size})"
 
     def _positional(self, inputs: Any) -> list[Any]:
-        if _is_array(inputs):
-            return [inputs]
-        if isinstance(inputs, (tuple, list)):
-            return list(inputs)
-        if isinstance(inputs, Mapping):
-            missing = [n for n in self.input_names if n not in inputs]
-            if missing:
-                raise InputError(
-                    f"Inputs lack {', '.join(map(repr, missing))}. The artifact takes: {', '.join(self.input_names)}."
-                )
-            return [inputs[n] for n in self.input_names]
-        raise InputError(
-            f"Inputs must be a numpy array or torch tensor, or a tuple/dict of them, but got {type(inputs).__name__}."
-        )
+        return positional_inputs(inputs, self.input_names)
 
     def __call__(self, inputs: Any = None, /, **kwargs: Any) -> Any:
         """Run a batch: ``pred(batch)`` with an array, a tuple of arrays by position or a dict by
@@ -178,6 +165,29 @@ class OvPredictor:
 
 def _is_torch(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach")
+
+
+def positional_inputs(inputs: Any, input_names: Sequence[str]) -> list[Any]:
+    """An artifact's inputs in its order: one array or tensor, a tuple or list of them, or a dict
+    by input name.
+
+    Raises:
+        InputError: a name the artifact takes is missing, or the inputs are of another kind.
+    """
+    if _is_array(inputs):
+        return [inputs]
+    if isinstance(inputs, (tuple, list)):
+        return list(inputs)
+    if isinstance(inputs, Mapping):
+        missing = [n for n in input_names if n not in inputs]
+        if missing:
+            raise InputError(
+                f"Inputs lack {', '.join(map(repr, missing))}. The artifact takes: {', '.join(input_names)}."
+            )
+        return [inputs[n] for n in input_names]
+    raise InputError(
+        f"Inputs must be a numpy array or torch tensor, or a tuple/dict of them, but got {type(inputs).__name__}."
+    )
 
 
 def _is_array(value: Any) -> bool:

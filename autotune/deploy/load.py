@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import pickle
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,20 +65,9 @@ class Predictor:
         return f"Predictor(format={self.format!r}, path={str(self.path)!r}, batch_size={self.batch_size}, device={str(self.device)!r})"
 
     def _positional(self, inputs: Any) -> list[Any]:
-        if isinstance(inputs, (np.ndarray, torch.Tensor)):
-            return [inputs]
-        if isinstance(inputs, (tuple, list)):
-            return list(inputs)
-        if isinstance(inputs, Mapping):
-            missing = [n for n in self.input_names if n not in inputs]
-            if missing:
-                raise InputError(
-                    f"Inputs lack {', '.join(map(repr, missing))}. The artifact takes: {', '.join(self.input_names)}."
-                )
-            return [inputs[n] for n in self.input_names]
-        raise InputError(
-            f"Inputs must be a numpy array or torch tensor, or a tuple/dict of them, but got {type(inputs).__name__}."
-        )
+        from autotune.deploy.light import positional_inputs
+
+        return positional_inputs(inputs, self.input_names)
 
     def _structured(self, out: Any) -> Any:
         """The model's own output structure from every format: an ONNX graph returns its outputs
