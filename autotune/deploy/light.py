@@ -55,17 +55,31 @@ def open_openvino(out_dir: Path, fmt: str | None, device: str | None, allow_modi
         chosen = "openvino: asked for"
     path = _inside(out_dir, record.get("path"), "openvino")
     _check_files(path, record, "openvino", allow_modified)
+    predictor = OvPredictor(path, record, artifact_batch_size(record, run_batch_size, "openvino"))
+    predictor.chosen = chosen + _not_the_winner(record)
+    predictor.run = run_of(out_dir) or {}
+    return predictor
+
+
+def artifact_batch_size(record: Mapping[str, Any], run_batch_size: Any, fmt: str) -> int:
+    """The batch size an artifact was exported for (its own record's, else the run's).
+
+    Raises:
+        ConfigError: neither records a positive one.
+    """
     batch_size = record.get("batch_size") or run_batch_size
     if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"The openvino artifact records no batch size (got {batch_size!r}): export it again.")
-    predictor = OvPredictor(path, record, batch_size)
-    predictor.chosen = chosen + _not_the_winner(record)
+        raise ConfigError(f"The {fmt} artifact records no batch size (got {batch_size!r}): export it again.")
+    return batch_size
+
+
+def run_of(out_dir: Path) -> dict[str, Any] | None:
+    """The winner's configuration and data facts from ``best_config.json``, or ``None``."""
     try:
         best = json.loads((out_dir / "best_config.json").read_text())
-        predictor.run = {"config": best.get("config") or {}, "data": best.get("data") or {}}
     except (OSError, ValueError):
-        pass
-    return predictor
+        return None
+    return {"config": best.get("config") or {}, "data": best.get("data") or {}}
 
 
 class OvPredictor:

@@ -259,17 +259,15 @@ def _load_one(
     _check_files(path, record, fmt, allow_modified)
     if "input_names" not in record:
         raise ConfigError(f"The {fmt} artifact's entry in best_config.json lacks `input_names`: export it again.")
-    batch_size = record.get("batch_size") or run_batch_size
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ConfigError(f"The {fmt} artifact records no batch size (got {batch_size!r}): export it again.")
+    from autotune.deploy.light import artifact_batch_size, run_of
+
+    batch_size = artifact_batch_size(record, run_batch_size, fmt)
     try:
         torch.device(device)
     except RuntimeError:
         raise ConfigError(f"`device` must be 'cpu' or 'cuda[:N]', but got {device!r}.") from None
     predictor = Predictor(_open(fmt, path, record, device), fmt, path, record, batch_size, device)
-    try:
-        best = json.loads((out_dir / "best_config.json").read_text())
-        predictor.run = {"config": best.get("config") or {}, "data": best.get("data") or {}}
-    except (OSError, ValueError):
-        pass
+    run = run_of(out_dir)
+    if run is not None:
+        predictor.run = run
     return predictor
