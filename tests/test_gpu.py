@@ -49,6 +49,7 @@ def _seen(log_dir: Path) -> list[dict]:
     return [json.loads(line) for path in log_dir.glob("*.jsonl") for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # ten trials, then confirmation rounds in fresh worker processes
 def test_gpu_knobs_run_end_to_end(tmp_path):
     knobs = ("amp_dtype", "channels_last", "cudnn_benchmark", "tf32")
@@ -94,6 +95,7 @@ def test_gpu_knobs_run_end_to_end(tmp_path):
     assert result.baseline["peak_mem_mib"] > 0  # CUDA's allocator peak, not the CPU's resident set
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(180)
 def test_real_cuda_out_of_memory_is_recorded_and_the_study_goes_on(tmp_path):
     space = {"base": None, "batch_size": [8, 1024, 2048]}

@@ -12,12 +12,19 @@ _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 
 
 class PaddedToCaptured(torch.nn.Module):
-    """A module compiled with CUDA graphs, fed the one batch size it captured.
+    """A module compiled with CUDA graphs, fed the one batch size it captured, whose outputs outlive
+    the next call.
 
     A graph replays one shape: an epoch's short last batch would record a graph of its own (or
     fall back to launching kernels) inside the user's loop. Here it is padded to the captured
     size (its last sample repeated) and the padded rows are dropped from the outputs, so every
-    call replays the same graph and gives exactly the rows it was given.
+    call replays the same graph and gives exactly the rows it was given. ``batch_size=None``
+    (symbolic shapes) pads nothing.
+
+    A replay writes its outputs into the graph's own buffers, which the next replay overwrites: a
+    user who keeps each batch's outputs (``predict`` does) would read the last batch's, or get
+    torch's "overwritten by a subsequent run" error. Each output is copied out of them, a device
+    copy that the trials time like the rest of the pipeline.
 
     Example:
         >>> wrapped = PaddedToCaptured(torch.nn.Linear(2, 1), 4)
@@ -25,7 +32,7 @@ class PaddedToCaptured(torch.nn.Module):
         torch.Size([3, 1])
     """
 
-    def __init__(self, compiled: torch.nn.Module, batch_size: int) -> None:
+    def __init__(self, compiled: torch.nn.Module, batch_size: int | None) -> None:
         super().__init__()
         self.compiled = compiled
         self.batch_size = batch_size
@@ -35,13 +42,13 @@ class PaddedToCaptured(torch.nn.Module):
         return getattr(self.compiled, "_orig_mod", self.compiled)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from autotune.data import batch_size_of, pad_batch, slice_batch
+        from autotune.data import batch_size_of, map_tensors, pad_batch
 
         n = batch_size_of(args[0] if args else next(iter(kwargs.values())))
-        if n >= self.batch_size:
-            return self.compiled(*args, **kwargs)
+        if self.batch_size is None or n >= self.batch_size:
+            return map_tensors(torch.clone, self.compiled(*args, **kwargs))
         out = self.compiled(*pad_batch(args, self.batch_size), **pad_batch(kwargs, self.batch_size))
-        return slice_batch(out, n)
+        return map_tensors(lambda t: t[:n].clone() if t.dim() > 0 else t.clone(), out)
 
 
 @register
@@ -95,8 +102,9 @@ class CompileMode(Knob):
             state.model = FrozenCompiled(torch.compile(state.model, mode=mode, dynamic=dynamic))
         else:
             state.model = torch.compile(state.model, mode=mode, dynamic=dynamic)
-            if mode in _CUDA_GRAPH_MODES and not dynamic and state.config is not None:
-                state.model = PaddedToCaptured(state.model, int(state.config.get("batch_size", 1)))
+            if mode in _CUDA_GRAPH_MODES and str(state.device).startswith("cuda"):
+                captured = None if dynamic or state.config is None else int(state.config.get("batch_size", 1))
+                state.model = PaddedToCaptured(state.model, captured)
         state.compile_mode = value
 
 

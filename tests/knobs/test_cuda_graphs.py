@@ -34,6 +34,28 @@ def test_a_short_batch_is_padded_to_the_captured_size_and_its_padded_rows_droppe
     assert wrapped._orig_mod is inner  # unwrap() finds the user's module under it
 
 
+class _StaticOutput(torch.nn.Module):
+    """Writes every call's output into one buffer, as a CUDA graph's replay does."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.buffer = torch.zeros(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.buffer[: x.shape[0]] = x[:, :2] * 2
+        return self.buffer if x.shape[0] == self.buffer.shape[0] else self.buffer[: x.shape[0]]
+
+
+@pytest.mark.parametrize("captured", [4, None])
+def test_outputs_kept_across_calls_are_each_calls_own(captured):
+    # predict keeps each batch's outputs: a replay must not rewrite the ones already returned
+    wrapped = PaddedToCaptured(_StaticOutput(), captured)
+    batches = [torch.full((4, 3), float(i)) for i in range(3)]
+    kept = [wrapped(b) for b in batches]
+    for i, out in enumerate(kept):
+        assert torch.equal(out, torch.full((4, 2), 2.0 * i))
+
+
 @pytest.mark.gpu
 @pytest.mark.slow
 def test_reduce_overhead_runs_an_epochs_short_last_batch_without_a_new_graph():

@@ -40,6 +40,8 @@ def test_on_cuda_a_tiny_model_at_batch_one_is_launch_bound_and_a_large_matmul_is
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
+@pytest.mark.timeout(300)  # a study: worker processes, then the confirmation
 def test_a_cuda_trial_records_the_model_alone_and_its_bound(tmp_path):
     import autotune
 

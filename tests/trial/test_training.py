@@ -297,6 +297,7 @@ def test_compiled_training_step_learns_like_eager(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_cuda_float16_with_gradient_scaler_learns_like_float32(tmp_path):
     # 60 steps: the scaler may skip a step or two while its scale settles, a lag that 20 steps
