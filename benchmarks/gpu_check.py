@@ -1,7 +1,7 @@
 """The GPU check: every test file with ``gpu`` tests, then the GPU headline benchmark, on one CUDA
 GPU within a budget (default 8 minutes), for a short lease on a GPU machine.
 
-    python -m benchmarks.gpu_check [--out gpu-check-logs] [--budget-s 480] [--bench-s S | --no-bench]
+    python -m benchmarks.gpu_check [--out gpu-check-logs] [--budget-s 480] [--bench-s S | --no-bench] [--workloads W,...]
 
 The ``gpu`` tests are collected first (``pytest -m gpu --collect-only``), then each file runs in a
 pytest process of its own, cheapest first (a ``slow`` test weighs as five), with a time limit per
@@ -9,7 +9,8 @@ test (pytest-timeout's ``--timeout``; a test's own ``timeout`` mark wins) and on
 file, after which its processes are killed: a hang costs only its own file. Each file's limit is
 twice its share of the time left for the tests (:func:`file_share`), so what a quick file leaves
 goes to those after it.
-The benchmark (``python -m benchmarks.gpu``) gets what is left then, ``--bench-s`` at least.
+The benchmark (``python -m benchmarks.gpu``, on ``--workloads``: ResNet-50 on float images unless told) gets
+what is left then, ``--bench-s`` at least.
 
 Everything is written under ``--out`` as it happens, so it survives a killed run: ``check.log``
 (this command's own lines), ``collected.json``, ``tests/<file>.log`` (pytest's output) and
@@ -223,12 +224,13 @@ def write_summary(out: Path, doc: dict[str, Any]) -> str:
     return text
 
 
-def run_bench(out: Path, left_s: float) -> str:
+def run_bench(out: Path, left_s: float, workloads: str = "resnet50-float") -> str:
     """The GPU headline benchmark in its own process, asked to fit its work in ``left_s`` less
     :data:`BENCH_MARGIN_S` and killed at ``left_s``; one line on how it went."""
     bench_out = out / "bench"
     budget = f"{left_s - BENCH_MARGIN_S:.0f}"
     cmd = [sys.executable, "-u", "-m", "benchmarks.gpu", "--out", str(bench_out), "--budget-s", budget]
+    cmd += ["--workloads", workloads]
     started = time.monotonic()
     with open(out / "bench.log", "ab") as log:
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -303,6 +305,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for everything (default 480)")
     parser.add_argument("--bench-s", type=float, help=f"seconds kept for the benchmark (default {BENCH_SHARE:.0%})")
     parser.add_argument("--no-bench", action="store_true", help="run the tests only")
+    parser.add_argument(
+        "--workloads",
+        default="resnet50-float",
+        help="the benchmark's workloads (default resnet50-float: one workload, so its search gets minutes, not seconds)",
+    )
     parser.add_argument("paths", nargs="*", default=["tests"], help="where to collect gpu tests (default tests)")
     args = parser.parse_args(argv)
     import torch
@@ -334,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         doc["bench"] = f"not run: {max(left, 0):.0f} s were left"
     else:
         log_line(out, f"benchmark: python -m benchmarks.gpu, {left:.0f} s")
-        doc["bench"] = run_bench(out, left)
+        doc["bench"] = run_bench(out, left, args.workloads)
     doc["wall_s"] = time.monotonic() - started
     log_line(out, f"benchmark: {doc['bench']}")
     print("\n" + write_summary(out, doc), flush=True)
