@@ -143,8 +143,11 @@ def _span(mask: Any) -> tuple[int, int]:
 def trim_batch(batch: Any, multiple: int = 1) -> Any:
     """``batch`` with its padding columns cut: every ``(batch, seq, ...)`` tensor keeps the
     columns where the attention mask has a real token in some row (right or left padding),
-    widened to a multiple of ``multiple`` (never beyond the batch's own width). A batch without
-    an attention mask is returned as it is."""
+    widened to a multiple of ``multiple``. A batch narrower than that multiple is padded out to
+    it (:func:`_widen`): a collate that pads to each batch's longest (natural-length text) then
+    gives a few widths rather than one per length, so a static compile builds a few graphs instead
+    of running past dynamo's recompile limit. A batch without an attention mask is returned as it
+    is."""
     import torch
 
     inputs = sample_inputs(batch)
@@ -153,7 +156,9 @@ def trim_batch(batch: Any, multiple: int = 1) -> Any:
         return batch
     n, width = mask.shape
     lo, hi = _span(mask)
-    keep = min(width, -(-(hi - lo) // multiple) * multiple)
+    keep = -(-(hi - lo) // multiple) * multiple
+    if keep > width:
+        return _widen(batch, mask, keep)
     hi = min(width, lo + keep)
     lo = hi - keep
     if (lo, hi) == (0, width):
@@ -169,6 +174,38 @@ def trim_batch(batch: Any, multiple: int = 1) -> Any:
         return value
 
     return cut(batch)
+
+
+def _widen(batch: Any, mask: Any, width: int) -> Any:
+    """``batch`` padded to ``width`` positions on the side its padding is on (left when the last
+    column is real in every row and the first is not): the mask with 0, every other
+    ``(batch, seq)`` tensor with the value it holds at a padded position (its pad id, or the
+    labels' ignore index), 0 where it has none; wider tensors with zeros.
+
+    Example:
+        >>> import torch
+        >>> b = {"input_ids": torch.tensor([[5, 6, 1], [7, 1, 1]]), "attention_mask": torch.tensor([[1, 1, 0], [1, 0, 0]])}
+        >>> _widen(b, b["attention_mask"], 4)["input_ids"].tolist()
+        [[5, 6, 1, 1], [7, 1, 1, 1]]
+    """
+    import torch
+
+    n, have = mask.shape
+    padded = mask == 0
+    left = bool((mask[:, -1] != 0).all()) and bool(padded[:, 0].any())
+
+    def grow(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == n and value.shape[1] == have:
+            fill = value[padded][0] if value.dim() == 2 and bool(padded.any()) else 0
+            extra = value.new_full((n, width - have, *value.shape[2:]), fill)
+            return torch.cat([extra, value] if left else [value, extra], 1)
+        if isinstance(value, Mapping):
+            return {k: grow(v) for k, v in value.items()}
+        if isinstance(value, (tuple, list)):
+            return type(value)(grow(v) for v in value)
+        return value
+
+    return grow(batch)
 
 
 def token_outputs(call: Callable[[Any], Any], batch: Any) -> tuple[int, ...]:

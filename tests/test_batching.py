@@ -24,7 +24,21 @@ def test_trim_cuts_to_the_longest_real_sequence_and_rounds_up():
     batch = pad_collate([_sample(3, 40), _sample(5, 40)])
     assert trim_batch(batch)["input_ids"].shape == (2, 5)
     assert trim_batch(batch, 8)["attention_mask"].shape == (2, 8)
-    assert trim_batch(batch, 64)["input_ids"].shape == (2, 40)  # never wider than the batch
+    assert trim_batch(batch, 64)["input_ids"].shape == (2, 64)  # widened past the batch: see below
+
+
+def test_a_batch_padded_to_its_longest_is_widened_to_the_multiple_with_its_pad_values():
+    # Natural-length text: the collate pads to each batch's longest, so widths 3, 5, 6 ... would
+    # each be a graph of a static compile; trim_8 makes them all 8.
+    batch = pad_collate([_sample(3), _sample(5)], pad_values={"input_ids": 7})
+    batch["labels"] = torch.tensor([[1, 2, 3, -100, -100], [1, 2, 3, 4, 5]])
+    out = trim_batch(batch, 8)
+    assert out["input_ids"].shape == (2, 8) and out["input_ids"][0, 3:].eq(7).all()  # its pad id
+    assert out["attention_mask"].sum(1).tolist() == [3, 5] and out["attention_mask"][:, 5:].eq(0).all()
+    assert out["labels"][:, 5:].eq(-100).all()  # the value at a padded position: the ignore index
+    left = {"input_ids": torch.tensor([[0, 4, 4], [4, 4, 4]]), "attention_mask": torch.tensor([[0, 1, 1], [1, 1, 1]])}
+    widened = trim_batch(left, 4)
+    assert widened["attention_mask"].tolist() == [[0, 0, 1, 1], [0, 1, 1, 1]]  # padded on the left
 
 
 def test_trim_handles_left_padding():
