@@ -269,8 +269,13 @@ def _torchao_(model: nn.Module, method: str, names: set[str] | None, keep: set[s
 
 
 def _batch_dynamic(obj: Any) -> Any:
-    """The dynamic-shape spec of one argument: every tensor's dim 0 (the batch) left to export."""
+    """The dynamic-shape spec of one argument: every tensor's dim 0 (the batch) left to export,
+    and an integer ``(batch, seq)`` tensor's dim 1 too (token ids and masks: trimmed padding and
+    natural-length batches change it every batch; a graph exported at one width failed its guard
+    at the next)."""
     if isinstance(obj, torch.Tensor):
+        if obj.dim() == 2 and not obj.is_floating_point():
+            return {0: torch.export.Dim.AUTO, 1: torch.export.Dim.AUTO}
         return {0: torch.export.Dim.AUTO} if obj.dim() > 0 else None
     if isinstance(obj, Mapping):
         return {k: _batch_dynamic(v) for k, v in obj.items()}

@@ -117,6 +117,26 @@ def test_int8_static_dict_batch_of_one():
     assert quantized(features=torch.randn(5, 32)).shape == (5, 4)
 
 
+def test_int8_static_token_model_runs_at_every_sequence_width():
+    # Calibrated on batches 16 tokens wide, then fed trimmed batches of other widths.
+    class Tokens(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(50, 32)
+            self.linear = nn.Linear(32, 4)
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            hidden = self.linear(self.embed(input_ids)) * attention_mask.unsqueeze(-1)
+            return hidden.sum(1)
+
+    torch.manual_seed(0)
+    calibration = [{"input_ids": torch.randint(0, 50, (4, 16)), "attention_mask": torch.ones(4, 16, dtype=torch.long)}]
+    quantized, _ = _quantize.quantize(Tokens().eval(), "int8_static", "cpu", calibration, example=calibration[0])
+    for width in (5, 16, 23):
+        ids = torch.randint(0, 50, (3, width))
+        assert quantized(input_ids=ids, attention_mask=torch.ones_like(ids)).shape == (3, 4)
+
+
 @pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
 @pytest.mark.filterwarnings("ignore:To copy construct from a tensor:UserWarning")  # inside inductor
 def test_int8_static_compiles(static_cnn):
