@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["export_winner", "finalize", "finish_reserve", "overrun_margin"]
+__all__ = ["export_winner", "finalize", "finish_reserve", "overrun_margin", "rounds_budget"]
 
 Run = Any  # autotune.run.stages.Run (not imported: stages imports this module)
 
@@ -42,9 +42,32 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
 RESERVE_SHARE = 0.4
 
 
+# With a timeout, the selection and confirmation rounds take at most this share of the time the
+# run spent before them (and at least CONFIRM_FLOOR_S): a 25-minute timeout let them take 638 s
+# after a 500 s search (57% of the run) to narrow a 3.3-4.5x interval. At a quarter, the finish
+# (rounds, export, reports) stays near a quarter of the run.
+CONFIRM_SHARE = 0.25
+CONFIRM_FLOOR_S = 60.0
+
+
 # Seconds kept for writing the result files and the reports (report.html's figures): measured
 # 4-10 s on 2 busy cores, most of it importing the plotting stack.
 REPORT_S = 8.0
+
+
+def rounds_budget(left_s: float, need_s: float, spent_s: float) -> float:
+    """Seconds the selection and confirmation rounds of a run with a timeout may take: what the
+    deadline leaves (``left_s``), but no more than :data:`CONFIRM_SHARE` of the ``spent_s`` seconds
+    the run took before them, :data:`CONFIRM_FLOOR_S` at least, and never less than 1.5 times the
+    least confirmation (``need_s``). Rounds past that only narrow an interval the run already has.
+
+    Example:
+        >>> rounds_budget(1000.0, 20.0, 500.0)  # a 500 s search: 125 s of rounds, not 1000
+        125.0
+        >>> rounds_budget(1000.0, 20.0, 40.0), rounds_budget(30.0, 20.0, 40.0)
+        (60.0, 30.0)
+    """
+    return min(left_s, max(CONFIRM_FLOOR_S, 1.5 * need_s, CONFIRM_SHARE * spent_s))
 
 
 def overrun_margin(timeout: float) -> float:
@@ -133,10 +156,13 @@ def _confirm(run: Run, runner: Any) -> None:
     if left is not None:  # the export and the reports come after, inside the same deadline
         pick = finalists[0]
         left = max(0.0, left - (build_s(pick) + float(pick.get("wall_s") or 0.0) if opts.export else 0.0) - REPORT_S)
-    budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
     # The least confirmation: one fresh worker, both builds, two rounds.
     need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
                       exports=False)  # fmt: skip
+    if left is not None:
+        times = run.summary.get("time") or {}
+        left = rounds_budget(left, need_s, float(times.get("prepare_s") or 0.0) + float(times.get("search_s") or 0.0))
+    budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
     # The rounds stop at their own budget, not at the run's deadline: what comes after them (the
     # export, the reports) keeps its time even when a round runs long.
     kept = runner.deadline

@@ -213,3 +213,12 @@ def test_a_budget_is_a_duration_and_a_bad_one_says_how_to_write_it():
     assert Options(budget="5m").limit_s == 300.0 and Options(budget=90, timeout=60).limit_s == 60
     with pytest.raises(ConfigError, match="90s, 5m, 1h30m"):
         Options(budget="five minutes")
+
+
+def test_a_long_timeout_gives_the_rounds_a_share_of_the_run_not_all_it_left():
+    from autotune.run.finish import rounds_budget
+
+    assert rounds_budget(1000.0, 20.0, 500.0) == 125.0  # a quarter of a 500 s search, not 1000 s
+    assert rounds_budget(1000.0, 20.0, 40.0) == 60.0  # a short search still gets a minute
+    assert rounds_budget(1000.0, 100.0, 40.0) == 150.0  # and always 1.5x the least confirmation
+    assert rounds_budget(30.0, 20.0, 500.0) == 30.0  # the deadline comes first
