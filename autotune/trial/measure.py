@@ -185,13 +185,16 @@ def size_bytes(model: Any, artifact: dict[str, Any] | None = None) -> tuple[int,
     """Bytes of the tuned model's serialized weights (int8 packed, pruned shapes real), plain
     and zlib-compressed. The compressed size is what an archive ships, so zeroed weights from
     unstructured pruning count there; it is what the ``size`` objective minimizes. A model that
-    runs an exported file (TorchScript, ONNX Runtime: ``artifact``) is that file's size."""
+    runs an exported file (TorchScript, ONNX Runtime, OpenVINO: ``artifact``) is that file's size
+    with the weights it keeps beside it (OpenVINO's ``model.bin``, ONNX's external data)."""
     from pathlib import Path
 
     from autotune.compress.quantize import serialized_bytes
 
     if artifact is not None and artifact.get("path") and Path(artifact["path"]).is_file():
-        data = Path(artifact["path"]).read_bytes()
+        path = Path(artifact["path"])
+        beside = [path.with_suffix(".bin")] if path.suffix == ".xml" else [path.with_name(path.name + ".data")]
+        data = b"".join(p.read_bytes() for p in [path, *beside] if p.is_file())
     else:
         data = serialized_bytes(unwrap(model), raw=True)
     return len(data), len(zlib.compress(data, 1))

@@ -137,3 +137,17 @@ def test_the_candidate_runs_with_its_threads_and_hint():
     assert state.info["openvino_plugin_threads"] == 1  # what the CPU plugin made of it
     x = torch.randn(9, 16)
     torch.testing.assert_close(state.model(x), MLP()(x).detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_the_candidates_size_counts_its_weights_file_too():
+    from pathlib import Path
+
+    from autotune.trial.measure import size_bytes
+
+    extras = BuildExtras(example=default_collate(classification_data(8))[0])
+    state = build(MLP(), _config(), "cpu", extras=extras)
+    xml = Path(state.artifact["path"])
+    weights = xml.with_suffix(".bin")
+    assert weights.is_file()
+    size, _ = size_bytes(state.model, state.artifact)
+    assert size == xml.stat().st_size + weights.stat().st_size  # the IR's weights live in model.bin
