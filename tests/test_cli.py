@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from autotune.cli import main
 
 CFG = """
@@ -144,6 +146,7 @@ def test_show_of_a_directory_without_a_run_is_one_line_and_exit_2(tmp_path, caps
     assert err.startswith("autotune: error: No best_config.json in ") and len(err.splitlines()) == 1
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_run_json_prints_only_the_result_as_json(tmp_path, capsys):
     cfg = tmp_path / "cfg.py"
     cfg.write_text(textwrap.dedent(CFG))

@@ -53,6 +53,7 @@ def test_all_layers_int8_breaks_the_guard_and_auto_keeps_the_fragile_one_float(t
     assert all("quantized" in layers[n].__module__ for n in ("0", "4", "6"))
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_the_onnx_winner_ships_the_mixed_graph_it_was_measured_as(tmp_path):
     fix = {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_fallback": "auto"}
     autotune.optimize(
@@ -77,6 +78,7 @@ def test_the_onnx_winner_ships_the_mixed_graph_it_was_measured_as(tmp_path):
     assert out.shape == (4, 8)
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_a_resumed_study_reuses_the_ranking(tmp_path):
     args = {"space": {"base": None}, "out_dir": tmp_path, "export": (), **COMMON}
     first = autotune.optimize(
@@ -101,6 +103,7 @@ def test_a_resumed_study_reuses_the_ranking(tmp_path):
     assert later[0]["int8_kept"][0] == "fc.2"
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_static_int8_fallback_travels_with_the_run(tmp_path):
     """PT2E static int8 with auto: the fragile layer stays float in the trial and in apply()."""
     fix = {"quantization": "int8_static", "int8_fallback": "auto"}
@@ -122,6 +125,7 @@ def test_static_int8_fallback_travels_with_the_run(tmp_path):
     assert cosine > 0.99
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tmp_path):
     """The CPU conv recipe's int8: PT2E with the x86 inductor quantizer quantizes the
     convolutions (per-channel weights), and auto keeps the one whose input has an outlier
@@ -173,6 +177,7 @@ def test_onnx_static_int8_of_convolutions_keeps_the_fragile_convolution_float(tm
     assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_per_channel_onnx_int8_ships_per_channel_scales(tmp_path):
     fix = {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_per_channel": True, "int8_fallback": 0}
     autotune.optimize(

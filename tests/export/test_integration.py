@@ -102,6 +102,7 @@ def test_int8_winner_onnx_is_the_pruned_float_model_quantized_by_onnxruntime(tmp
     assert onnx["bytes"] <= 0.35 * fp32_bytes  # the int8 weights really are in the file
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_an_onnxruntime_int8_winner_ships_its_measured_quantized_graph(tmp_path):
     import onnx as onnx_lib
 

@@ -4,6 +4,7 @@ kept float, from the run's directory or from ``result.best_config`` alone."""
 import json
 
 import numpy as np
+import pytest
 import torch
 
 import autotune
@@ -27,6 +28,7 @@ def _shipped(out_dir, x):
     return torch.from_numpy(np.asarray(autotune.load(out_dir, format="onnx")(x.numpy())))
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_static_int8_calibrates_on_the_samples_the_search_drew(tmp_path):
     # The validation subset is small, so the search calibrates on a seeded draw of the other
     # samples at the baseline batch size (32), not on the first batches at the winner's (16).
@@ -44,6 +46,7 @@ def test_static_int8_calibrates_on_the_samples_the_search_drew(tmp_path):
             torch.testing.assert_close(tuned(x), shipped, atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_a_plain_best_config_keeps_the_layers_the_run_kept_float(tmp_path):
     # No guard: the run keeps no layer float; a new ranking at the default threshold would keep fc.2.
     fix = {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_fallback": "auto"}

@@ -5,6 +5,7 @@ diagnosis, held-out scoring, export parity, ``verify``, ``predict``/``predictor`
 
 import json
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -28,6 +29,7 @@ def _own_outputs(model, samples):
         return [model.eval()(**{k: v[None] for k, v in s.items()})[0] for s in samples]
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_every_phase_batches_with_the_users_collate(tmp_path):
     samples = text_data(40)
     assert len({len(s["input_ids"]) for s in samples}) > 1  # default_collate cannot stack these

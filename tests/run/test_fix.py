@@ -2,12 +2,15 @@
 
 import json
 
+import pytest
+
 import autotune
 from tests.models import MLP, classification_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_a_fixed_value_holds_in_the_winner_even_when_no_candidate_beats_the_baseline(tmp_path):
     """Batches of one sample are slower than the baseline's 32 on any CPU, so the baseline stood
     and the result ignored the fixed value; the baseline is only the reference of the claim."""

@@ -144,6 +144,7 @@ def test_optimize_off_a_terminal_prints_plain_lines_and_a_resumed_run_says_what_
     assert re.fullmatch(rf"batch_size=(16|32){NOISY}", lines[0].group(5)), err
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_progress_false_prints_nothing_and_a_wrong_value_is_refused(tmp_path, capsys):
     import autotune
 

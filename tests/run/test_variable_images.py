@@ -14,6 +14,7 @@ from tests.models import LineRecognizer, line_data, pad_to_widest
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_a_recognizer_over_images_of_many_widths_tunes_and_predicts(tmp_path):
     samples = line_data(40)
     loader = DataLoader(samples, batch_size=8, collate_fn=pad_to_widest)

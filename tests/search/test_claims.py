@@ -276,6 +276,7 @@ class _SleepyMLP(MLP):
         return super().forward(x)
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_a_single_finalist_measurably_slower_is_not_shipped(tmp_path):
     """The only candidate (batch 1 of a model with a fixed cost per call) is about 30 times
     slower than the baseline (batch 32): its confirmation must say ``slower`` and keep the

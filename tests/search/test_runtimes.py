@@ -54,6 +54,7 @@ def test_cpu_deploy_on_a_transformer_lets_onnxruntime_compete(tmp_path):
     assert any("onnxruntime" in r and "x" in r for r in rows), done.stdout[-3000:]
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_runtime_trials_are_guarded_like_any_other(tmp_path):
     result = autotune.optimize(
         TinyEncoder(),

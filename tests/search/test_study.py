@@ -107,6 +107,7 @@ def _done(db: str) -> int:
     return sum(1 for t in study.trials if t.state.is_finished())
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_ctrl_c_keeps_finished_trials_and_resume_continues(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text(textwrap.dedent(CFG))

@@ -138,6 +138,7 @@ def test_a_failed_diagnosis_is_recorded_not_raised():
     assert "batch_size" in diag["error"] and "summary" not in diag
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_optimize_records_a_data_bound_baseline(tmp_path):
     result = autotune.optimize(
         MLP(),

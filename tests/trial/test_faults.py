@@ -30,6 +30,7 @@ def _by_batch(result):
     return {t.user_attrs["config"]["batch_size"]: t.user_attrs for t in result.study.trials if "config" in t.user_attrs}
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_hang_is_a_timeout_and_the_study_goes_on(tmp_path):
     result = _optimize(HangAt(16), tmp_path, {"base": None, "batch_size": [8, 16, 32]}, trial_timeout=8, n_trials=3)
     trials = _by_batch(result)
@@ -39,6 +40,7 @@ def test_hang_is_a_timeout_and_the_study_goes_on(tmp_path):
     assert result.best_config["batch_size"] in (8, 32)
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_worker_that_kills_itself_is_a_crash(tmp_path):
     result = _optimize(KillAt(16), tmp_path, {"base": None, "batch_size": [8, 16, 32]}, n_trials=3)
     trials = _by_batch(result)
@@ -49,6 +51,7 @@ def test_worker_that_kills_itself_is_a_crash(tmp_path):
     assert {"crash", "ok"} <= {r["status"] for r in rows}
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_out_of_memory_marks_larger_batches_infeasible_without_running_them(tmp_path):
     result = _optimize(OomAt(16), tmp_path, {"base": None, "batch_size": [8, 16, 32, 64]}, n_trials=4)
     trials = _by_batch(result)
@@ -71,6 +74,7 @@ def test_nan_outputs_make_a_candidate_infeasible(tmp_path, cpu_env):
     assert result.best_config["amp_dtype"] == "float32"
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_inprocess_isolation_runs_without_a_worker(tmp_path):
     result = _optimize(MLP(), tmp_path, {"base": None, "batch_size": [8, 16]}, isolation="inprocess")
     assert {t.user_attrs["status"] for t in result.study.trials} == {"ok"}

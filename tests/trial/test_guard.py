@@ -32,6 +32,7 @@ class SinkEmbedder(TinyEmbedder):
         return self.project(super().forward(input_ids, attention_mask) + self.sink) + self.outlier
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_an_int8_embedding_model_that_loses_its_geometry_is_infeasible_under_the_default_guard(tmp_path):
     pytest.importorskip("onnxruntime")
     result = autotune.optimize(
@@ -220,6 +221,7 @@ def _trimmed(result):
     return next(t for t in result.study.trials if t.user_attrs["config"]["padding"] == "trim").user_attrs
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 @pytest.mark.parametrize("padded", [True, False], ids=["padded", "own-length"])
 def test_per_token_start_and_end_logits_of_a_trimmed_and_grouped_candidate_keep_the_guard(tmp_path, padded):
     result = _qa_run(tmp_path, padded=padded)
@@ -230,6 +232,7 @@ def test_per_token_start_and_end_logits_of_a_trimmed_and_grouped_candidate_keep_
     assert trimmed["metric_drop"] == pytest.approx(0.0, abs=1e-6)
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_a_metric_gets_per_token_outputs_as_wide_as_the_batch_it_is_given(tmp_path):
     widths = []
 

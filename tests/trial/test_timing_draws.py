@@ -3,6 +3,7 @@ epoch, the configurations of one round the same draw."""
 
 import functools
 
+import pytest
 import torch
 
 from autotune.batching import pad_collate
@@ -62,6 +63,7 @@ def test_each_seed_times_its_own_stretch_and_the_same_seed_the_same():
     assert _first_batch(data, lambda: measure(state, data, FAST, seed=2)) == draws[2]
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_trials_and_rounds_draw_fresh_batches_reproducibly():
     data = Recorded(256)
     ctx = _context(data)

@@ -37,6 +37,7 @@ def _trials(out) -> list[dict]:
     return [t.user_attrs for t in study.trials]
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_cnn_study_in_worker_processes(tmp_path):
     result = autotune.optimize(
         SmallCNN(),
@@ -67,6 +68,7 @@ def test_cnn_study_in_worker_processes(tmp_path):
     assert result.best["effective_batch_size"] == 32 and result.speedup > 0
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_mlp_study_in_process(tmp_path):
     data = classification_data(n=512)
     result = autotune.optimize(
@@ -202,6 +204,7 @@ def test_an_optimizer_without_the_implementation_is_unsupported():
     assert info.value.kind == "unsupported"
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_training_pieces_run_a_user_loop(tmp_path):
     data = _digits()
     optimizer = (torch.optim.AdamW, {"lr": 3e-3})
