@@ -74,7 +74,7 @@ class Run:
         return self.options.select or self.space.select
 
     def records(self) -> list[dict[str, Any]]:
-        from autotune.search.study import trial_record
+        from autotune.search.record import trial_record
 
         return [trial_record(t) for t in self.study.get_trials(deepcopy=False)]
 
@@ -281,8 +281,9 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     import time
 
     from autotune.run.plan import materialize, plan, unpack
+    from autotune.search.limits import FIRST_TRIAL_TIMEOUT_S
     from autotune.search.parallel import check_devices, start_runners, worker_ids
-    from autotune.search.study import FIRST_TRIAL_TIMEOUT_S, open_study
+    from autotune.search.study import open_study
 
     out = check_out_dir(opts.out_dir)
     device, devices = check_devices(opts.device, opts.devices, opts.isolation)

@@ -86,8 +86,8 @@ class Result:
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
+    from autotune.search.record import trial_record
     from autotune.search.select import choose
-    from autotune.search.study import trial_record
 
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
@@ -409,7 +409,7 @@ def _counts(study: Any) -> dict[str, Any]:
     if study is None:
         return {}
     from autotune.report.summary import trial_counts
-    from autotune.search.study import trial_record
+    from autotune.search.record import trial_record
 
     counts = trial_counts([trial_record(t) for t in study.get_trials(deepcopy=False)])
     return {"n_measured": counts["n_measured"], "n_repeats": counts["n_repeats"]}

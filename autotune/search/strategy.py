@@ -416,7 +416,7 @@ class Staged:
         scores: dict[str, float | None] = {}
         for r in records:
             # A trial not started for the deadline counts as failed here, so the search moves on
-            # to a cheaper lever (a resumed run still measures it: see search.study._has_result).
+            # to a cheaper lever (a resumed run still measures it: see search.record._has_result).
             if "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
                 scores.setdefault(r["key"], _score(r, self.key, self.maximize))
         return scores
@@ -680,7 +680,7 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    # The study's records as search.study.trial_record makes them (not imported: study imports this module).
+    # The study's records as search.record.trial_record makes them (not imported: study imports this module).
     records = [
         {**t.user_attrs, "number": t.number, "state": t.state.name}
         for t in trials
