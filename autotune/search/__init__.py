@@ -10,7 +10,7 @@ __all__, __getattr__, __dir__ = exports(
         "resolve_space": "space",
         "open_study": "study",
         "run_trials": "study",
-        "trial_record": "study",
+        "trial_record": "record",
         "make_sampler": "study",
         "Result": "result",
         "select": "result",
