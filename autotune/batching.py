@@ -25,7 +25,8 @@ import dataclasses
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from autotune.data import (
+from autotune.errors import InputError
+from autotune.samples import (
     MASK_KEY,
     SequenceInfo,
     as_tensor,
@@ -35,7 +36,6 @@ from autotune.data import (
     sequence_info,
     token_length,
 )
-from autotune.errors import InputError
 
 __all__ = [
     "GROUPINGS",
@@ -90,7 +90,7 @@ def fit_width(outputs: Any, width: int, like: Any, tokens: Sequence[int] = ()) -
         pad = t.new_zeros((t.shape[0], width - t.shape[1], *t.shape[2:]))
         return torch.cat([t, pad], 1)
 
-    from autotune.data import map_tensors
+    from autotune.samples import map_tensors
 
     return map_tensors(fit, outputs) if like is not None else outputs
 
@@ -179,7 +179,7 @@ def token_outputs(call: Callable[[Any], Any], batch: Any) -> tuple[int, ...]:
     that cannot run one column narrower has none."""
     import torch
 
-    from autotune.data import tensor_leaves
+    from autotune.samples import tensor_leaves
 
     inputs = sample_inputs(batch)
     mask = None if inputs is None else inputs.get(MASK_KEY)
@@ -280,7 +280,7 @@ def split_samples(outputs: Any, batch: Any, tokens: Sequence[int] = ()) -> list[
     tokens only, so the same sample gives the same output whatever it was batched with."""
     import torch
 
-    from autotune.data import map_tensors, slice_batch
+    from autotune.samples import map_tensors, slice_batch
 
     inputs = sample_inputs(batch)
     mask = None if inputs is None else inputs.get(MASK_KEY)
@@ -328,7 +328,7 @@ def gather_outputs(chunks: list[tuple[Any, Any]], order: Sequence[int]) -> Seque
     """
     import torch
 
-    from autotune.data import map_tensors, tensor_leaves
+    from autotune.samples import map_tensors, tensor_leaves
 
     if not chunks:
         return []
@@ -437,7 +437,7 @@ def _token_level(t: Any, width: int) -> bool:
 
 
 def _batch_len(outputs: Any) -> int:
-    from autotune.data import tensor_leaves
+    from autotune.samples import tensor_leaves
 
     leaves = [t for t in tensor_leaves(outputs) if t.dim() > 0]
     if not leaves:

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from autotune.data import map_tensors
 from autotune.deploy.light import _modified
 from autotune.deploy.load import _read_artifacts, _read_parity, run_device
 from autotune.deploy.serve import load
 from autotune.errors import ConfigError
 from autotune.export import file_digest
 from autotune.export.parity import _errors, _finite, check_parity, describe_error, flat_inputs
+from autotune.samples import map_tensors
 from autotune.trial.guard import fidelity
 
 __all__ = ["ENV_KEYS", "THROUGHPUT_NOTES", "env_diff", "verify"]

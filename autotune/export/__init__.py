@@ -41,7 +41,7 @@ def file_digest(path: Path) -> str:
 def _example_outputs(model: Any, example: Any) -> Any:
     import torch
 
-    from autotune.data import model_inputs
+    from autotune.samples import model_inputs
 
     args, kwargs = model_inputs(example)
     with torch.no_grad():

@@ -20,7 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.data import (
+from autotune.errors import AutotuneError, InputError
+from autotune.knobs.state import FrozenCompiled
+from autotune.samples import (
     call_model,
     concat_outputs,
     model_inputs,
@@ -30,8 +32,6 @@ from autotune.data import (
     tensor_leaves,
     to_device,
 )
-from autotune.errors import AutotuneError, InputError
-from autotune.knobs.state import FrozenCompiled
 from autotune.shapes import Batches, run_chunks
 from autotune.trial.fidelity import evaluate, fidelity
 

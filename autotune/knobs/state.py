@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from autotune.data import collector_frozen, map_tensors, to_device
+from autotune.samples import collector_frozen, map_tensors, to_device
 
 __all__ = ["BuildExtras", "BuildState", "FrozenCompiled", "TunedDataLoader", "TunedModule", "unwrap", "wrap"]
 

@@ -83,8 +83,9 @@ class Predictor:
         import torch
 
         from autotune.batching import lengths_of
-        from autotune.data import call_model, collector_frozen, describe, to_device
+        from autotune.data import describe
         from autotune.run.apply import _unloaded
+        from autotune.samples import call_model, collector_frozen, to_device
         from autotune.trial.warmup import compile_counts, shape_batches, signature
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
@@ -126,8 +127,8 @@ class Predictor:
         import torch
 
         from autotune.batching import MASK_KEY, gather_outputs
-        from autotune.data import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
         from autotune.run.apply import _unloaded
+        from autotune.samples import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
         from autotune.trial.warmup import compile_counts
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
@@ -173,7 +174,7 @@ def _image_outputs(
     (:func:`autotune.shapes.dense_crop`); ``sizes``: every image's ``(height, width)``."""
     import torch
 
-    from autotune.data import call_model, collector_frozen, outputs_to_cpu, to_device
+    from autotune.samples import call_model, collector_frozen, outputs_to_cpu, to_device
     from autotune.shapes import dense_crop
 
     outputs: list[Any] = [None] * len(order)

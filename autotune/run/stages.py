@@ -140,7 +140,7 @@ def worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, d
     """The spec every trial worker of a run gets: the model, the samples and how they batch
     (token sequences, images of many sizes, the base collate), the validation split, the guard
     and the timing. Benchmarks start their workers with it too, so their trials are the tuner's."""
-    from autotune.data import calibration_split, validation_indices
+    from autotune.samples import calibration_split, validation_indices
     from autotune.trial.spec import WorkerSpec
 
     n_val = opts.n_val
@@ -214,7 +214,7 @@ def _stored_rankings(study: Any) -> dict[str, str]:
 
 def _calibration_source(opts: Options, spec: Any) -> str:
     """Where calibration batches come from, as ``TrialContext`` draws them."""
-    from autotune.data import MIN_CALIBRATION
+    from autotune.samples import MIN_CALIBRATION
 
     if len(spec.dataset) - len(spec.val_indices) >= MIN_CALIBRATION:
         return "dataset samples outside the validation subset"

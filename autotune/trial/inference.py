@@ -20,9 +20,9 @@ from autotune._pristine import restore
 from autotune.batching import lengths_of
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
-from autotune.data import call_model, to_device
 from autotune.errors import AutotuneError, InputError
 from autotune.knobs.state import BuildExtras, BuildState, TunedModule, wrap
+from autotune.samples import call_model, to_device
 from autotune.trial.build import build
 from autotune.trial.context import Context
 from autotune.trial.faults import one_line
@@ -123,7 +123,7 @@ class TrialContext(Context):
 
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        from autotune.data import calibration_draw
+        from autotune.samples import calibration_draw
 
         spec = self.spec
         collate = self.collate
@@ -157,7 +157,7 @@ class TrialContext(Context):
         return (self.spec.collate_fn or default_collate)(samples)
 
     def _probe(self, state: BuildState) -> None:
-        from autotune.data import has_tensor
+        from autotune.samples import has_tensor
 
         try:
             batch = self.collate(self.samples[:2])
