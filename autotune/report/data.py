@@ -158,7 +158,7 @@ def load_run(out_dir: str | Path, study: Any = None) -> RunFiles:
 
 def load_result(out_dir: str | Path) -> Any:
     """The :class:`~autotune.Result` of the finished run in ``out_dir``, from its files."""
-    from autotune.search.result import Result
+    from autotune.report.result import Result
 
     run = load_run(out_dir)
     best, speedup = run.best, run.best.get("speedup") or {}

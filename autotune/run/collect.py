@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
+    from autotune.report.result import Result
     from autotune.run.options import Options
-    from autotune.search.result import Result
 
 __all__ = ["collect", "collect_options"]
 

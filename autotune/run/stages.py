@@ -395,8 +395,9 @@ def write(run: Run, *, interrupted: bool = False) -> Any:
     unconfirmed; with no finished baseline there is nothing to write and it returns ``None``.
     """
     from autotune.report.html import write_reports_safely
+    from autotune.search.output import write_best
     from autotune.search.parallel import write_hardware_groups
-    from autotune.search.result import baseline_and_best, write_best
+    from autotune.search.result import baseline_and_best
 
     if interrupted:
         picked = baseline_and_best(run.study, run.objectives, run.select, required=False)
