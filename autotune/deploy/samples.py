@@ -23,7 +23,8 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
         collate_fn: The run's own collate, when it had one (it is not saved with the run);
             a run that padded token sequences itself pads them the same way here.
     """
-    from autotune.batching import Batching, lengths_of, pad_collate, split_samples
+    from autotune.batching import Batching, lengths_of, pad_collate
+    from autotune.batching.outputs import split_samples
     from autotune.export.parity import flat_inputs
     from autotune.run.apply import _unloaded
     from autotune.samples import map_tensors

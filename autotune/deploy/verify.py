@@ -80,7 +80,7 @@ def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any
         outputs = Batches([cpu(predict(_named_inputs(b))) for b in data["chunks"]], chunk=chunk)
     elif data.get("batches"):
         # Token sequences: the winner's own batches, each sample's output cut to its real tokens.
-        from autotune.batching import join_samples, split_samples
+        from autotune.batching.outputs import join_samples, split_samples
 
         pieces: list[Any] = [None] * len(samples)
         for entry in data["batches"]:

@@ -172,7 +172,8 @@ def _run_per_sample(
     """Token sequences: batched as the winner batches them (its padding and length grouping, so
     the artifact sees several lengths), each sample's output cut to its real tokens, joined in
     sample order (see :func:`autotune.trial.guard.collect_per_sample`)."""
-    from autotune.batching import join_samples, lengths_of, split_samples
+    from autotune.batching import lengths_of
+    from autotune.batching.outputs import join_samples, split_samples
 
     pieces: list[Any] = [None] * len(samples)
     with torch.inference_mode():

@@ -59,7 +59,7 @@ class Predictor:
     def _loader(self, dataset: Any, collate_fn: Any) -> tuple[Any, list[int], Any]:
         """The tuned loader over ``dataset``, its order and the order inverted (the last
         dataset's again, if it is)."""
-        from autotune.batching import inverse_order
+        from autotune.batching.outputs import inverse_order
         from autotune.run.apply import dataloader
 
         if self._cached is not None and self._cached[0] is dataset:
@@ -126,7 +126,8 @@ class Predictor:
         """Every sample's output of ``dataset`` (samples, or a DataLoader over them), in order."""
         import torch
 
-        from autotune.batching import MASK_KEY, gather_outputs
+        from autotune.batching import MASK_KEY
+        from autotune.batching.outputs import gather_outputs
         from autotune.run.apply import _unloaded
         from autotune.samples import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
         from autotune.trial.warmup import compile_counts

@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from autotune.batching import join_samples, lengths_of, split_samples, token_outputs
+from autotune.batching import lengths_of, token_outputs
+from autotune.batching.outputs import join_samples, split_samples
 from autotune.errors import InputError, TrialError
 from autotune.knobs.state import BuildState
 from autotune.samples import (
