@@ -38,7 +38,7 @@ def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, requir
 def _figures(rounds: list[list[dict[str, Any]]], i: int) -> dict[str, Any]:
     """Configuration ``i``'s figures over rounds: throughput as the geometric mean (so that the
     ratio of two configurations' figures is the claimed speedup), the rest as medians."""
-    from autotune.search.claims import geomean
+    from autotune.trial.intervals import geomean
 
     col = [r[i] for r in rounds]
     out: dict[str, Any] = {"samples_per_s": geomean([c["samples_per_s"] for c in col])}
@@ -71,7 +71,7 @@ def select(
         (the pick, or ``None`` when no finalist beat the baseline in these rounds, the finalists'
         table). With one finalist nothing needs choosing: no rounds are run.
     """
-    from autotune.search.claims import interval
+    from autotune.trial.intervals import interval
 
     if len(finalists) == 1:
         return finalists[0], [{"trial": finalists[0]["number"], "selection": "the only finalist"}]
@@ -110,7 +110,8 @@ def confirm(
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
         :func:`autotune.search.claims.judge`.
     """
-    from autotune.search.claims import CONFIRM_DRAWS, CONFIRM_PROCESSES, TARGET_HALF_WIDTH, geomean, judge, shortfall
+    from autotune.search.claims import CONFIRM_DRAWS, CONFIRM_PROCESSES, TARGET_HALF_WIDTH, judge, shortfall
+    from autotune.trial.intervals import geomean
 
     target = TARGET_HALF_WIDTH if target is None else target
     groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, CONFIRM_PROCESSES,
