@@ -59,7 +59,7 @@ def _print_result(console: Any, result: Any) -> None:
             f"not shown: {diagnosis['fault']}" if diagnosis.get("fault") else f"not measured: {diagnosis['error']}"
         )
         console.print(f"why it won: {why}", highlight=False, soft_wrap=True)
-    from autotune.search.phases import story_lines
+    from autotune.report.story import story_lines
 
     for line in story_lines(result.search):
         console.print(line, highlight=False, soft_wrap=True)
@@ -85,8 +85,7 @@ def _print_result(console: Any, result: Any) -> None:
 
 
 def _print_profile(console: Any, result: Any) -> None:
-    from autotune.report.breakdown import changed_operators, limits
-    from autotune.run.profile import OPEN_TRACES
+    from autotune.report.breakdown import OPEN_TRACES, changed_operators, limits
 
     profile = result.profile or {}
     if "best" not in profile:
