@@ -45,8 +45,7 @@ def _print_result(console: Any, result: Any) -> None:
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if result.study is not None:  # the count the progress lines and both reports give
-        from autotune.report.summary import trial_counts, trials_sentence
-        from autotune.search.record import trial_record
+        from autotune.report.summary import trial_counts, trial_record, trials_sentence
 
         counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])
         console.print(f"trials: {trials_sentence(counts)}", highlight=False, soft_wrap=True)
@@ -106,8 +105,7 @@ def _busy_note(result: Any) -> str | None:
     """The report's warning when the machine was busy during the run, for the terminal."""
     import json
 
-    from autotune.report.summary import busy_note
-    from autotune.search.record import trial_record
+    from autotune.report.summary import busy_note, trial_record
 
     path = result.out_dir / "best_config.json"
     speedup = (json.loads(path.read_text()).get("speedup") or {}) if path.exists() else {}
@@ -162,8 +160,7 @@ def _print_runtimes(console: Any, result: Any) -> None:
     from rich.table import Table
 
     from autotune.knobs import REGISTRY
-    from autotune.report.summary import best_by
-    from autotune.search.record import trial_record
+    from autotune.report.summary import best_by, trial_record
 
     if result.study is None:  # `autotune show` of a run whose storage cannot be opened
         return

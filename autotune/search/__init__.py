@@ -10,7 +10,7 @@ __all__, __getattr__, __dir__ = exports(
         "resolve_space": "space",
         "open_study": "study",
         "run_trials": "study",
-        "trial_record": "record",
+        "trial_record": "study",
         "make_sampler": "study",
         "Result": "result",
         "select": "result",

@@ -12,8 +12,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
+from autotune.report.summary import trial_record
 from autotune.search.cost import HEAVY_KNOBS, trial_cost_s
-from autotune.search.record import _finished, trial_record
+from autotune.search.record import _finished
 from autotune.search.space import SearchSpace
 from autotune.trial.runner import Runner
 

@@ -116,8 +116,7 @@ def _counts(study: Any) -> dict[str, Any]:
     """``n_measured`` and ``n_repeats`` of ``study``'s trials, as the reports count them."""
     if study is None:
         return {}
-    from autotune.report.summary import trial_counts
-    from autotune.search.record import trial_record
+    from autotune.report.summary import trial_counts, trial_record
 
     counts = trial_counts([trial_record(t) for t in study.get_trials(deepcopy=False)])
     return {"n_measured": counts["n_measured"], "n_repeats": counts["n_repeats"]}

@@ -30,14 +30,6 @@ def _has_result(attrs: Mapping[str, Any]) -> bool:
     return not (attrs.get("kind") == "deadline" and not attrs.get("ran"))
 
 
-def trial_record(trial: FrozenTrial) -> dict[str, Any]:
-    """A trial's stored result as one flat dict."""
-    attrs = dict(trial.user_attrs)
-    attrs["number"] = trial.number
-    attrs["state"] = trial.state.name
-    return attrs
-
-
 def n_measured(study: optuna.Study) -> int:
     """Trials of ``study`` measured so far: what counts against ``n_trials``."""
     return _View(study.get_trials(deepcopy=False), "").n_measured

@@ -23,7 +23,7 @@ __all__ = ["Result", "baseline_and_best", "claim_speedup", "confirm", "select", 
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
-    from autotune.search.record import trial_record
+    from autotune.report.summary import trial_record
     from autotune.search.select import choose
 
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]

@@ -277,7 +277,7 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    # The study's records as search.record.trial_record makes them (not imported: study imports this module).
+    # The study's records as report.summary.trial_record makes them (not imported: study imports this module).
     records = [
         {**t.user_attrs, "number": t.number, "state": t.state.name}
         for t in trials

@@ -34,6 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Config
 from autotune.errors import ConfigError, TrialError
 from autotune.knobs import REGISTRY
+from autotune.report.summary import trial_record
 from autotune.search.limits import (  # noqa: F401  (re-exported: tests and users import them from here)
     COMPILE_ALLOWANCE_S,
     FIRST_TRIAL_TIMEOUT_S,
@@ -53,7 +54,6 @@ from autotune.search.record import (  # noqa: F401  (re-exported: tests and benc
     _tell_unmeasured,
     _View,
     n_measured,
-    trial_record,
 )
 from autotune.search.select import OBJECTIVES, check_objectives
 from autotune.search.space import SearchSpace, first_params
