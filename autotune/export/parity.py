@@ -21,7 +21,6 @@ import torch
 from torch import nn
 
 from autotune.errors import AutotuneError, InputError
-from autotune.knobs.state import FrozenCompiled
 from autotune.samples import (
     call_model,
     concat_outputs,
@@ -36,6 +35,7 @@ from autotune.shapes import Batches, run_chunks
 from autotune.trial.fidelity import evaluate, fidelity
 
 __all__ = [
+    "FrozenCompiled",
     "check_parity",
     "describe_error",
     "device_of",
@@ -74,6 +74,21 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, AutotuneError):
         return first or type(exc).__name__
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class FrozenCompiled(torch.nn.Module):
+    """A compiled module whose calls run with inductor's weight freezing on, so that a statically
+    quantized graph compiles to int8 kernels, without turning freezing on for anything else."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            return self.compiled(*args, **kwargs)
 
 
 def exportable(model: nn.Module) -> nn.Module:

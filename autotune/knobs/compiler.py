@@ -87,7 +87,7 @@ class CompileMode(Knob):
         return Offer([m for m in self.choices if m not in excluded], excluded)
 
     def apply(self, state: Any, value: str) -> None:
-        from autotune.knobs.state import FrozenCompiled
+        from autotune.export.parity import FrozenCompiled
 
         # Static shapes compile to the fastest kernels; token sequences trimmed to each batch's
         # length may ask for symbolic ones (compile_dynamic) instead of one compile per length.

@@ -21,12 +21,15 @@ def _onnx_source(state: Any) -> tuple[Any, ...]:
     """How the ONNX artifact of a torch int8 winner is made: its pruned float model quantized by
     ONNX Runtime with the same method and weight scales, and, where the winner kept layers float,
     the fewest float on the graph that keep the guard (ranked as ``int8_fallback`` ranks them)."""
+    from autotune.compress.fallback import onnx_with_fallback
+
     config, extras = state.config or {}, state.extras
     how = {
         "per_channel": bool(config.get("int8_per_channel", False)),
         "keep": "auto" if state.info.get("int8_kept") else 0,
         "plan": extras.int8,
         "config": dict(config),
+        "fallback": onnx_with_fallback,  # passed in: export sits below compress
     }
     return wrap(state, state.float_model, autocast=False), state.quantization, extras.calibration, how
 
