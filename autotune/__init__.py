@@ -44,7 +44,7 @@ __all__ = [
 
 _LAZY = {
     "Config": "autotune.config",
-    "Result": "autotune.search.result",
+    "Result": "autotune.report.result",
     "apply": "autotune.run.apply",
     "collect": "autotune.run.collect",
     "dataloader": "autotune.run.apply",
@@ -64,6 +64,7 @@ if TYPE_CHECKING:
     from autotune.config import Config
     from autotune.deploy.entry import load
     from autotune.deploy.verify import verify
+    from autotune.report.result import Result
     from autotune.run.apply import apply, dataloader, training
     from autotune.run.cfg import load_config
     from autotune.run.collect import collect
@@ -71,7 +72,6 @@ if TYPE_CHECKING:
     from autotune.run.plan import plan
     from autotune.run.predict import Predictor, predict, predictor
     from autotune.run.profile import profile
-    from autotune.search.result import Result
 
 
 def __getattr__(name: str) -> Any:

@@ -40,7 +40,7 @@ class Batches(list):
 def same_shapes(chunks: Sequence[Any]) -> bool:
     """Whether the outputs of several batches have the same leaves, of the same shapes beyond
     the batch axis, so that they join along it."""
-    from autotune.data import tensor_leaves
+    from autotune.samples import tensor_leaves
 
     if not chunks:
         return True
@@ -75,7 +75,7 @@ def run_chunks(
     import torch
     from torch.utils.data import default_collate
 
-    from autotune.data import (
+    from autotune.samples import (
         batch_size_of,
         call_model,
         concat_outputs,
@@ -124,7 +124,7 @@ IMAGE_PADDINGS = ("largest", "largest_8", "largest_16", "largest_32")
 
 def image_sizes(dataset: Any) -> list[tuple[int, int]]:
     """``(height, width)`` of every sample's image, in order (``(0, 0)`` for a sample without one)."""
-    from autotune.data import image_of
+    from autotune.samples import image_of
 
     out = []
     for i in range(len(dataset)):
@@ -163,7 +163,7 @@ def pad_images(samples: Sequence[Any], multiple: int = 1) -> Any:
     import torch
     from torch.utils.data import default_collate
 
-    from autotune.data import image_of
+    from autotune.samples import image_of
 
     sizes = [tuple(image_of(s).shape[1:]) for s in samples]
     height = _round_up(max(h for h, _ in sizes), multiple)
@@ -198,7 +198,7 @@ def dense_crop(out: Any, padded: tuple[int, int], sizes: Sequence[tuple[int, int
     """
     import math
 
-    from autotune.data import map_tensors, slice_batch
+    from autotune.samples import map_tensors, slice_batch
 
     def cut_for(h: int, w: int) -> Callable[[Any], Any]:
         def cut(t: Any) -> Any:
@@ -223,7 +223,7 @@ def crop_batch(out: Any, padded: tuple[int, int], size: tuple[int, int]) -> Any:
     largest image: what the batch holds beyond it is padding a larger multiple added."""
     import math
 
-    from autotune.data import map_tensors
+    from autotune.samples import map_tensors
 
     def cut(t: Any) -> Any:
         if t.dim() < 3:

@@ -18,8 +18,8 @@ from torch import nn
 from torch.nn.utils import prune
 from torch.utils.flop_counter import FlopCounterMode
 
-from autotune.data import map_tensors, model_inputs, to_device
 from autotune.errors import ConfigError, InputError, TrialError
+from autotune.samples import map_tensors, model_inputs, to_device
 
 __all__ = ["count_macs", "output_layers", "prune_structured_", "prune_unstructured_", "prune_2_4_", "finetune_"]
 

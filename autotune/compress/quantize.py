@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from autotune._quiet import quiet_torchao
-from autotune.data import map_tensors, model_inputs
 from autotune.errors import ConfigError, TrialError
+from autotune.samples import map_tensors, model_inputs
 
 __all__ = ["METHODS", "offered", "quantize", "serialized_bytes"]
 
@@ -170,7 +170,7 @@ def _probe(model: nn.Module, example: Any, device: str, method: str) -> None:
     """Run the quantized model once: some modules quantize without error and then fail in their
     forward pass (a TransformerEncoderLayer's fused path on dynamically quantized weights), and
     that is a property of the method on this model, not a fault of the trial."""
-    from autotune.data import model_inputs, to_device
+    from autotune.samples import model_inputs, to_device
 
     args, kwargs = model_inputs(to_device(example, torch.device(device)))
     try:

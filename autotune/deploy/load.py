@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import torch
 
-from autotune.data import concat_outputs, map_tensors, pad_batch, slice_batch
 from autotune.deploy.light import (  # noqa: F401  (their former home: serve and verify import them here)
     _check_files,
     _inside,
@@ -30,6 +29,7 @@ from autotune.deploy.light import (  # noqa: F401  (their former home: serve and
 from autotune.errors import ConfigError, InputError
 from autotune.export import FORMATS
 from autotune.export.stored import from_stored, rebuild_output
+from autotune.samples import concat_outputs, map_tensors, pad_batch, slice_batch
 
 __all__ = ["Predictor", "run_device"]
 

@@ -23,10 +23,11 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
         collate_fn: The run's own collate, when it had one (it is not saved with the run);
             a run that padded token sequences itself pads them the same way here.
     """
-    from autotune.batching import Batching, lengths_of, pad_collate, split_samples
-    from autotune.data import map_tensors
+    from autotune.batching import Batching, lengths_of, pad_collate
+    from autotune.batching.outputs import split_samples
     from autotune.export.parity import flat_inputs
     from autotune.run.apply import _unloaded
+    from autotune.samples import map_tensors
 
     samples, collate_fn = _unloaded(samples, collate_fn)
     data = pred.run.get("data") or {}
@@ -64,9 +65,9 @@ def predict_images(pred: Any, samples: list[Any], config: Mapping[str, Any]) -> 
     import torch
 
     from autotune.batching import Batching
-    from autotune.data import image_of
     from autotune.export.parity import flat_inputs
     from autotune.knobs.state import image_multiple
+    from autotune.samples import image_of
     from autotune.shapes import dense_crop, pad_images, size_keys
 
     found = [image_of(s) for s in samples]

@@ -24,13 +24,13 @@ from typing import Any
 
 import torch
 
-from autotune.data import map_tensors
 from autotune.deploy.light import _modified
 from autotune.deploy.load import _read_artifacts, _read_parity, run_device
 from autotune.deploy.serve import load
 from autotune.errors import ConfigError
 from autotune.export import file_digest
 from autotune.export.parity import _errors, _finite, check_parity, describe_error, flat_inputs
+from autotune.samples import map_tensors
 from autotune.trial.guard import fidelity
 
 __all__ = ["ENV_KEYS", "THROUGHPUT_NOTES", "env_diff", "verify"]
@@ -80,7 +80,7 @@ def _parity(predict: Any, samples: list[Any], expected: Any, data: dict[str, Any
         outputs = Batches([cpu(predict(_named_inputs(b))) for b in data["chunks"]], chunk=chunk)
     elif data.get("batches"):
         # Token sequences: the winner's own batches, each sample's output cut to its real tokens.
-        from autotune.batching import join_samples, split_samples
+        from autotune.batching.outputs import join_samples, split_samples
 
         pieces: list[Any] = [None] * len(samples)
         for entry in data["batches"]:

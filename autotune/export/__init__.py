@@ -41,7 +41,7 @@ def file_digest(path: Path) -> str:
 def _example_outputs(model: Any, example: Any) -> Any:
     import torch
 
-    from autotune.data import model_inputs
+    from autotune.samples import model_inputs
 
     args, kwargs = model_inputs(example)
     with torch.no_grad():
@@ -66,10 +66,8 @@ def _onnx_runner(
         info = export_onnx(float_model, example, src, spatial=spatial)
         try:
             if how.get("keep"):  # layers kept float on the graph, ranked by ONNX Runtime's own int8 error
-                from autotune.compress.fallback import onnx_with_fallback
-
                 config = {**how.get("config", {}), "int8_per_channel": how.get("per_channel", False)}
-                kept = onnx_with_fallback(src, path, method, how["keep"], calibration, how.get("plan"), config)
+                kept = how["fallback"](src, path, method, how["keep"], calibration, how.get("plan"), config)
                 info["quantized"] = {"method": method, "kept_float": kept["int8_kept"]}
             else:
                 per_channel = how.get("per_channel", False)
@@ -269,7 +267,8 @@ def export_artifacts(
         onnx_source: ``(float model, method, calibration batches[, how])``: export the float
             model and quantize the graph with ONNX Runtime's ``method`` instead of exporting
             ``model`` (a torch-quantized model the exporters cannot take); ``how`` may hold
-            ``per_channel``, and ``keep`` (with ``plan`` and ``config``): an ``int8_fallback``
+            ``per_channel``, and ``keep`` (with ``plan``, ``config`` and ``fallback``, the
+            caller's :func:`autotune.compress.fallback.onnx_with_fallback`): an ``int8_fallback``
             value, the layers kept float ranked on the graph as that knob ranks them.
         baseline_outputs, kinds, mask, metric_chunk, batching: The untuned model's outputs on
             ``samples`` and how the guard judges them, and for token sequences how the winner

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from autotune.data import batch_size_of, pad_batch
 from autotune.errors import ConfigError, ExportError, InputError
 from autotune.export.ort import _NP_TYPES, GRAPH_OPTIMIZATIONS, OrtModule  # noqa: F401 (their former home)
 from autotune.export.parity import describe_error, exportable, flat_inputs, output_leaves, quiet_warnings
+from autotune.samples import batch_size_of, pad_batch
 
 __all__ = ["GRAPH_OPTIMIZATIONS", "QUANT_METHODS", "OrtModule", "export_onnx", "quantize_onnx", "to_fp16"]
 

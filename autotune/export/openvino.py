@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from autotune.data import batch_size_of, pad_batch
 from autotune.errors import ExportError, InputError
 from autotune.export.ov_run import OvRunner
 from autotune.export.parity import describe_error, exportable, flat_inputs, quiet_warnings
+from autotune.samples import batch_size_of, pad_batch
 
 __all__ = [
     "OvModule",

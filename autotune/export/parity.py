@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.data import (
+from autotune.errors import AutotuneError, InputError
+from autotune.samples import (
     call_model,
     concat_outputs,
     model_inputs,
@@ -30,12 +31,13 @@ from autotune.data import (
     tensor_leaves,
     to_device,
 )
-from autotune.errors import AutotuneError, InputError
-from autotune.knobs.state import FrozenCompiled
 from autotune.shapes import Batches, run_chunks
+
+# Up a floor, kept: the guard's leaf judgement; moved down, trial/fidelity.py would be a re-export shim.
 from autotune.trial.fidelity import evaluate, fidelity
 
 __all__ = [
+    "FrozenCompiled",
     "check_parity",
     "describe_error",
     "device_of",
@@ -74,6 +76,21 @@ def describe_error(exc: BaseException) -> str:
     if isinstance(exc, AutotuneError):
         return first or type(exc).__name__
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+class FrozenCompiled(torch.nn.Module):
+    """A compiled module whose calls run with inductor's weight freezing on, so that a statically
+    quantized graph compiles to int8 kernels, without turning freezing on for anything else."""
+
+    def __init__(self, compiled: torch.nn.Module) -> None:
+        super().__init__()
+        self.compiled = compiled
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        import torch._inductor.config as inductor_config
+
+        with inductor_config.patch(freezing=True):
+            return self.compiled(*args, **kwargs)
 
 
 def exportable(model: nn.Module) -> nn.Module:
@@ -172,7 +189,8 @@ def _run_per_sample(
     """Token sequences: batched as the winner batches them (its padding and length grouping, so
     the artifact sees several lengths), each sample's output cut to its real tokens, joined in
     sample order (see :func:`autotune.trial.guard.collect_per_sample`)."""
-    from autotune.batching import join_samples, lengths_of, split_samples
+    from autotune.batching import lengths_of
+    from autotune.batching.outputs import join_samples, split_samples
 
     pieces: list[Any] = [None] * len(samples)
     with torch.inference_mode():

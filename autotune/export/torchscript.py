@@ -15,9 +15,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from autotune.data import model_inputs
 from autotune.errors import ExportError
 from autotune.export.parity import describe_error, exportable, output_leaves, quiet_warnings
+from autotune.samples import model_inputs
 
 __all__ = ["export_torchscript", "positional_inputs"]
 

@@ -42,7 +42,7 @@ class PaddedToCaptured(torch.nn.Module):
         return getattr(self.compiled, "_orig_mod", self.compiled)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        from autotune.data import batch_size_of, map_tensors, pad_batch
+        from autotune.samples import batch_size_of, map_tensors, pad_batch
 
         n = batch_size_of(args[0] if args else next(iter(kwargs.values())))
         if self.batch_size is None or n >= self.batch_size:
@@ -87,7 +87,7 @@ class CompileMode(Knob):
         return Offer([m for m in self.choices if m not in excluded], excluded)
 
     def apply(self, state: Any, value: str) -> None:
-        from autotune.knobs.state import FrozenCompiled
+        from autotune.export.parity import FrozenCompiled
 
         # Static shapes compile to the fastest kernels; token sequences trimmed to each batch's
         # length may ask for symbolic ones (compile_dynamic) instead of one compile per length.

@@ -75,7 +75,7 @@ class PruneMethod(Knob):
 
     def apply(self, state: Any, value: str) -> None:
         import autotune.compress.prune as _prune
-        from autotune.data import model_inputs
+        from autotune.samples import model_inputs
 
         if state.prune_ratio <= 0:
             return

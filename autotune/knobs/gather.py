@@ -27,9 +27,10 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.data import map_tensors, row_sources, tensor_leaves
+from autotune.data import row_sources
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 from autotune.knobs.cache import MEMORY_SHARE
+from autotune.samples import map_tensors, tensor_leaves
 
 __all__ = ["GatheredDataset", "Gather", "as_batch", "gathered", "gathered_for"]
 

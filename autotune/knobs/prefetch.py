@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-from autotune.data import tensor_leaves, to_device
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
+from autotune.samples import tensor_leaves, to_device
 
 __all__ = ["DevicePrefetch", "DevicePrefetcher"]
 

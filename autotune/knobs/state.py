@@ -13,7 +13,8 @@ from typing import Any
 
 import torch
 
-from autotune.data import collector_frozen, map_tensors, to_device
+from autotune.export.parity import FrozenCompiled
+from autotune.samples import collector_frozen, map_tensors, to_device
 
 __all__ = ["BuildExtras", "BuildState", "FrozenCompiled", "TunedDataLoader", "TunedModule", "unwrap", "wrap"]
 
@@ -68,21 +69,6 @@ class TunedDataLoader(torch.utils.data.DataLoader):
 def _frozen_pass(batches: Any) -> Any:
     with collector_frozen():
         yield from batches
-
-
-class FrozenCompiled(torch.nn.Module):
-    """A compiled module whose calls run with inductor's weight freezing on, so that a statically
-    quantized graph compiles to int8 kernels, without turning freezing on for anything else."""
-
-    def __init__(self, compiled: torch.nn.Module) -> None:
-        super().__init__()
-        self.compiled = compiled
-
-    def forward(self, *args: Any, **kwargs: Any) -> Any:
-        import torch._inductor.config as inductor_config
-
-        with inductor_config.patch(freezing=True):
-            return self.compiled(*args, **kwargs)
 
 
 def unwrap(model: Any) -> Any:

@@ -10,7 +10,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["breakdown_figure", "changed_operators", "limits", "top_rows"]
+__all__ = ["OPEN_TRACES", "breakdown_figure", "changed_operators", "limits", "top_rows"]
+
+# How to open the traces, said by the report, ``show`` and ``autotune profile``.
+OPEN_TRACES = (
+    "open a trace in Perfetto UI (https://ui.perfetto.dev, Open trace file) or chrome://tracing (Load); for "
+    "TensorBoard's profiler plugin (torch-tb-profiler), copy it as DIR/NAME.pt.trace.json.gz and run "
+    "tensorboard --logdir DIR"
+)
 
 _STAGE_LABELS = {
     "loader_wait": "loader wait",

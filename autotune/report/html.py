@@ -211,8 +211,7 @@ def _diagnosis(run: RunFiles) -> str:
 
 
 def _breakdown(run: RunFiles) -> str:
-    from autotune.report.breakdown import breakdown_figure, limits, top_rows
-    from autotune.run.profile import OPEN_TRACES
+    from autotune.report.breakdown import OPEN_TRACES, breakdown_figure, limits, top_rows
 
     profile = run.best.get("profile") or {}
     body = _plot(breakdown_figure(profile), "breakdown")
@@ -240,7 +239,7 @@ def _breakdown(run: RunFiles) -> str:
 def _search(run: RunFiles) -> str:
     """The search's phases (trials and seconds each), when the winner was measured, what
     screening left out, and what shortened timings saved."""
-    from autotune.search.phases import fidelity_line
+    from autotune.report.story import fidelity_line
 
     story = run.best.get("search") or {}
     if not story.get("phases"):

@@ -90,8 +90,7 @@ def _diagnosis(run: RunFiles) -> list[str]:
 
 
 def _breakdown(run: RunFiles) -> list[str]:
-    from autotune.report.breakdown import changed_operators, limits, top_rows
-    from autotune.run.profile import OPEN_TRACES
+    from autotune.report.breakdown import OPEN_TRACES, changed_operators, limits, top_rows
 
     profile = run.best.get("profile") or {}
     lines = ["## Where the time goes", ""]
@@ -144,7 +143,7 @@ def _trials(run: RunFiles) -> list[str]:
 
 
 def _search(run: RunFiles) -> list[str]:
-    from autotune.search.phases import story_lines
+    from autotune.report.story import story_lines
 
     story = run.best.get("search") or {}
     if not story.get("phases"):

@@ -160,8 +160,8 @@ def _extras(dataset: Any, cfg: Config, rebuild: dict[str, Any], collate: Any, tr
     """The build's data as the search had it: its example batch, its calibration batches (the
     same seeded draw at the baseline batch size, :func:`autotune.data.calibration_draw`), its
     seed, and the int8 layers it kept float."""
-    from autotune.data import calibration_draw, calibration_split
     from autotune.knobs.state import BuildExtras
+    from autotune.samples import calibration_draw, calibration_split
 
     n_train = len(train_dataset) if train_dataset is not None else None
     # A run's record holds its split already; a hand-written config gets the split a run would

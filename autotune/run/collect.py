@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
+    from autotune.report.result import Result
     from autotune.run.options import Options
-    from autotune.search.result import Result
 
 __all__ = ["collect", "collect_options"]
 
@@ -95,8 +95,8 @@ def _measured_here(opts: Options) -> int:
 
     from autotune.env import Env
     from autotune.search.parallel import check_devices
+    from autotune.search.record import n_measured
     from autotune.search.storage import fail_stale, family, open_storage, redact
-    from autotune.search.study import n_measured
 
     name, where = opts.study_name, redact(opts.storage)
     storage = open_storage(opts.storage, opts.heartbeat_interval_s, opts.grace_period_s)

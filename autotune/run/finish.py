@@ -138,7 +138,8 @@ def _confirm(run: Run, runner: Any) -> None:
     pick against the baseline, in what the deadline leaves."""
     import autotune.search.select as select
     from autotune.search.cost import build_s, finish_s
-    from autotune.search.result import baseline_and_best, claim_speedup, write_pareto
+    from autotune.search.output import write_pareto
+    from autotune.search.result import baseline_and_best, claim_speedup
 
     opts = run.options
     run.baseline, run.best = baseline_and_best(run.study, run.objectives, run.select)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.run.plan import plan
 
 if TYPE_CHECKING:
-    from autotune.search.result import Result
+    from autotune.report.result import Result
 
 __all__ = ["optimize", "plan"]
 

@@ -108,7 +108,7 @@ def _check_model(model: Any) -> None:
 
 
 def _no_calibration(n_samples: int, n_val: int, loss_fn: Any, train_dataset: Any) -> str | None:
-    from autotune.data import calibration_split
+    from autotune.samples import calibration_split
 
     if loss_fn is not None and train_dataset is None:
         n_val = min(n_val, n_samples // 2)  # fine-tuning holds half out already

@@ -59,7 +59,7 @@ class Predictor:
     def _loader(self, dataset: Any, collate_fn: Any) -> tuple[Any, list[int], Any]:
         """The tuned loader over ``dataset``, its order and the order inverted (the last
         dataset's again, if it is)."""
-        from autotune.batching import inverse_order
+        from autotune.batching.outputs import inverse_order
         from autotune.run.apply import dataloader
 
         if self._cached is not None and self._cached[0] is dataset:
@@ -83,8 +83,9 @@ class Predictor:
         import torch
 
         from autotune.batching import lengths_of
-        from autotune.data import call_model, collector_frozen, describe, to_device
+        from autotune.data import describe
         from autotune.run.apply import _unloaded
+        from autotune.samples import call_model, collector_frozen, to_device
         from autotune.trial.warmup import compile_counts, shape_batches, signature
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
@@ -125,9 +126,10 @@ class Predictor:
         """Every sample's output of ``dataset`` (samples, or a DataLoader over them), in order."""
         import torch
 
-        from autotune.batching import MASK_KEY, gather_outputs
-        from autotune.data import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
+        from autotune.batching import MASK_KEY
+        from autotune.batching.outputs import gather_outputs
         from autotune.run.apply import _unloaded
+        from autotune.samples import call_model, collector_frozen, outputs_to_cpu, sample_inputs, to_device
         from autotune.trial.warmup import compile_counts
 
         dataset, collate_fn = _unloaded(dataset, self.collate_fn)
@@ -173,7 +175,7 @@ def _image_outputs(
     (:func:`autotune.shapes.dense_crop`); ``sizes``: every image's ``(height, width)``."""
     import torch
 
-    from autotune.data import call_model, collector_frozen, outputs_to_cpu, to_device
+    from autotune.samples import call_model, collector_frozen, outputs_to_cpu, to_device
     from autotune.shapes import dense_crop
 
     outputs: list[Any] = [None] * len(order)

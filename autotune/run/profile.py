@@ -16,15 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import AutotuneError, ConfigError, TrialError
+from autotune.report.breakdown import OPEN_TRACES
 
 __all__ = ["OPEN_TRACES", "profile", "profile_run"]
-
-# How to open the traces, said by the report, ``show`` and ``autotune profile``.
-OPEN_TRACES = (
-    "open a trace in Perfetto UI (https://ui.perfetto.dev, Open trace file) or chrome://tracing (Load); for "
-    "TensorBoard's profiler plugin (torch-tb-profiler), copy it as DIR/NAME.pt.trace.json.gz and run "
-    "tensorboard --logdir DIR"
-)
 
 
 def _one_line(exc: BaseException) -> str:

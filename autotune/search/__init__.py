@@ -16,7 +16,7 @@ __all__, __getattr__, __dir__ = exports(
         "select": "result",
         "confirm": "result",
         "claim_speedup": "result",
-        "write_best": "result",
+        "write_best": "output",
         "interval": "claims",
         "judge": "claims",
         "enough_rounds": "claims",

@@ -337,9 +337,10 @@ def write_hardware_groups(
     import optuna
 
     import autotune.report.summary as report
-    from autotune.search.result import baseline_and_best, write_best
+    from autotune.report.summary import trial_record
+    from autotune.search.output import write_best
+    from autotune.search.result import baseline_and_best
     from autotune.search.storage import family, hardware_slug, storage_of
-    from autotune.search.study import trial_record
 
     storage = storage_of(study)
     members = family(storage, summary["study"]["name"])

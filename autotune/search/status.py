@@ -23,8 +23,8 @@ def _when(value: Any) -> str | None:
 
 
 def _group(storage: Any, member: Any) -> dict[str, Any]:
+    from autotune.report.summary import trial_record
     from autotune.search.select import OBJECTIVES, choose
-    from autotune.search.study import trial_record
 
     trials = storage.get_all_trials(storage.get_study_id_from_name(member.study_name), deepcopy=False)
     objectives = member.user_attrs.get("objectives") or ["throughput"]

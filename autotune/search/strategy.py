@@ -37,8 +37,6 @@ study stands, and a configuration already measured, running or queued is never q
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -46,41 +44,12 @@ from autotune.config import Config
 from autotune.errors import ConfigError
 from autotune.knobs import REGISTRY
 from autotune.search.cost import HEAVY_KNOBS
-from autotune.search.space import SearchSpace
+from autotune.search.levers import Lever, levers, size_levers  # re-exported: their former home
+from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside
 
 __all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next", "size_levers"]
 
 STRATEGIES = ("staged", "tpe")
-# A lever pays when it is at least this much faster than the baseline (measurement noise is a few %).
-MIN_GAIN = 1.03
-# A value is left out when screening measured it below this share of the baseline's speed.
-HARMFUL = 0.8
-# The levers screened alone against the baseline; the others are tried on the composed configuration.
-# The optimizer's implementation is training's own first-tier lever (inference offers one value).
-TIER1 = ("padding", "image_shape", "amp_dtype", "openvino", "int8", "compile_mode", "optimizer_impl")
-# The levers measured together right after the baseline (their first variants), where the space
-# offers at least two of them: what the data (padding, image sizes) and the device (16-bit units,
-# since autocast is offered only there) already vouch for. The batch joins only for throughput.
-RECIPE = ("padding", "image_shape", "amp_dtype", "batch_size")
-# On CUDA the data path to the device is tuned like the model, ahead of compile: one index
-# operation per batch for tensor-backed data, pinned memory with the next batch copied on a side
-# stream, workers kept alive with batches prefetched. A ResNet-50 fed per-sample collated batches
-# from pageable memory sat at 3,000 img/s on an H100 for every model recipe (bf16, compile).
-FEED = ("gather", "pin_memory", "num_workers")
-# Of these, what the recipe takes on CUDA: nothing there is worse off for them.
-FEED_RECIPE = ("gather", "pin_memory")
-# Loader workers on CUDA: as many as this, within the usable CPUs (the expert recipe's 8).
-CUDA_WORKERS = 8
-# With size first, the levers are the ones that shrink the model, every one screened alone.
-SIZE_TIER1 = ("int8", "prune_ratio")
-# Knobs whose effect depends on the other's value: a loader worker process takes a core the
-# model's threads wanted (on 2 cores, 2 workers beside 2 threads measured 0.22x; beside 1 thread
-# they hide the decoding). A value measured harmful is left out only beside the partner's value
-# it was measured with.
-PARTNERS = {"num_threads": "num_workers", "num_workers": "num_threads"}
-# The precision knob of each exported runtime: a runtime is left out only at the precision it
-# was measured with.
-_PRECISION_OF = {"onnxruntime": "ort_precision", "openvino": "ov_precision"}
 
 
 def check_strategy(name: Any) -> str:
@@ -94,193 +63,7 @@ def check_strategy(name: Any) -> str:
     return name
 
 
-@dataclasses.dataclass(frozen=True)
-class Lever:
-    """One idea to screen: its name and its values in order of promise, each a dict of changes
-    to the baseline (only the knobs the lever sets)."""
-
-    name: str
-    variants: tuple[Mapping[str, Any], ...]
-
-
-def _first(space: SearchSpace, name: str, preferred: Sequence[Any]) -> Any:
-    values, base = space.values.get(name, ()), space.baseline.get(name)
-    return next((v for v in preferred if v in values and v != base), None)
-
-
-def _nearest(values: Sequence[Any], target: float) -> Any:
-    return min(values, key=lambda v: (abs(math.log(v / target)), v)) if values else None
-
-
-def _variants(space: SearchSpace, *options: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
-    """Each option maps knobs to preferred values; an option with a knob the space does not
-    offer is left out."""
-    found = []
-    for option in options:
-        changes = {k: _first(space, k, prefs) for k, prefs in option.items()}
-        if all(v is not None for v in changes.values()) and changes:
-            found.append(changes)
-    return found
-
-
-def _openvino(space: SearchSpace, shape: list[dict[str, Any]], auto: dict[str, Any]) -> tuple[list, list]:
-    """OpenVINO's variants: float32 then bfloat16 (offered only with bf16 units), and its int8
-    (for the int8 lever), each on the trimmed, grouped batches where the data has them: OpenVINO
-    runs any length without recompiling, which is where it pays (a hand export on trimmed, sorted
-    MiniLM batches: 3.07x; untrimmed far less), and it cannot join a recipe holding autocast,
-    which it replaces."""
-    ov = {"runtime": ("openvino",)}
-    on_shape = dict(shape[0]) if shape else {}
-    floats = _variants(space, ov, {**ov, "ov_precision": ("bf16",)})
-    int8 = _variants(space, {**ov, "ov_precision": ("int8_static",), **auto})
-    return [{**v, **on_shape} for v in floats], [{**v, **on_shape} for v in int8]
-
-
-def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") -> list[Lever]:
-    """The levers the space offers, in order of promise (the order they are screened in).
-
-    Only values the space offers are used, so what the Env rules out (bfloat16 without
-    AVX-512 or AMX, int8 without a quantizable layer, compile without a compiler, padding on
-    data that is not token sequences) is never screened. On CUDA the data path's levers
-    (:data:`FEED`) come before int8 and compile.
-
-    Args:
-        space: The resolved search space.
-        cores: Usable CPUs, for the thread and loader-worker levers (default: the baseline's threads).
-        device: ``"cpu"`` or ``"cuda..."``.
-    """
-    base = space.baseline
-    cores = cores or base.get("num_threads") or 1
-    found: list[Lever] = []
-
-    def add(name: str, variants: list[dict[str, Any]]) -> None:
-        if variants:
-            found.append(Lever(name, tuple(variants)))
-
-    shape = _variants(space, {"padding": ("trim", "trim_8", "trim_16"), "length_grouping": (16, 4, 64)})
-    add("padding", shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")}))
-    # Images of many sizes: padded to fewer shapes and batched with their like (grouping alone
-    # behind the user's own collate, which does the padding).
-    image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
-    add("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
-    add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
-    auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
-    ov_float, ov_int8 = _openvino(space, shape, auto)
-    add("openvino", ov_float)
-    workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
-    cuda = device.startswith("cuda")
-    if cuda:
-        add("gather", _variants(space, {"gather": ("batched",)}))
-        add(
-            "pin_memory",
-            _variants(space, {"pin_memory": (True,), "device_prefetch": (True,)}, {"pin_memory": (True,)}),
-        )
-        if workers and base.get("num_workers") == 0:
-            n = _nearest(workers, min(CUDA_WORKERS, cores))
-            kept = {"num_workers": (n,), "persistent_workers": (True,), "prefetch_factor": (4, 8)}
-            add("num_workers", _variants(space, kept, {"num_workers": (n,), "persistent_workers": (True,)}) or
-                [{"num_workers": n}])  # fmt: skip
-    ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
-    add(
-        "int8",
-        ov_int8
-        + _variants(
-            space,
-            {**ort, **auto},
-            {"quantization": ("int8_dynamic",), **auto},
-            {"runtime": ("onnxruntime",)},
-        ),
-    )
-    # Token sequences of many lengths whose padding the space may trim: a static compile makes
-    # one graph per width and past dynamo's recompile limit (8) runs the others eager, inside
-    # the trial's windows (real MiniLM text: "size mismatch at index 1, expected 28, actual 18").
-    # Shapes as symbols come first.
-    dynamic = _variants(space, {"compile_mode": ("default",), "compile_dynamic": (True,)}) if shape else []
-    add(
-        "compile_mode",
-        [*dynamic, *_variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})],
-    )
-    larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
-    if larger:
-        add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])
-    fewer = [n for n in space.values.get("num_threads", ()) if n is not None and n < (base.get("num_threads") or 0)]
-    if fewer:
-        add("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
-    # Decoding once before loader workers: over repeated epochs (or repeated inference over a
-    # fixed set) the cache removes the decoding that workers would only hide, and leaves the
-    # cores to the model. Beside workers it needs them persistent, or each epoch loses it.
-    add(
-        "cache_decoded",
-        _variants(space, {"cache_decoded": (True,)}, {"cache_decoded": (True,), "persistent_workers": (True,)}),
-    )
-    if workers and base.get("num_workers") == 0 and not cuda:
-        n = _nearest(workers, min(2, cores))
-        # The workers beside the threads they leave free (a perf guide's recipe: workers plus
-        # threads = cores), then beside the baseline's threads.
-        free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
-        add("num_workers", [*free, {"num_workers": n}])
-    for name, value in (
-        ("channels_last", True),
-        ("optimizer_impl", "fused"),
-        ("cudnn_benchmark", True),
-        ("tf32", True),
-        ("flush_denormal", True),
-    ):
-        add(name, _variants(space, {name: (value,)}))
-    return found
-
-
-def size_levers(space: SearchSpace) -> list[Lever]:
-    """With size the first objective: int8, then the pruning ratios, largest first. A variant
-    that fails or misses the guard is screened at the next one."""
-    found = []
-    # On the baseline, so in float32 with every layer quantized (int8_fallback 0): the variant
-    # that shrinks most, and on CPUs the only one int8 combines with.
-    int8 = _variants(
-        space,
-        {"quantization": ("int8_dynamic",)},
-        {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)},
-        {"quantization": ("int8_weight_only",)},
-        {"quantization": ("int8_static",)},
-    )
-    if int8:
-        found.append(Lever("int8", tuple(int8)))
-    ratios = sorted((r for r in space.values.get("prune_ratio", ()) if r), reverse=True)
-    if ratios:
-        found.append(Lever("prune_ratio", tuple({"prune_ratio": r} for r in ratios)))
-    return found
-
-
-def _beside(changes: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
-    """``changes`` with the value of each changed knob's partner (:data:`PARTNERS`) in ``config``,
-    the configuration they were measured in: a left-out value is refused only beside it.
-
-    Example:
-        >>> _beside({"num_workers": 2}, {"num_workers": 2, "num_threads": 2, "batch_size": 8})
-        {'num_workers': 2, 'num_threads': 2}
-    """
-    found = dict(changes)
-    for name in changes:
-        partner = PARTNERS.get(name)
-        if partner is not None and partner in config:
-            found.setdefault(partner, config[partner])
-    # A runtime measured slow at one precision says nothing of another: OpenVINO float32 at
-    # 0.64x of the composed best left its int8 out unmeasured.
-    precision = _PRECISION_OF.get(changes.get("runtime"))
-    if precision is not None and precision in config:
-        found.setdefault(precision, config[precision])
-    return found
-
-
-def _score(record: Mapping[str, Any], key: str, maximize: bool) -> float | None:
-    # A trial stopped early was measured far below the best: a speed, not a fault.
-    if record.get("status") not in ("ok", "stopped") or record.get(key) in (None, 0):
-        return None
-    value = float(record[key])
-    return value if maximize else 1.0 / value
-
-
-class Staged:
+class Staged(Screening):
     """The staged strategy for one study; see the module docstring.
 
     Args:
@@ -299,203 +82,17 @@ class Staged:
         ['batch_size']
     """
 
-    def __init__(
-        self, space: SearchSpace, objectives: Sequence[str], device: str = "cpu", cores: int | None = None
-    ) -> None:
-        from autotune.search.select import OBJECTIVES
-
-        self.space, self.device = space, device
-        key, direction = OBJECTIVES[objectives[0]][:2]
-        self.key, self.maximize = key, direction == "maximize"
-        speed = objectives[0] in ("throughput", "latency")
-        cuda = device.startswith("cuda")
-        found = levers(space, cores, device) if speed else size_levers(space) if objectives[0] == "size" else []
-        self.levers = found
-        self.tier1 = (TIER1 + FEED if cuda else TIER1) if speed else SIZE_TIER1
-        self.baseline = dict(space.baseline)
-        self.baseline_key = Config(self.baseline).key()
-        names = RECIPE if objectives[0] == "throughput" else tuple(n for n in RECIPE if n != "batch_size")
-        names += FEED_RECIPE if cuda else ()
-        self.recipe_levers = [lever for lever in self.levers if lever.name in names] if speed else []
-        # Each recipe lever's first variant: the changes the recipe holds.
-        self.recipe_parts = [dict(lever.variants[0]) for lever in self.recipe_levers]
-        self._recipe = self._make_recipe()
-
-    def recipe(self) -> dict[str, Any] | None:
-        """The recipe (:data:`RECIPE`: each lever's first variant, together), or ``None`` when the
-        space offers fewer than two of its levers (one alone is what screening measures) or they
-        cannot run together."""
-        return None if self._recipe is None else dict(self._recipe)
-
-    def _make_recipe(self) -> dict[str, Any] | None:
-        parts = self.recipe_parts
-        if len(parts) < 2:
-            return None
-        config = self._full({k: v for part in parts for k, v in part.items()})
-        if not self.runnable(config) or not all(self._keeps(config, part) for part in parts):
-            return None
-        return config
-
-    def _on_recipe(self, scores: Mapping[str, float | None]) -> list[str]:
-        """The first-tier levers outside a recipe that paid which can be added to it (their first
-        variant runs on it and masks none of it): they are screened on the recipe instead of
-        alone. Empty when the recipe did not pay."""
-        if self._recipe_paid(scores) is None:
-            return []
-        names = [lever.name for lever in self.recipe_levers]
-        return [
-            lever.name
-            for lever in self.levers
-            if lever.name in self.tier1
-            and lever.name not in names
-            and any(self._add(self._recipe, self.recipe_parts, v) is not None for v in lever.variants)
-        ]
-
-    def _ablations(self, scores: Mapping[str, float | None]) -> list[dict[str, Any]]:
-        """The recipe with each of its levers (but the batch) taken back out, when the recipe
-        paid: measured right after it, before anything is built on it, so a lever that costs
-        inside it (bf16 on a CPU without AMX, on text: the recipe ran 1.20x, without bf16 2.7x)
-        is found in seconds, not after nine compiles on top of it."""
-        if self._recipe_paid(scores) is None:
-            return []
-        found = []
-        for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
-            if lever.name == "batch_size":
-                continue
-            candidate = self._full({k: self.baseline[k] for k in part}, self._recipe)
-            if self.runnable(candidate) and Config(candidate).key() != Config(self._recipe).key():
-                found.append(candidate)
-        return found
-
-    def _kept_parts(self, scores: Mapping[str, float | None]) -> tuple[list[dict[str, Any]], float]:
-        """The recipe's parts whose removal was not faster, and the best ratio to the baseline
-        of the recipe and its ablations (measured so far)."""
-        base = scores.get(self.baseline_key) or 1.0
-        recipe = scores.get(Config(self._recipe).key()) or 0.0
-        kept, best = [], recipe
-        for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
-            without = self._full({k: self.baseline[k] for k in part}, self._recipe)
-            score = scores.get(Config(without).key()) if lever.name != "batch_size" else None
-            if score is not None and score > recipe:
-                best = max(best, score)
-                continue  # it cost inside the recipe
-            kept.append(part)
-        return kept, best / base
-
-    def _recipe_paid(self, scores: Mapping[str, float | None]) -> float | None:
-        """The recipe's speed against the baseline when it was measured and paid, else ``None``."""
-        base = scores.get(self.baseline_key)
-        found = scores.get(Config(self._recipe).key()) if self._recipe is not None else None
-        if found is None or not base or found < MIN_GAIN * base:
-            return None
-        return found / base
-
-    def _full(self, changes: Mapping[str, Any], base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-        """The whole configuration as the study loop builds it from the same parameters:
-        ``changes`` on ``base`` (default: the baseline with the knobs the user fixed), and each
-        knob that does not apply, given the knobs before it, at its baseline value."""
-        space = self.space
-        wanted = {**(base or {n: v[0] if len(v) == 1 else space.baseline[n] for n, v in space.values.items()})}
-        wanted.update(changes)
-        config: dict[str, Any] = {}
-        for name, knob in REGISTRY.items():
-            config[name] = wanted[name] if knob.applies(config) else space.baseline[name]
-        return config
-
-    def runnable(self, config: Mapping[str, Any]) -> bool:
-        """Whether the space knows ``config`` can run: in the space, and no autocast with CPU int8."""
-        if not self.space.contains(config):
-            return False
-        cpu_int8 = config.get("quantization") in ("int8_dynamic", "int8_static") and not self.device.startswith("cuda")
-        return not (cpu_int8 and REGISTRY["amp_dtype"].applies(dict(config)) and config["amp_dtype"] != "float32")
-
     # ---- what the records say -------------------------------------------------------------
-
-    def _scores(self, records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
-        """Score by key of every configuration with a result (``None``: it failed or missed the guard)."""
-        scores: dict[str, float | None] = {}
-        for r in records:
-            # A trial not started for the deadline counts as failed here, so the search moves on
-            # to a cheaper lever (a resumed run still measures it: see search.study._has_result).
-            if "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
-                scores.setdefault(r["key"], _score(r, self.key, self.maximize))
-        return scores
-
-    def screened(self, records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], float | None]]:
-        """Per lever screened so far: the variant that decided it and its speed against the
-        baseline (``None``: every variant tried failed or missed the guard)."""
-        scores = self._scores(records)
-        base = scores.get(self.baseline_key)
-        found = {}
-        for lever in self.levers:
-            for changes in lever.variants:
-                key = Config(self._full(changes)).key()
-                if key not in scores:
-                    break
-                if scores[key] is not None and base:
-                    found[lever.name] = (dict(changes), scores[key] / base)
-                    break
-                found[lever.name] = (dict(changes), None)
-        return found
 
     def left_out(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], float]]:
         """The changes screening measured clearly slower than the baseline, with their ratio."""
         return self._alone_harmful(records) + self.composition(records)[1]
 
-    def _alone_harmful(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], float]]:
-        found = []
-        for name, (changes, ratio) in self.screened(records).items():
-            if ratio is None or ratio >= HARMFUL:
-                continue
-            context = _beside(changes, self._full(changes))
-            if name in self.tier1:
-                # Screened alone at the baseline's batch, and the batch interacts with everything:
-                # bfloat16 on a small MLP ran 0.67x at batch 32 and was the optimum at 512.
-                context.setdefault("batch_size", self._full(changes)["batch_size"])
-            found.append((context, ratio))
-        return found
-
     def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
         """Why ``config`` is not run (it holds a value left out after screening), or ``None``."""
         return self._refuse(config, self.left_out(records))
 
-    def _refuse(self, config: Mapping[str, Any], left_out: Sequence[tuple[Mapping[str, Any], float]]) -> str | None:
-        for changes, ratio in left_out:
-            if all(config.get(k) == v and REGISTRY[k].applies(dict(config)) for k, v in changes.items()):
-                what = ", ".join(f"{k}={v}" for k, v in changes.items())
-                return f"left out after screening: measured {ratio:.2f}x with {what}"
-        return None
-
     # ---- what to measure next -------------------------------------------------------------
-
-    def screening(
-        self, records: Sequence[Mapping[str, Any]], n_trials: int, skip: Sequence[str] = ()
-    ) -> list[dict[str, Any]]:
-        """The screening configurations not yet decided: each first-tier lever's next variant,
-        but for the levers named in ``skip``."""
-        scores, chosen = self._scores(records), []
-        for lever in [lever for lever in self.levers if lever.name in self.tier1 and lever.name not in skip]:
-            for changes in lever.variants:
-                config = self._full(changes)
-                score = scores.get(Config(config).key(), "untried")
-                if score == "untried":
-                    chosen.append(config)
-                if score is None:
-                    continue  # failed or missed the guard: its next value is screened
-                break
-        return [c for c in chosen if self.runnable(c)]
-
-    def _keeps(self, config: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
-        """Whether ``config`` holds every one of ``changes``, each still in effect."""
-        return all(config.get(k) == v and REGISTRY[k].applies(dict(config)) for k, v in changes.items())
-
-    def _add(self, config: dict[str, Any], held: list[Mapping[str, Any]], changes: Mapping[str, Any]) -> Any:
-        """``config`` with ``changes`` added, if it can run and masks none of ``held`` (ONNX
-        Runtime makes autocast and compile moot, say); else ``None``."""
-        merged = self._full(changes, config)
-        if not self.runnable(merged) or not all(self._keeps(merged, c) for c in (*held, changes)):
-            return None
-        return merged
 
     def composition(
         self, records: Sequence[Mapping[str, Any]], first_tier_only: bool = False
@@ -680,7 +277,7 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    # The study's records as search.study.trial_record makes them (not imported: study imports this module).
+    # The study's records as report.summary.trial_record makes them (not imported: study imports this module).
     records = [
         {**t.user_attrs, "number": t.number, "state": t.state.name}
         for t in trials

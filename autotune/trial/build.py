@@ -15,9 +15,9 @@ from typing import Any
 import torch
 
 from autotune.config import Config
-from autotune.data import batch_size_of, model_inputs
 from autotune.knobs import REGISTRY, Stage
 from autotune.knobs.state import BuildExtras, BuildState, wrap
+from autotune.samples import batch_size_of, model_inputs
 
 __all__ = ["apply_settings", "build", "make_loader", "settings_active"]
 

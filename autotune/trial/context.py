@@ -18,8 +18,8 @@ import torch
 
 from autotune._pristine import restore, snapshot
 from autotune.errors import InputError
-from autotune.search.claims import enough_rounds
 from autotune.trial.faults import one_line, record_fault
+from autotune.trial.intervals import enough_rounds
 from autotune.trial.measure import draw_seed
 from autotune.trial.spec import TrialResult, WorkerSpec
 

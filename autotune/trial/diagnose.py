@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from autotune.data import batch_size_of, tensor_leaves, to_device
 from autotune.knobs.state import BuildState
+from autotune.samples import batch_size_of, tensor_leaves, to_device
 from autotune.trial.build import settings_active
 from autotune.trial.measure import WHOLE_EPOCH_BATCHES, MeasureSettings, _sync, call_model, timing_batches
 

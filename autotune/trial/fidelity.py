@@ -37,8 +37,8 @@ from typing import Any
 
 import torch
 
-from autotune.data import slice_batch, tensor_leaves, to_device
 from autotune.errors import ConfigError, TrialError
+from autotune.samples import slice_batch, tensor_leaves, to_device
 from autotune.shapes import Batches
 
 __all__ = [
@@ -181,7 +181,7 @@ def _looks_like_logits(leaf: torch.Tensor, labels: torch.Tensor | None, loss_fn:
 
 def attention_mask(samples: Sequence[Any]) -> torch.Tensor | None:
     """The ``attention_mask`` model input of ``samples`` stacked to ``(n, seq)``, or ``None``."""
-    from autotune.data import model_inputs
+    from autotune.samples import model_inputs
 
     masks = []
     for sample in samples:
@@ -411,7 +411,7 @@ def evaluate(
     from torch.utils.data import default_collate
 
     from autotune.batching import fit_width
-    from autotune.data import MASK_KEY, sample_inputs
+    from autotune.samples import MASK_KEY, sample_inputs
 
     if metric is None:
         return 1.0 if reference is None else fidelity(outputs, reference, kinds, mask)

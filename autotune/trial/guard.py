@@ -13,10 +13,19 @@ from typing import Any
 
 import torch
 
-from autotune.batching import join_samples, lengths_of, split_samples, token_outputs
-from autotune.data import call_model, concat_outputs, outputs_to_cpu, pad_batch, slice_batch, tensor_leaves, to_device
+from autotune.batching import lengths_of, token_outputs
+from autotune.batching.outputs import join_samples, split_samples
 from autotune.errors import InputError, TrialError
 from autotune.knobs.state import BuildState
+from autotune.samples import (
+    call_model,
+    concat_outputs,
+    outputs_to_cpu,
+    pad_batch,
+    slice_batch,
+    tensor_leaves,
+    to_device,
+)
 from autotune.shapes import Batches, pad_images, run_chunks, same_shapes
 from autotune.trial.build import settings_active
 from autotune.trial.fidelity import attention_mask, evaluate, fidelity, fidelity_report, infer_kinds

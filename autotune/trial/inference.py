@@ -2,7 +2,8 @@
 
 :class:`TrialContext` holds, for the whole study, the model, the validation samples and the
 baseline's reference outputs; it also answers the calls made after the search: interleaved
-rounds, the winner's export, the held-out score and the diagnosis.
+rounds, the winner's export (:mod:`autotune.trial.artifacts`), the held-out score and the
+diagnosis.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ from autotune._pristine import restore
 from autotune.batching import lengths_of
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
-from autotune.data import call_model, to_device
 from autotune.errors import AutotuneError, InputError
-from autotune.knobs.state import BuildExtras, BuildState, TunedModule, wrap
+from autotune.knobs.state import BuildExtras, BuildState
+from autotune.samples import call_model, to_device
+from autotune.trial.artifacts import (  # noqa: F401  (re-exported: tests import them from here)
+    ArtifactExport,
+    _label,
+    _onnx_form,
+    _plain,
+)
 from autotune.trial.build import build
 from autotune.trial.context import Context
 from autotune.trial.faults import one_line
@@ -74,21 +81,7 @@ _ROUND_KEYS = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "othe
                "compile_fallbacks")  # fmt: skip
 
 
-def _onnx_source(state: Any) -> tuple[Any, ...]:
-    """How the ONNX artifact of a torch int8 winner is made: its pruned float model quantized by
-    ONNX Runtime with the same method and weight scales, and, where the winner kept layers float,
-    the fewest float on the graph that keep the guard (ranked as ``int8_fallback`` ranks them)."""
-    config, extras = state.config or {}, state.extras
-    how = {
-        "per_channel": bool(config.get("int8_per_channel", False)),
-        "keep": "auto" if state.info.get("int8_kept") else 0,
-        "plan": extras.int8,
-        "config": dict(config),
-    }
-    return wrap(state, state.float_model, autocast=False), state.quantization, extras.calibration, how
-
-
-class TrialContext(Context):
+class TrialContext(Context, ArtifactExport):
     """A worker's state in inference mode: the model, the data, the baseline's reference outputs."""
 
     def __init__(self, spec: WorkerSpec) -> None:
@@ -123,7 +116,7 @@ class TrialContext(Context):
 
     def _extras(self) -> BuildExtras:
         """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        from autotune.data import calibration_draw
+        from autotune.samples import calibration_draw
 
         spec = self.spec
         collate = self.collate
@@ -157,7 +150,7 @@ class TrialContext(Context):
         return (self.spec.collate_fn or default_collate)(samples)
 
     def _probe(self, state: BuildState) -> None:
-        from autotune.data import has_tensor
+        from autotune.samples import has_tensor
 
         try:
             batch = self.collate(self.samples[:2])
@@ -289,111 +282,6 @@ class TrialContext(Context):
             row.update(_halves(prepared, self.spec.dataset, self.spec.measure, seed))
         return row
 
-    def _export_onnx(
-        self, state: Any, tuned: Any, out: Any, common: dict[str, Any], by_format: dict[str, Any]
-    ) -> dict[str, Any]:
-        """The ONNX artifact of a winner that ran no ONNX file: its export, or the nearest form."""
-        from autotune.export import export_artifacts
-
-        size, example = state.batch_size, self.extras.example_on(state.device)
-        model, note = _onnx_form(tuned, state.device)
-        onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], **common)
-        # ONNX Runtime has the same dynamic and static int8, not torchao's weight-only.
-        ort_method = state.quantization in ("int8_dynamic", "int8_static")
-        if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
-            # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
-            # by ONNX Runtime with the same method, is the nearest form of the winner.
-            source = _onnx_source(state)
-            first = onnx["onnx"].get("error")
-            onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], onnx_source=source, **common)
-            note = f"exported from the pruned float model and quantized by onnxruntime ({state.quantization}): {first}"
-        if note:
-            onnx["onnx"]["form_note"] = note
-            keep = state.model
-            state.model = model
-            by_format["onnx"] = collect_outputs(state, self.samples)
-            state.model = keep
-        return onnx
-
-    def _parity(self, state: Any, outputs: Any, by_format: dict[str, Any]) -> dict[str, Any]:
-        """What ``autotune verify`` re-checks the artifacts against, as ``parity.pt`` stores it."""
-        parity = {
-            "samples": _plain(self.samples),
-            "outputs": _plain(outputs),
-            "outputs_by_format": _plain(by_format),
-            "baseline_outputs": _plain(self.reference.outputs),
-            "kinds": self.reference.kinds,
-            "max_metric_drop": self.spec.max_metric_drop,
-        }
-        if self.extras.ragged:
-            # Outputs that change shape with the batch: verify compares them on the guard's batches.
-            size = self.extras.ragged
-            parts = [self.samples[k : k + size] for k in range(0, len(self.samples), size)]
-            parity["chunks"] = [_plain(self.collate(list(p))) for p in parts]
-        if per_sample(state) or self.extras.collate_fn:
-            # The batches as the winner makes them (token sequences: the lengths the artifact was
-            # checked on), so verify runs it on the same inputs and compares sample by sample.
-            batching = state.batching(lengths_of(self.samples))
-            parity["batches"] = [{"ids": ids, "batch": _plain(b)} for ids, b in batching.batches(self.samples)]
-            parity["mask"] = self.reference.mask
-            parity["tokens"] = list(self.extras.token_outputs)
-        return parity
-
-    def export(self, config: dict[str, Any], out_dir: str, formats: list[str]) -> dict[str, Any]:
-        """Write the winner's artifacts into ``out_dir`` with their parity against the tuned model."""
-        import dataclasses as dc
-        from pathlib import Path
-
-        from autotune.export import export_artifacts, ship_measured
-
-        if config.get("compile_mode", "none") != "none":
-            torch._dynamo.reset()
-        extras = dc.replace(self.extras, keep_float=True)
-        state = build(self.fresh_model(), Config(config), self.spec.device, extras=extras, copy_model=False)
-        # A TorchScript or ONNX Runtime winner is exported from the torch model it was made from.
-        tuned = state.torch_model if state.torch_model is not None else state.model
-        common = {
-            "fallback": state.float_model,
-            "metric": self.spec.metric,
-            "baseline_metric": self.reference.metric,
-            "max_metric_drop": self.spec.max_metric_drop,
-            "baseline_outputs": self.reference.outputs,
-            "kinds": self.reference.kinds,
-            "mask": self.reference.mask,
-            "metric_chunk": self.reference.chunk,
-            # Token sequences, or a collate of the user's: batched as the winner batches them.
-            "batching": state.batching() if per_sample(state) or self.extras.collate_fn else None,
-            # Outputs that change shape with the batch: images of many sizes, so the graph takes any.
-            "spatial": bool(self.extras.ragged),
-        }
-        size, out = state.batch_size, Path(out_dir)
-        by_format = {}
-        artifacts: dict[str, Any] = {}
-        # An OpenVINO winner's IR ships whatever formats were asked for: it is the winner's own file.
-        own = state.artifact and state.artifact["format"] in (*formats, "openvino")
-        measured = state.artifact if own else None
-        if measured is not None:
-            # The winner ran an exported file: that file ships, not a re-export of its torch model.
-            artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))
-            by_format[measured["format"]] = collect_outputs(state, self.samples)
-        rest = [f for f in formats if f != "onnx" and f not in artifacts]
-        example = extras.example_on(state.device)  # on the tuned model's device, as the exporters need
-        artifacts.update(export_artifacts(tuned, example, self.samples, size, out, rest, **common))
-        if "onnx" in formats and "onnx" not in artifacts:
-            artifacts.update(self._export_onnx(state, tuned, out, common, by_format))
-        for fmt, record in artifacts.items():
-            _label(record, fmt, state, measured)
-        # What `autotune verify` re-checks the artifacts against, on any machine: the validation
-        # samples and the outputs of the form each artifact was exported from.
-        state.model = tuned
-        outputs = collect_outputs(state, self.samples)
-        kind = _output_kind(tuned, example)
-        for record in artifacts.values():
-            if kind is not None:  # load() gives the artifact's outputs back as this ModelOutput
-                record["output_type"] = kind
-        torch.save(self._parity(state, outputs, by_format), out / "parity.pt")
-        return {"artifacts": artifacts}
-
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
         """The metric of the baseline and the winner on the held-out test samples."""
         samples = [self.spec.test_dataset[i] for i in range(len(self.spec.test_dataset))]
@@ -467,70 +355,3 @@ def finetune_dataset(spec: WorkerSpec) -> Any:
 
     held = set(spec.val_indices)
     return Subset(spec.dataset, [i for i in range(len(spec.dataset)) if i not in held])
-
-
-def _check_args(common: dict[str, Any]) -> dict[str, Any]:
-    """The parity-check arguments among :func:`~autotune.export.export_artifacts`' keywords."""
-    return {k: v for k, v in common.items() if k not in ("fallback", "spatial")}
-
-
-def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:
-    """Say whether an artifact is the measured winner; one that is not is another model, and its
-    speed is its own (``autotune verify`` times it), never the winner's speedup. Every way it
-    differs is said: a bfloat16 and compiled winner's float32 ONNX lacks both."""
-    if record.get("winner"):
-        return
-    why = record.get("form_note")
-    if why is None and record.get("form") == "fallback":  # TorchScript of the float model, not the winner
-        why = (
-            f"not the tuned model: {record.get('reason') or 'TorchScript could not trace it'}; this is its pruned "
-            f"float model, before quantization ({state.quantization}) and the other weight settings"
-        )
-    if why is None and measured is not None:
-        why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
-    if why is None and state.runtime != "torch":
-        why = f"the winner runs {state.runtime}; this is exported from its torch model"
-    if state.compile_mode != "none" and "torch.compile" not in (why or ""):
-        compiled = (
-            f"the winner runs torch.compile (mode {state.compile_mode}), which no file format carries; "
-            "this is its uncompiled module"
-        )
-        why = compiled if why is None else f"{why}; and {compiled}"
-    record["winner"] = why is None
-    if why is not None:
-        record["form_note"] = why
-
-
-def _output_kind(model: Any, example: Any) -> str | None:
-    """The import path of the model's output class when it is a transformers ``ModelOutput``."""
-    from autotune.export.stored import output_type
-
-    try:
-        with torch.inference_mode():
-            return output_type(call_model(model, example))
-    except Exception:  # the outputs were collected already; without the type they stay dicts
-        return None
-
-
-def _plain(obj: Any) -> Any:
-    """``obj`` as ``parity.pt`` stores it (:func:`autotune.export.stored.to_stored`): tensors,
-    numbers, strings and plain containers, loadable with ``weights_only=True`` and no other globals."""
-    from autotune.export.stored import to_stored
-
-    return to_stored(obj)
-
-
-def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
-    """The form of the tuned model to export to ONNX: itself, except that autocast on the CPU is
-    dropped (the exporter would write a bfloat16 graph ONNX Runtime's CPU provider cannot run).
-    Parity is then measured against that float32 form, and the metric against the baseline."""
-    from autotune.export.parity import exportable
-
-    inner = exportable(tuned)
-    if not (device == "cpu" and isinstance(inner, TunedModule) and inner.amp_dtype is not None):
-        return tuned, None
-    note = (
-        f"another model: the winner's weights exported in float32 without its {inner.amp_dtype} autocast "
-        "(ONNX Runtime's CPU provider has no such kernels)"
-    )
-    return wrap(inner, autocast=False), note

@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from autotune.data import batch_size_of, call_model, to_device
 from autotune.knobs.state import BuildState, unwrap
+from autotune.samples import batch_size_of, call_model, to_device
 from autotune.trial.build import make_loader, settings_active
 from autotune.trial.interference import GpuSharing, Interference, run_pids
 from autotune.trial.memory import _peak_mib, memory_mark

@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 
-from autotune.data import batch_size_of, call_model, outputs_to_cpu, to_device
+from autotune.samples import batch_size_of, call_model, outputs_to_cpu, to_device
 from autotune.trial.build import settings_active
 from autotune.trial.measure import _sync, timing_batches
 from autotune.trial.opfamily import STAGES, TRAIN_STAGES, summarize

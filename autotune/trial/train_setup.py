@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from autotune.config import Config
-from autotune.data import to_device
 from autotune.errors import ConfigError, InputError, TrialError
 from autotune.knobs.state import unwrap
+from autotune.samples import to_device
 from autotune.trial.build import build
 from autotune.trial.measure import call_model
 

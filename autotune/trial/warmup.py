@@ -52,7 +52,7 @@ def signature(batch: Any) -> tuple[Any, ...]:
         >>> signature({"ids": torch.zeros(2, 5, dtype=torch.long)})
         (((2, 5), 'torch.int64'),)
     """
-    from autotune.data import tensor_leaves
+    from autotune.samples import tensor_leaves
 
     return tuple((tuple(t.shape), str(t.dtype)) for t in tensor_leaves(batch))
 

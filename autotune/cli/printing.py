@@ -1,0 +1,206 @@
+"""How the ``autotune`` command prints a run: the space it searches, the result (speedup, the
+best and the baseline, the artifacts, the runtimes, the Pareto front) and a profile."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
+    from rich.table import Table
+
+    console.print(
+        f"device: {env.device} ({env.gpu_name or env.cpu_capability}); dataset: {data.n_samples} samples, "
+        f"sample shapes {dict(data.shapes)}"
+    )
+    table = Table(title=f"search space (up to {space.size():,} configurations)")
+    table.add_column("knob")
+    table.add_column("candidates")
+    table.add_column("baseline")
+    table.add_column("left out (why)")
+    for name, values in space.values.items():
+        by_reason: dict[str, list[str]] = {}
+        for value, why in space.excluded.get(name, {}).items():
+            by_reason.setdefault(why, []).append(value)
+        left = "\n".join(f"{', '.join(vs)}: {why}" for why, vs in by_reason.items())  # one reason a line
+        table.add_row(name, ", ".join(map(str, values)), str(space.baseline[name]), left)
+    console.print(table)
+
+
+def _print_result(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    from autotune.report.summary import summary_rows
+
+    table = Table(title=_result_title(result))
+    table.add_column("")
+    table.add_column("baseline", justify="right")
+    table.add_column("best", justify="right")
+    for row in summary_rows(result.baseline, result.best):
+        table.add_row(*row)
+    console.print(table)
+    if result.claim:
+        colour = "green" if result.verdict == "speedup" else "yellow"
+        console.print(f"[{colour}]{result.claim}[/{colour}]", highlight=False, soft_wrap=True)
+    for note in result.notes:
+        console.print(f"note: {note}", highlight=False, soft_wrap=True)
+    if result.study is not None:  # the count the progress lines and both reports give
+        from autotune.report.summary import trial_counts, trial_record, trials_sentence
+
+        counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])
+        console.print(f"trials: {trials_sentence(counts)}", highlight=False, soft_wrap=True)
+    busy = _busy_note(result)
+    if busy:
+        console.print(f"[yellow]{busy}[/yellow]", highlight=False, soft_wrap=True)
+    diagnosis = result.diagnosis or {}
+    if diagnosis.get("summary") or diagnosis.get("error") or diagnosis.get("fault"):
+        why = diagnosis.get("summary") or (
+            f"not shown: {diagnosis['fault']}" if diagnosis.get("fault") else f"not measured: {diagnosis['error']}"
+        )
+        console.print(f"why it won: {why}", highlight=False, soft_wrap=True)
+    from autotune.report.story import story_lines
+
+    for line in story_lines(result.search):
+        console.print(line, highlight=False, soft_wrap=True)
+    _print_profile(console, result)
+    if result.pareto:
+        _print_pareto(console, result)
+    _print_runtimes(console, result)
+    held = result.held_out
+    if held and "error" not in held:
+        console.print(
+            f"held-out test metric ({held['n_samples']} samples): baseline {held['baseline']:.4f}, "
+            f"best {held['best']:.4f} (drop {held['drop']:+.4f})",
+            highlight=False,
+        )
+    elif held:
+        console.print(f"held-out test metric: not measured: {held['error']}", highlight=False)
+    _print_artifacts(console, result)
+    console.print(f"best config: {result.best_config}", highlight=False, soft_wrap=True)
+    names = ("best_config.json", "trials.csv", "study.db", "report.html", "report.md", "trace-baseline.json.gz")
+    names += ("trace-best.json.gz",)
+    files = ", ".join(n for n in names if (result.out_dir / n).exists())
+    console.print(f"files in {result.out_dir}/: {files}  (stopped: {result.stop_reason})", highlight=False)
+
+
+def _print_profile(console: Any, result: Any) -> None:
+    from autotune.report.breakdown import OPEN_TRACES, changed_operators, limits
+
+    profile = result.profile or {}
+    if "best" not in profile:
+        if profile.get("error"):
+            console.print(f"where the time goes: {profile['error']}", highlight=False, soft_wrap=True)
+        return
+    for label, key in (("baseline", "baseline"), ("winner", "best")):
+        top = ", ".join(f"{o['name']} {o['share']:.0%}" for o in profile[key]["operators"][:3])
+        wait = profile[key]["stages"].get("loader_wait", {}).get("share", 0.0)
+        console.print(f"where the time goes ({label}): {top}; loader wait {wait:.0%}", highlight=False, soft_wrap=True)
+    for line in filter(None, [changed_operators(profile), *limits(profile)]):
+        console.print(f"  {line}", highlight=False, soft_wrap=True)
+    traces = " and ".join(profile[k]["trace"] for k in ("baseline", "best"))
+    console.print(f"traces: {traces}: {OPEN_TRACES}", highlight=False, soft_wrap=True)
+
+
+def _busy_note(result: Any) -> str | None:
+    """The report's warning when the machine was busy during the run, for the terminal."""
+    import json
+
+    from autotune.report.summary import busy_note, trial_record
+
+    path = result.out_dir / "best_config.json"
+    speedup = (json.loads(path.read_text()).get("speedup") or {}) if path.exists() else {}
+    records = [trial_record(t) for t in result.study.get_trials(deepcopy=False)] if result.study is not None else []
+    return busy_note(records, speedup)
+
+
+def _result_title(result: Any) -> str:
+    """The summary table's title: the claim, in the same words as the report."""
+    if result.verdict == "speedup":
+        return (
+            f"baseline vs best  (speedup {result.speedup:.2f}x, 95% CI {result.speedup_min:.2f}-"
+            f"{result.speedup_max:.2f}x, confirmation rounds)"
+        )
+    if result.verdict == "slower":
+        return "baseline vs best  (the pick was measurably slower than the baseline: no speedup)"
+    if result.verdict == "noisy":
+        return "baseline vs best  (no speedup claimed: the machine was too busy to measure one reliably)"
+    if result.verdict == "failed":
+        return "baseline vs best  (trials' figures; no speedup claimed: the confirmation rounds failed, see below)"
+    if result.verdict == "unconfirmed":
+        return f"baseline vs best  ({result.speedup:.2f}x from the trials alone, NOT confirmed)"
+    return "baseline vs best  (no measurable speedup: the baseline stands)"
+
+
+def _print_artifacts(console: Any, result: Any) -> None:
+    import json
+
+    path = result.out_dir / "best_config.json"
+    artifacts = json.loads(path.read_text()).get("artifacts", {}) if path.exists() else {}
+    for fmt, art in artifacts.items():
+        parity = art.get("parity") or {}
+        if art.get("status") == "ok":
+            console.print(
+                f"[green]{fmt}[/green]: {art['path']} ({art['bytes'] / 2**20:.2f} MiB), parity ok "
+                f"(max abs {parity.get('max_abs', 0):.2g}, rel L2 {parity.get('rel_l2', 0):.2g})"
+                + (f"; {art['form_note']}" if art.get("form_note") else "")
+                + (
+                    "; NOT the measured winner: the speedup is not its own, `autotune verify` times it"
+                    if art.get("winner") is False
+                    else ""
+                ),
+                highlight=False,
+            )
+        else:
+            why = art.get("error") or parity.get("reason") or "unknown"
+            console.print(f"[red]{fmt}: FAILED[/red] - {why}", highlight=False, soft_wrap=True)
+
+
+def _print_runtimes(console: Any, result: Any) -> None:
+    """When several runtimes were measured: the fastest trial of each, against torch's."""
+    from rich.table import Table
+
+    from autotune.knobs import REGISTRY
+    from autotune.report.summary import best_by, trial_record
+
+    if result.study is None:  # `autotune show` of a run whose storage cannot be opened
+        return
+    best = best_by([trial_record(t) for t in result.study.get_trials(deepcopy=False)], "runtime")
+    if len(best) < 2 or "torch" not in best:
+        return
+    torch_sps = best["torch"]["samples_per_s"]
+    table = Table(title="fastest trial per runtime (each measured end to end, guard held)")
+    for col in ("runtime", "samples/s", "vs torch", "metric drop", "trial", "its settings"):
+        table.add_column(col)
+    for runtime, rec in sorted(best.items(), key=lambda kv: -kv[1]["samples_per_s"]):
+        keys = ("batch_size", "ort_precision", "quantization", "amp_dtype", "compile_mode", "num_threads")
+        settings = " ".join(f"{k}={rec['config'][k]}" for k in keys if REGISTRY[k].applies(rec["config"]))
+        table.add_row(
+            runtime,
+            f"{rec['samples_per_s']:,.0f}",
+            f"{rec['samples_per_s'] / torch_sps:.2f}x",
+            f"{rec.get('metric_drop', 0):+.4f}",
+            str(rec["number"]),
+            settings,
+        )
+    console.print(table)
+
+
+def _print_pareto(console: Any, result: Any) -> None:
+    from rich.table import Table
+
+    from autotune.knobs import REGISTRY
+    from autotune.report.summary import format_value
+
+    keys = ["samples_per_s", "latency_ms_p95", "size_bytes_compressed", "peak_mem_mib", "metric"]
+    table = Table(title="feasible Pareto front (pareto.json)")
+    for col in ("trial", *keys, "changes"):
+        table.add_column(col)
+    for member in result.pareto:
+        changes = " ".join(
+            f"{k}={v}"
+            for k, v in member["config"].items()
+            if REGISTRY[k].default not in (None, v) and k != "batch_size"
+        )
+        changes = f"batch_size={member['config']['batch_size']} {changes}"
+        table.add_row(str(member["trial"]), *(format_value(k, member.get(k)) for k in keys), changes)
+    console.print(table)

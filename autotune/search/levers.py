@@ -1,0 +1,185 @@
+"""The levers of the staged strategy (:mod:`autotune.search.strategy`): each idea an engineer
+would try (autocast, trimmed padding with length grouping, ``torch.compile``, int8, a larger
+batch, the data path on CUDA, ...), with its values in order of promise, as the space offers them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from autotune.search.space import SearchSpace
+
+# On CUDA the data path to the device is tuned like the model, ahead of compile: one index
+# operation per batch for tensor-backed data, pinned memory with the next batch copied on a side
+# stream, workers kept alive with batches prefetched. A ResNet-50 fed per-sample collated batches
+# from pageable memory sat at 3,000 img/s on an H100 for every model recipe (bf16, compile).
+FEED = ("gather", "pin_memory", "num_workers")
+
+
+# Loader workers on CUDA: as many as this, within the usable CPUs (the expert recipe's 8).
+CUDA_WORKERS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    """One idea to screen: its name and its values in order of promise, each a dict of changes
+    to the baseline (only the knobs the lever sets)."""
+
+    name: str
+    variants: tuple[Mapping[str, Any], ...]
+
+
+def _first(space: SearchSpace, name: str, preferred: Sequence[Any]) -> Any:
+    values, base = space.values.get(name, ()), space.baseline.get(name)
+    return next((v for v in preferred if v in values and v != base), None)
+
+
+def _nearest(values: Sequence[Any], target: float) -> Any:
+    return min(values, key=lambda v: (abs(math.log(v / target)), v)) if values else None
+
+
+def _variants(space: SearchSpace, *options: Mapping[str, Sequence[Any]]) -> list[dict[str, Any]]:
+    """Each option maps knobs to preferred values; an option with a knob the space does not
+    offer is left out."""
+    found = []
+    for option in options:
+        changes = {k: _first(space, k, prefs) for k, prefs in option.items()}
+        if all(v is not None for v in changes.values()) and changes:
+            found.append(changes)
+    return found
+
+
+def _openvino(space: SearchSpace, shape: list[dict[str, Any]], auto: dict[str, Any]) -> tuple[list, list]:
+    """OpenVINO's variants: float32 then bfloat16 (offered only with bf16 units), and its int8
+    (for the int8 lever), each on the trimmed, grouped batches where the data has them: OpenVINO
+    runs any length without recompiling, which is where it pays (a hand export on trimmed, sorted
+    MiniLM batches: 3.07x; untrimmed far less), and it cannot join a recipe holding autocast,
+    which it replaces."""
+    ov = {"runtime": ("openvino",)}
+    on_shape = dict(shape[0]) if shape else {}
+    floats = _variants(space, ov, {**ov, "ov_precision": ("bf16",)})
+    int8 = _variants(space, {**ov, "ov_precision": ("int8_static",), **auto})
+    return [{**v, **on_shape} for v in floats], [{**v, **on_shape} for v in int8]
+
+
+def _feed(space: SearchSpace, workers: list[int], cores: int, add: Callable[[str, list[dict[str, Any]]], None]) -> None:
+    """Add the data path's levers on CUDA (:data:`FEED`) with ``add``."""
+    add("gather", _variants(space, {"gather": ("batched",)}))
+    add(
+        "pin_memory",
+        _variants(space, {"pin_memory": (True,), "device_prefetch": (True,)}, {"pin_memory": (True,)}),
+    )
+    if workers and space.baseline.get("num_workers") == 0:
+        n = _nearest(workers, min(CUDA_WORKERS, cores))
+        kept = {"num_workers": (n,), "persistent_workers": (True,), "prefetch_factor": (4, 8)}
+        add("num_workers", _variants(space, kept, {"num_workers": (n,), "persistent_workers": (True,)}) or
+            [{"num_workers": n}])  # fmt: skip
+
+
+def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") -> list[Lever]:
+    """The levers the space offers, in order of promise (the order they are screened in).
+
+    Only values the space offers are used, so what the Env rules out (bfloat16 without
+    AVX-512 or AMX, int8 without a quantizable layer, compile without a compiler, padding on
+    data that is not token sequences) is never screened. On CUDA the data path's levers
+    (:data:`FEED`) come before int8 and compile.
+
+    Args:
+        space: The resolved search space.
+        cores: Usable CPUs, for the thread and loader-worker levers (default: the baseline's threads).
+        device: ``"cpu"`` or ``"cuda..."``.
+    """
+    base = space.baseline
+    cores = cores or base.get("num_threads") or 1
+    found: list[Lever] = []
+
+    def add(name: str, variants: list[dict[str, Any]]) -> None:
+        if variants:
+            found.append(Lever(name, tuple(variants)))
+
+    shape = _variants(space, {"padding": ("trim", "trim_8", "trim_16"), "length_grouping": (16, 4, 64)})
+    add("padding", shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")}))
+    # Images of many sizes: padded to fewer shapes and batched with their like (grouping alone
+    # behind the user's own collate, which does the padding).
+    image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
+    add("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
+    add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
+    auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
+    ov_float, ov_int8 = _openvino(space, shape, auto)
+    add("openvino", ov_float)
+    workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
+    cuda = device.startswith("cuda")
+    if cuda:
+        _feed(space, workers, cores, add)
+    ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
+    add(
+        "int8",
+        ov_int8
+        + _variants(
+            space,
+            {**ort, **auto},
+            {"quantization": ("int8_dynamic",), **auto},
+            {"runtime": ("onnxruntime",)},
+        ),
+    )
+    # Token sequences of many lengths whose padding the space may trim: a static compile makes
+    # one graph per width and past dynamo's recompile limit (8) runs the others eager, inside
+    # the trial's windows (real MiniLM text: "size mismatch at index 1, expected 28, actual 18").
+    # Shapes as symbols come first.
+    dynamic = _variants(space, {"compile_mode": ("default",), "compile_dynamic": (True,)}) if shape else []
+    add(
+        "compile_mode",
+        [*dynamic, *_variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})],
+    )
+    larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
+    if larger:
+        add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])
+    fewer = [n for n in space.values.get("num_threads", ()) if n is not None and n < (base.get("num_threads") or 0)]
+    if fewer:
+        add("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
+    # Decoding once before loader workers: over repeated epochs (or repeated inference over a
+    # fixed set) the cache removes the decoding that workers would only hide, and leaves the
+    # cores to the model. Beside workers it needs them persistent, or each epoch loses it.
+    add(
+        "cache_decoded",
+        _variants(space, {"cache_decoded": (True,)}, {"cache_decoded": (True,), "persistent_workers": (True,)}),
+    )
+    if workers and base.get("num_workers") == 0 and not cuda:
+        n = _nearest(workers, min(2, cores))
+        # The workers beside the threads they leave free (a perf guide's recipe: workers plus
+        # threads = cores), then beside the baseline's threads.
+        free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
+        add("num_workers", [*free, {"num_workers": n}])
+    for name, value in (
+        ("channels_last", True),
+        ("optimizer_impl", "fused"),
+        ("cudnn_benchmark", True),
+        ("tf32", True),
+        ("flush_denormal", True),
+    ):
+        add(name, _variants(space, {name: (value,)}))
+    return found
+
+
+def size_levers(space: SearchSpace) -> list[Lever]:
+    """With size the first objective: int8, then the pruning ratios, largest first. A variant
+    that fails or misses the guard is screened at the next one."""
+    found = []
+    # On the baseline, so in float32 with every layer quantized (int8_fallback 0): the variant
+    # that shrinks most, and on CPUs the only one int8 combines with.
+    int8 = _variants(
+        space,
+        {"quantization": ("int8_dynamic",)},
+        {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)},
+        {"quantization": ("int8_weight_only",)},
+        {"quantization": ("int8_static",)},
+    )
+    if int8:
+        found.append(Lever("int8", tuple(int8)))
+    ratios = sorted((r for r in space.values.get("prune_ratio", ()) if r), reverse=True)
+    if ratios:
+        found.append(Lever("prune_ratio", tuple({"prune_ratio": r} for r in ratios)))
+    return found

@@ -1,0 +1,167 @@
+"""How long and how fully a trial is timed: the per-trial time limit (adaptive, or the user's),
+never past the search's deadline less the run's finish, and the multi-fidelity share of the
+windows a screening trial gets.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial
+
+from autotune.report.summary import trial_record
+from autotune.search.cost import HEAVY_KNOBS, trial_cost_s
+from autotune.search.record import _finished
+from autotune.search.space import SearchSpace
+from autotune.trial.runner import Runner
+
+# The adaptive per-trial timeout: a multiple of the baseline trial's wall time, with a floor,
+# plus an allowance for configurations that compile, quantize, prune or convert the model.
+TIMEOUT_FLOOR_S = 30.0
+TIMEOUT_FACTOR = 10.0
+COMPILE_ALLOWANCE_S = 120.0
+# Before the baseline has run nothing is known: its own limit.
+FIRST_TRIAL_TIMEOUT_S = 600.0
+_HEAVY_KNOBS = HEAVY_KNOBS
+
+
+def trial_limit(config: Mapping[str, Any], baseline: Mapping[str, Any] | None, fixed: float | None) -> float:
+    """Seconds one trial of ``config`` may take: ``fixed`` when the user set ``trial_timeout``,
+    else adaptive: ``max(30 s, 10 x the baseline trial's wall time)``, plus 120 s when
+    ``config`` compiles, quantizes, prunes or changes the runtime; 600 s for the baseline itself.
+
+    Example:
+        >>> trial_limit({"compile_mode": "none"}, {"config": {"compile_mode": "none"}, "wall_s": 4.0}, None)
+        40.0
+        >>> trial_limit({"compile_mode": "default"}, {"config": {"compile_mode": "none"}, "wall_s": 1.0}, None)
+        150.0
+    """
+    if fixed is not None:
+        return float(fixed)
+    if baseline is None:
+        return FIRST_TRIAL_TIMEOUT_S
+    wall = baseline.get("wall_s") or baseline.get("trial_s") or FIRST_TRIAL_TIMEOUT_S / TIMEOUT_FACTOR
+    limit = max(TIMEOUT_FLOOR_S, TIMEOUT_FACTOR * wall)
+    base = baseline.get("config") or {}
+    if any(config.get(k) != base.get(k) for k in _HEAVY_KNOBS if k in config):
+        limit += COMPILE_ALLOWANCE_S
+    return limit
+
+
+# A screening trial times this share of the windows: it only has to tell a lever that pays
+# from one that does not; the finalists are timed again in selection rounds anyway.
+SCREEN_SHARE = 0.5
+
+
+def trial_fidelity(
+    phase: str | None,
+    baseline: bool,
+    objectives: Sequence[str],
+    finished: Sequence[FrozenTrial],
+    space: SearchSpace | None = None,
+) -> dict[str, Any]:
+    """How fully a trial is timed (multi-fidelity): a screening trial gets :data:`SCREEN_SHARE`
+    of the windows; with throughput first, any trial but the baseline gets the ``best``
+    samples/s measured so far, and stops early (once a few batches are timed) if it runs under the timing
+    settings' ``stop_share`` of it. Only trials that can win set the best: with ``space``, those
+    it contains (not the model as given where ``fix`` pins a knob elsewhere, or the one
+    candidate holding the fixed value would be stopped and none would be left).
+
+    Example:
+        >>> trial_fidelity("screen", False, ["latency"], [])
+        {'share': 0.5}
+        >>> trial_fidelity(None, True, ["throughput"], [])
+        {}
+    """
+    fidelity: dict[str, Any] = {"share": SCREEN_SHARE} if phase == "screen" else {}
+    if baseline or not objectives or objectives[0] != "throughput":
+        return fidelity
+    speeds = [
+        t.user_attrs.get("samples_per_s")
+        for t in finished
+        if t.user_attrs.get("status") == "ok" and (space is None or space.contains(t.user_attrs.get("config") or {}))
+    ]
+    best = max((float(v) for v in speeds if v), default=None)
+    if best:
+        fidelity["best"] = best
+    return fidelity
+
+
+class _Limits:
+    """Each trial's time limit: adaptive (or the user's), and never past the search's deadline:
+    the study's, less the ``reserve`` the run keeps for its finish."""
+
+    def __init__(
+        self,
+        runner: Runner,
+        fixed: float | None,
+        deadline: float | None,
+        timeout: float | None,
+        reserve: Callable[[list[dict[str, Any]]], float] | None = None,
+    ) -> None:
+        self.runner, self.fixed, self.deadline, self.timeout = runner, fixed, deadline, timeout
+        self.reserve = reserve
+        self.baseline: dict[str, Any] | None = None
+
+    def learn(self, baseline: FrozenTrial | None) -> None:
+        """Take the baseline's wall time once it is measured; the runner's calls (the rounds,
+        the export) then get the limit of a compiling configuration per unit of work."""
+        if self.baseline is not None or baseline is None or baseline.user_attrs.get("status") != "ok":
+            return
+        self.baseline = dict(baseline.user_attrs)
+        heavy = {k: f"{self.baseline['config'].get(k)}-other" for k in _HEAVY_KNOBS}
+        self.runner.timeout = trial_limit(heavy, self.baseline, self.fixed)
+
+    def _left(self, records: list[dict[str, Any]]) -> float | None:
+        """Seconds the search has left (the finish's reserve taken off), ``None`` without a deadline."""
+        if self.deadline is None:
+            return None
+        kept = self.reserve(records) if self.reserve is not None and self.baseline is not None else 0.0
+        return self.deadline - kept - time.monotonic()
+
+    def out_of_time(self, study: optuna.Study) -> bool:
+        """Whether the search must stop: its deadline passed, or not even a trial as cheap as
+        the baseline would finish before it."""
+        records = [trial_record(t) for t in _finished(study)] if self.deadline is not None else []
+        left = self._left(records)
+        if left is None:
+            return False
+        cheapest = float(self.baseline.get("wall_s") or 0.0) if self.baseline else 0.0
+        return left <= 0 or left < cheapest
+
+    def too_late(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> str | None:
+        """Why a trial of ``config`` is not started (its predicted cost exceeds what the search
+        has left), or ``None``."""
+        if self.deadline is None or self.baseline is None:
+            return None
+        records = [trial_record(t) for t in finished]
+        left = self._left(records)
+        cost = trial_cost_s(config, records, self.baseline)
+        if left is None or cost <= left:
+            return None
+        return (
+            f"not started: it would take about {cost:.0f} s (predicted from the trials measured) and the search "
+            f"had {max(left, 0.0):.0f} s left before the run's deadline"
+        )
+
+    def for_config(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> tuple[float, bool]:
+        """(seconds, whether the search's deadline is what limits them): a trial that runs past
+        its predicted cost is stopped where the finish's reserve begins, not after eating it."""
+        limit = trial_limit(config, self.baseline, self.fixed)
+        left = self._left([trial_record(t) for t in finished]) if self.deadline is not None else None
+        if left is not None and left < limit:
+            return max(left, 0.0), True
+        return limit, False
+
+    def timeout_reason(self, limit: float, at_deadline: bool) -> dict[str, Any]:
+        if at_deadline:
+            return {
+                "kind": "deadline",
+                "reason": f"stopped at the study's deadline (timeout={self.timeout:g} s) after {limit:.0f} s; "
+                "its worker was killed",
+            }
+        how = "trial_timeout" if self.fixed is not None else "the adaptive limit (see trial_timeout)"
+        return {"reason": f"no result within {limit:.0f} s, {how}; the worker was killed"}
