@@ -14,7 +14,11 @@ import pytest
 import torch
 
 import benchmarks.run
-from benchmarks import gpu, gpu_check, gpu_timing, gpu_workloads, models
+from benchmarks.gpu import bench as gpu
+from benchmarks.gpu import check as gpu_check
+from benchmarks.gpu import models
+from benchmarks.gpu import timing as gpu_timing
+from benchmarks.gpu import workloads as gpu_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -62,7 +66,7 @@ def test_cpu_smoke_prints_every_table_and_writes_json(tmp_path):
 
 
 def test_quick_compression_benchmark_prints_its_table(tmp_path):
-    proc = run("-m", "benchmarks.compression", "--quick", "--out", str(tmp_path))
+    proc = run("-m", "benchmarks.cpu.compression", "--quick", "--out", str(tmp_path))
     assert "### lstm:" in proc.stdout
     assert "| setting " in proc.stdout and "| samples/s (x) |" in proc.stdout
     results = json.loads((tmp_path / "compression.json").read_text())
@@ -154,7 +158,7 @@ def test_a_cached_table_replays_from_the_most_threads_measured(tmp_path):
     assert replay(space, table, "staged", 0, 4)[0.99] <= 4
 
 
-# The GPU check (benchmarks/gpu_check.py): what it does without a GPU, on a small project of its own.
+# The GPU check (benchmarks/gpu/check.py): what it does without a GPU, on a small project of its own.
 
 QUICK = """
 import time
@@ -217,7 +221,7 @@ def test_gpu_check_says_in_one_line_that_it_needs_cuda_and_starts_nothing(tmp_pa
         pytest.skip("CUDA is present: the check would run")
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path / "logs")],
+        [sys.executable, "-m", "benchmarks.gpu.check", "--out", str(tmp_path / "logs")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -325,7 +329,7 @@ def test_gpu_check_collects_every_file_that_marks_a_gpu_test(tmp_path):
     assert all(t["nodeid"].startswith(f + "::") for f, tests in files.items() for t in tests)
 
 
-# The GPU headline benchmark (benchmarks/gpu.py): what runs without a GPU.
+# The GPU headline benchmark (benchmarks/gpu/bench.py): what runs without a GPU.
 
 
 @pytest.mark.parametrize("argv", [["--suite", "gpu-compare"], ["--suite", "gpu", "--workloads", "bert-text"]])
