@@ -1,6 +1,7 @@
 """The benchmarks run end to end (their numbers are not checked: speed is never asserted), and the
 GPU suite's models and data sets work at tiny sizes on the CPU."""
 
+import ast
 import dataclasses
 import json
 import pickle
@@ -29,6 +30,58 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc
+
+
+# The layout (docs/benchmarks.md, "Layout"): one folder per workload family, the shared runner and
+# helpers at the top, and no import circle among them.
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of benchmarks/ and those of benchmarks/ it imports (at the top and inside
+    functions, as the AST has them)."""
+    root = ROOT / "benchmarks"
+    modules = {
+        ".".join(("benchmarks", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): path
+        for path in root.rglob("*.py")
+    }
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from this package, or one level up per extra dot
+                    parent = package.split(".")[: package.count(".") + 2 - node.level]
+                    base = ".".join([*parent, *([base] if base else [])])
+                for alias in node.names:
+                    deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def test_no_import_circle_in_benchmarks():
+    graph = _import_graph()
+    assert {"benchmarks.run", "benchmarks.text.workload", "benchmarks.text.recipes"} <= set(graph)
+    assert "benchmarks.text.workload" in graph["benchmarks.text.recipes"]  # the graph sees imports
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                return [*path, module, dep]
+            if dep not in state and (cycle := visit(dep, [*path, module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [])
+            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
 
 
 @pytest.mark.slow
