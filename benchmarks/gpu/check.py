@@ -303,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, default=Path("gpu-check-logs"), help="log directory (default gpu-check-logs)"
     )
     parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for everything (default 480)")
-    parser.add_argument("--bench-s", type=float, help=f"seconds kept for the benchmark (default {BENCH_SHARE:.0%})")
+    parser.add_argument("--bench-s", type=float, help=f"seconds kept for the benchmark (default {BENCH_SHARE:.0%}%)")
     parser.add_argument("--no-bench", action="store_true", help="run the tests only")
     parser.add_argument(
         "--workloads",
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print(f"gpu_check needs a CUDA GPU, and torch {torch.__version__} sees none here.", file=sys.stderr)
+        print(f"The GPU check needs a CUDA GPU, and torch {torch.__version__} sees none here.", file=sys.stderr)
         return 2
     started = time.monotonic()
     deadline = started + args.budget_s
