@@ -39,7 +39,7 @@ import torch
 
 from benchmarks.text.recipes import BATCH_SIZE, encode
 
-MAX_DROP = 0.02  # the guard the comparison holds every row to, as text_tune does: cosine 0.98
+MAX_DROP = 0.02  # the guard the comparison holds every row to, as tune.py does: cosine 0.98
 BUDGETS = {
     "full": {"n": 384, "trials": 16, "timeout": 1500.0, "rounds": 7},
     "smoke": {"n": 64, "trials": 2, "timeout": 300.0, "rounds": 1},
