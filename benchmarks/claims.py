@@ -51,7 +51,7 @@ def workload(name: str) -> dict[str, Any]:
         import autotune
 
         return autotune.load_config(ROOT / "examples" / "quickstart.py")
-    from benchmarks.workloads import CPU_WORKLOADS
+    from benchmarks.cpu.workloads import CPU_WORKLOADS
 
     return CPU_WORKLOADS[name]()
 

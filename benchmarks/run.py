@@ -2,7 +2,7 @@
 
     python -m benchmarks.run --suite cpu           # about 8 minutes on 2 CPU cores (at most 15)
     python -m benchmarks.run --suite cpu --smoke   # CI: tiny budgets, under a minute
-    python -m benchmarks.run --suite gpu           # one CUDA GPU, about 5 minutes (benchmarks/gpu.py)
+    python -m benchmarks.run --suite gpu           # one CUDA GPU, about 5 minutes (benchmarks/gpu/bench.py)
     python -m benchmarks.run --suite gpu-compare   # one CUDA GPU, aiming at 10 minutes
 
 The cpu suite prints three parts, each as Markdown tables (also written to OUT/cpu.md, with all
@@ -15,10 +15,10 @@ numbers in OUT/cpu.json):
 3. measurement quality: the spread of repeated measurements, and per-trial overhead
    (benchmarks/core.py).
 
-The gpu suite is the GPU headline benchmark (benchmarks/gpu.py): a user's loop, an expert's
+The gpu suite is the GPU headline benchmark (benchmarks/gpu/bench.py): a user's loop, an expert's
 recipe and autotune's winner on ResNet-50 (float and uint8 images) and a BERT-base-shaped encoder,
 side by side in one process. The gpu-compare suite runs part 1 on a ResNet-50-shaped CNN and a
-ViT-B/16-shaped encoder (benchmarks/models.py), fed from float tensors in memory and from uint8
+ViT-B/16-shaped encoder (benchmarks/gpu/models.py), fed from float tensors in memory and from uint8
 images converted on the CPU. Nothing here asserts a speed: it prints, and targets read PASS/MISS
 or met/not met.
 """
@@ -86,14 +86,14 @@ N_IMAGES = 1024  # per GPU data set: batch sizes up to 1024; 0.6 GB as float32 a
 
 
 def cpu_workload(name: str) -> dict[str, Any]:
-    from benchmarks.workloads import CPU_WORKLOADS
+    from benchmarks.cpu.workloads import CPU_WORKLOADS
 
     return CPU_WORKLOADS[name]()
 
 
 def gpu_workload(name: str) -> dict[str, Any]:
     """``model-data``: the model as a factory (the worker builds it, seeded), the images synthetic."""
-    from benchmarks import models
+    from benchmarks.gpu import models
 
     model, data = name.split("-")
     images = models.FloatImages if data == "memory" else models.Uint8Images
@@ -204,10 +204,10 @@ def main(argv: list[str] | None = None) -> None:
         if not torch.cuda.is_available():
             sys.exit(f"--suite {args.suite} needs a CUDA device, and torch {torch.__version__} sees none here.")
     if args.suite == "gpu":  # the headline benchmark has its own runner and budget
-        from benchmarks import gpu
+        from benchmarks.gpu.bench import main as gpu_benchmark
 
         passed = {"--out": args.out, "--workloads": args.workloads, "--trials": args.trials}
-        return gpu.main([x for k, v in passed.items() if v is not None for x in (k, str(v))])
+        return gpu_benchmark([x for k, v in passed.items() if v is not None for x in (k, str(v))])
     key = args.suite + ("-smoke" if args.smoke else "")
     budget = dict(SUITES[key])
     if args.trials is not None:

@@ -1,6 +1,7 @@
 """The benchmarks run end to end (their numbers are not checked: speed is never asserted), and the
 GPU suite's models and data sets work at tiny sizes on the CPU."""
 
+import ast
 import dataclasses
 import json
 import pickle
@@ -14,7 +15,11 @@ import pytest
 import torch
 
 import benchmarks.run
-from benchmarks import gpu, gpu_check, gpu_timing, gpu_workloads, models
+from benchmarks.gpu import bench as gpu
+from benchmarks.gpu import check as gpu_check
+from benchmarks.gpu import models
+from benchmarks.gpu import timing as gpu_timing
+from benchmarks.gpu import workloads as gpu_workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,6 +30,58 @@ def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-4000:]
     return proc
+
+
+# The layout (docs/benchmarks.md, "Layout"): one folder per workload family, the shared runner and
+# helpers at the top, and no import circle among them.
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """Every module of benchmarks/ and those of benchmarks/ it imports (at the top and inside
+    functions, as the AST has them)."""
+    root = ROOT / "benchmarks"
+    modules = {
+        ".".join(("benchmarks", *path.relative_to(root).with_suffix("").parts)).removesuffix(".__init__"): path
+        for path in root.rglob("*.py")
+    }
+    graph = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        deps: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from this package, or one level up per extra dot
+                    parent = package.split(".")[: package.count(".") + 2 - node.level]
+                    base = ".".join([*parent, *([base] if base else [])])
+                for alias in node.names:
+                    deps.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            elif isinstance(node, ast.Import):
+                deps.update(alias.name for alias in node.names)
+        graph[name] = {d for d in deps if d in modules and d != name}
+    return graph
+
+
+def test_no_import_circle_in_benchmarks():
+    graph = _import_graph()
+    assert {"benchmarks.run", "benchmarks.text.workload", "benchmarks.text.recipes"} <= set(graph)
+    assert "benchmarks.text.workload" in graph["benchmarks.text.recipes"]  # the graph sees imports
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for dep in sorted(graph[module]):
+            if state.get(dep) == 1:
+                return [*path, module, dep]
+            if dep not in state and (cycle := visit(dep, [*path, module])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state:
+            cycle = visit(module, [])
+            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
 
 
 @pytest.mark.slow
@@ -62,7 +119,7 @@ def test_cpu_smoke_prints_every_table_and_writes_json(tmp_path):
 
 
 def test_quick_compression_benchmark_prints_its_table(tmp_path):
-    proc = run("-m", "benchmarks.compression", "--quick", "--out", str(tmp_path))
+    proc = run("-m", "benchmarks.cpu.compression", "--quick", "--out", str(tmp_path))
     assert "### lstm:" in proc.stdout
     assert "| setting " in proc.stdout and "| samples/s (x) |" in proc.stdout
     results = json.loads((tmp_path / "compression.json").read_text())
@@ -154,7 +211,7 @@ def test_a_cached_table_replays_from_the_most_threads_measured(tmp_path):
     assert replay(space, table, "staged", 0, 4)[0.99] <= 4
 
 
-# The GPU check (benchmarks/gpu_check.py): what it does without a GPU, on a small project of its own.
+# The GPU check (benchmarks/gpu/check.py): what it does without a GPU, on a small project of its own.
 
 QUICK = """
 import time
@@ -217,7 +274,7 @@ def test_gpu_check_says_in_one_line_that_it_needs_cuda_and_starts_nothing(tmp_pa
         pytest.skip("CUDA is present: the check would run")
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "benchmarks.gpu_check", "--out", str(tmp_path / "logs")],
+        [sys.executable, "-m", "benchmarks.gpu.check", "--out", str(tmp_path / "logs")],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -325,7 +382,7 @@ def test_gpu_check_collects_every_file_that_marks_a_gpu_test(tmp_path):
     assert all(t["nodeid"].startswith(f + "::") for f, tests in files.items() for t in tests)
 
 
-# The GPU headline benchmark (benchmarks/gpu.py): what runs without a GPU.
+# The GPU headline benchmark (benchmarks/gpu/bench.py): what runs without a GPU.
 
 
 @pytest.mark.parametrize("argv", [["--suite", "gpu-compare"], ["--suite", "gpu", "--workloads", "bert-text"]])

@@ -316,6 +316,16 @@ def _command_lines(text: str) -> list[str]:
     return [part for line in commands for part in re.split(r"&&|\|\||[|;]", line)]
 
 
+def _benchmark_source(module: str) -> str:
+    """The source of ``python -m benchmarks.<module>``: its file, or for a family's folder
+    (``benchmarks.text``) the module whose ``main`` its ``__main__.py`` runs."""
+    path = ROOT / "benchmarks" / Path(*module.split("."))
+    if path.is_dir():
+        entry = re.search(r"from benchmarks\.([\w.]+) import main", (path / "__main__.py").read_text())
+        path = ROOT / "benchmarks" / Path(*entry.group(1).split("."))
+    return path.with_suffix(".py").read_text()
+
+
 def test_every_flag_in_a_command_line_exists_for_its_command():
     flags = _all_flags()
     wrong = []
@@ -328,9 +338,9 @@ def test_every_flag_in_a_command_line_exists_for_its_command():
                     for flag in _FLAG.findall(found.group(2))
                     if flag not in flags[found.group(1)]
                 ]
-            script = re.search(r"python -m benchmarks\.(\w+)(.*)", command)
+            script = re.search(r"python -m benchmarks\.(\w+(?:\.\w+)*)(.*)", command)
             if script:
-                source = (ROOT / "benchmarks" / f"{script.group(1)}.py").read_text()
+                source = _benchmark_source(script.group(1))
                 wrong += [
                     f"{_rel(page)}: benchmarks.{script.group(1)} {flag}"
                     for flag in _FLAG.findall(script.group(2))
@@ -341,7 +351,7 @@ def test_every_flag_in_a_command_line_exists_for_its_command():
 
 def test_every_flag_a_page_names_exists():
     known = set().union(*_all_flags().values()) | _FOREIGN
-    for source in (ROOT / "benchmarks").glob("*.py"):
+    for source in (ROOT / "benchmarks").rglob("*.py"):
         known |= set(re.findall(r"[\"'](--[a-z][\w-]*)[\"'=]", source.read_text()))
     unknown = set()
     for page in FILES:

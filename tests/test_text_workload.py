@@ -1,4 +1,4 @@
-"""The real-text workload (benchmarks/text.py): the pretrained encoder loads and reproduces its
+"""The real-text workload (benchmarks/text/workload.py): the pretrained encoder loads and reproduces its
 published similarities, padding changes no embedding, the recipes keep the dataset's order, and
 the model traces, exports to ONNX with dynamic axes and compiles.
 
@@ -9,7 +9,8 @@ import onnx
 import pytest
 import torch
 
-from benchmarks import text, text_recipes
+from benchmarks.text import recipes as text_recipes
+from benchmarks.text import workload as text
 
 pytest.importorskip("safetensors", reason="needs the 'text' extra: pip install -e '.[text]'")
 pytest.importorskip("tokenizers", reason="needs the 'text' extra: pip install -e '.[text]'")

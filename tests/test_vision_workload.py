@@ -1,4 +1,4 @@
-"""The CRAFT workload of ``python -m benchmarks.vision`` (benchmarks/vision_craft.py): the
+"""The CRAFT workload of ``python -m benchmarks.vision`` (benchmarks/vision/workload.py): the
 architecture has the published checkpoint's every key and shape, the recall metric counts words
 as CRAFT's post-processing finds them, and, with the weights package, the real detector finds
 the rendered words.
@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from benchmarks import vision
-from benchmarks import vision_craft as vc
+from benchmarks.vision import bench as vision
+from benchmarks.vision import workload as vc
 
 
 def test_the_architecture_has_the_checkpoints_keys_and_shapes():

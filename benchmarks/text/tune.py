@@ -1,6 +1,6 @@
 """Real text, tuned: autotune against the hand recipes on a pretrained sentence encoder.
 
-The workload of :mod:`benchmarks.text` (all-MiniLM-L6-v2, real sentences) as a user brings it:
+The workload of :mod:`benchmarks.text.workload` (all-MiniLM-L6-v2, real sentences) as a user brings it:
 a dataset padded to 64 tokens, batched by ``default_collate`` at 32, fp32 eager. autotune
 searches it (``cpu-deploy`` by default, the guard at ``max_metric_drop=0.02``: every sentence's
 embedding within cosine 0.98 of the baseline's), then every pipeline is checked and timed side
@@ -11,12 +11,12 @@ the run's directory and its batching, as ``autotune.predict`` runs it).
 Usage (from the repository root, with the text extra and the weights installed, see
 docs/text-workload.md)::
 
-    python -m benchmarks.text_tune                       # search (about 15 min on 2 cores), then compare
-    python -m benchmarks.text_tune --load OUT            # compare a finished search again
-    python -m benchmarks.text_tune --search-only --out OUT && python -m benchmarks.text_tune --load OUT
+    python -m benchmarks.text.tune                       # search (about 15 min on 2 cores), then compare
+    python -m benchmarks.text.tune --load OUT            # compare a finished search again
+    python -m benchmarks.text.tune --search-only --out OUT && python -m benchmarks.text.tune --load OUT
                                                          # the comparison in a fresh process
-    python -m benchmarks.text_tune --kept 2,4,6          # int8 rows with that many layers float, by autotune's ranking
-    python -m benchmarks.text_tune --natural --trials 16 --space default   # natural lengths, the user's own collate
+    python -m benchmarks.text.tune --kept 2,4,6          # int8 rows with that many layers float, by autotune's ranking
+    python -m benchmarks.text.tune --natural --trials 16 --space default   # natural lengths, the user's own collate
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ MAX_DROP = 0.02
 def user_data(n: int, natural: bool) -> tuple[list[dict[str, torch.Tensor]], Any]:
     """The samples and collate a user brings: padded to 64 tokens (``default_collate``), or at
     their natural lengths behind a collate that pads each batch to its longest."""
-    from benchmarks.text import PAD_TO, dataset, pad_collate
+    from benchmarks.text.workload import PAD_TO, dataset, pad_collate
 
     if natural:
         return dataset(n, max_length=PAD_TO), pad_collate
@@ -46,7 +46,7 @@ def user_data(n: int, natural: bool) -> tuple[list[dict[str, torch.Tensor]], Any
 def search(out: Path, n: int, n_trials: int, timeout: float, space: str, natural: bool = False) -> dict[str, Any]:
     """Tune the user's dataset; the run's directory holds the result."""
     import autotune
-    from benchmarks.text import minilm
+    from benchmarks.text.workload import minilm
 
     samples, collate = user_data(n, natural)
     started = time.perf_counter()
@@ -82,7 +82,7 @@ def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]], collate: Any
     import autotune
     from autotune.batching import Batching, lengths_of, split_samples
     from autotune.data import call_model
-    from benchmarks.text import minilm
+    from benchmarks.text.workload import minilm
 
     config = json.loads((out / "best_config.json").read_text())["config"]
     model = autotune.apply(minilm(), out, dataset=samples, device="cpu")
@@ -117,8 +117,8 @@ def ranked_recipes(work: Path, n: int, kept: list[int]) -> list[tuple[str, Any]]
     after the ``n`` that are timed and checked. Prints the ranking's top 8."""
     from autotune.compress import quantize_onnx_except, rank_onnx, worst_cosine
     from benchmarks.core import table
-    from benchmarks.text import PAD_TO, dataset, pad_collate
-    from benchmarks.text_recipes import ort_session, ort_sorted, weight_matmuls
+    from benchmarks.text.recipes import ort_session, ort_sorted, weight_matmuls
+    from benchmarks.text.workload import PAD_TO, dataset, pad_collate
 
     if not kept:
         return []
@@ -161,8 +161,8 @@ def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None, nat
     autotune's ranking, and the tuned pipeline."""
     import tempfile
 
-    from benchmarks.text import minilm, sentences
-    from benchmarks.text_recipes import _recipes, check, describe_machine, time_rounds
+    from benchmarks.text.recipes import _recipes, check, describe_machine, time_rounds
+    from benchmarks.text.workload import minilm, sentences
 
     texts = sentences(n)
     print(describe_machine(), flush=True)
@@ -193,7 +193,7 @@ def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None, nat
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.text_tune", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.text.tune", description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=384, help="sentences (default 384)")
     parser.add_argument("--trials", type=int, default=30, help="trials of the search (default 30)")
     parser.add_argument("--timeout", type=float, default=1200, help="seconds of the search (default 1200)")

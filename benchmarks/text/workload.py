@@ -1,11 +1,7 @@
 """A real-text workload: the pretrained sentence encoder all-MiniLM-L6-v2 on real English
 sentences at their natural lengths, in plain PyTorch (no transformers). The hand recipes an
 expert would try on it, and the run that checks and times them against the usual padded
-baseline, are in benchmarks/text_recipes.py:
-
-    python -m benchmarks.text                  # 384 sentences: correctness, then speed
-    python -m benchmarks.text --quick          # 64 sentences, 2 rounds
-    python -m benchmarks.text --sensitivity    # also: int8 one MatMul at a time
+baseline (``python -m benchmarks.text``), are in benchmarks/text/recipes.py.
 
 The model is BERT (6 layers, hidden 384, 12 heads, feed-forward 1536, vocabulary 30522, 512
 positions), mean-pooled over the attention mask and L2-normalised: sentence-transformers'
@@ -30,7 +26,6 @@ Example (needs the weights):
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import importlib
 import importlib.util
@@ -322,25 +317,3 @@ def pad_collate(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tenso
 def dataset(n: int = 384, padded: int | None = None, max_length: int | None = None) -> list[dict[str, torch.Tensor]]:
     """``tokenize(sentences(n), max_length, pad_to=padded)``: natural lengths by default."""
     return tokenize(sentences(n), max_length=max_length, pad_to=padded)
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m benchmarks.text``: the recipes of benchmarks/text_recipes.py, checked then timed."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.text", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", type=int, default=384, help="sentences (default 384)")
-    parser.add_argument("--rounds", type=int, default=3, help="timing rounds, the order alternating (default 3)")
-    parser.add_argument("--quick", action="store_true", help="64 sentences, 2 rounds: a smoke test")
-    parser.add_argument(
-        "--sensitivity", action="store_true", help="also int8 one MatMul at a time (about 2 minutes on 2 cores)"
-    )
-    args = parser.parse_args(argv)
-    from benchmarks.text_recipes import run
-
-    try:
-        run(64 if args.quick else args.n, 2 if args.quick else args.rounds, sensitivity=args.sensitivity)
-    except (ImportError, ValueError) as e:  # the extra or the weights missing, a bad --n
-        parser.exit(2, f"{e}\n")
-
-
-if __name__ == "__main__":
-    main()

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 N_CLASSES = 4
 
 

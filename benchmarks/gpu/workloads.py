@@ -1,7 +1,7 @@
 """The GPU headline benchmark's workloads (:mod:`benchmarks.gpu`): ResNet-50 on 224x224 images
 held in memory as float32 or as uint8, and a BERT-base-shaped encoder on token sequences of
 sentence-like lengths. No torchvision or transformers: the models are defined here and in
-:mod:`benchmarks.models`, with random weights, seeded.
+:mod:`benchmarks.gpu.models`, with random weights, seeded.
 
 The data sets are ``TensorDataset`` s (the sequences a plain ``Dataset``) that pickle as their
 recipe, so a trial worker regenerates the same tensors instead of receiving 0.6 GB through a pipe.
@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import Dataset, TensorDataset
 
-from benchmarks.models import MEAN, N_CLASSES, STD, resnet50
+from benchmarks.gpu.models import MEAN, N_CLASSES, STD, resnet50
 
 VOCAB, MAX_LEN, PAD_ID, CLS_ID, SEP_ID = 30522, 128, 0, 101, 102
 

@@ -1,10 +1,10 @@
 """Real text, OpenVINO beside PyTorch: the hand recipes a Sentence Transformers user would write
 with OpenVINO, the best PyTorch hand recipe, and autotune's winner, side by side in one process.
 
-The workload of :mod:`benchmarks.text` (all-MiniLM-L6-v2, real sentences), as
-:mod:`benchmarks.text_tune` has it: a dataset padded to 64 tokens, batched at 32, fp32 eager.
+The workload of :mod:`benchmarks.text.workload` (all-MiniLM-L6-v2, real sentences), as
+:mod:`benchmarks.text.tune` has it: a dataset padded to 64 tokens, batched at 32, fp32 eager.
 Rows, each checked (worst cosine to the baseline's embeddings) and then timed in alternating
-rounds (:func:`benchmarks.text_recipes.time_rounds`):
+rounds (:func:`benchmarks.text.recipes.time_rounds`):
 
 - the plain fp32 loop (the baseline) and the PyTorch hand recipes (fp32, and bf16 autocast where
   the CPU has bf16 units, on trimmed, length-sorted batches): the best one that keeps the
@@ -18,10 +18,10 @@ rounds (:func:`benchmarks.text_recipes.time_rounds`):
 
 Usage (with the text and openvino extras and the weights, see docs/text-workload.md)::
 
-    python -m benchmarks.text_openvino                        # search (16 trials, cpu-deploy), then compare
-    python -m benchmarks.text_openvino --load OUT             # compare a finished search again
-    python -m benchmarks.text_openvino --search-only --out OUT && python -m benchmarks.text_openvino --load OUT
-    python -m benchmarks.text_openvino --smoke                # 2 trials, 64 sentences, 1 round: it all runs
+    python -m benchmarks.text.openvino                        # search (16 trials, cpu-deploy), then compare
+    python -m benchmarks.text.openvino --load OUT             # compare a finished search again
+    python -m benchmarks.text.openvino --search-only --out OUT && python -m benchmarks.text.openvino --load OUT
+    python -m benchmarks.text.openvino --smoke                # 2 trials, 64 sentences, 1 round: it all runs
 
 Nothing here asserts a speed: time it on a quiet machine.
 """
@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.text_recipes import BATCH_SIZE, encode
+from benchmarks.text.recipes import BATCH_SIZE, encode
 
-MAX_DROP = 0.02  # the guard the comparison holds every row to, as text_tune does: cosine 0.98
+MAX_DROP = 0.02  # the guard the comparison holds every row to, as tune.py does: cosine 0.98
 BUDGETS = {
     "full": {"n": 384, "trials": 16, "timeout": 1500.0, "rounds": 7},
     "smoke": {"n": 64, "trials": 2, "timeout": 300.0, "rounds": 1},
@@ -53,7 +53,7 @@ def ov_model(model: torch.nn.Module, calibration: list[dict[str, torch.Tensor]] 
     import nncf
     import openvino as ov
 
-    from benchmarks.text import pad_collate
+    from benchmarks.text.workload import pad_collate
 
     example = pad_collate(calibration[:2] if calibration else _two())
     args = (example["input_ids"], example["attention_mask"])
@@ -75,7 +75,7 @@ def _two() -> list[dict[str, torch.Tensor]]:
 
 def ov_sorted(model: Any, samples: list[dict[str, torch.Tensor]], precision: str = "f32") -> tuple[torch.Tensor, float]:
     """An OpenVINO model compiled for the CPU (latency hint, torch's thread count), on trimmed,
-    length-sorted batches: :func:`benchmarks.text_recipes.encode`'s loop."""
+    length-sorted batches: :func:`benchmarks.text.recipes.encode`'s loop."""
     import openvino as ov
 
     config = {
@@ -94,8 +94,8 @@ def ov_sorted(model: Any, samples: list[dict[str, torch.Tensor]], precision: str
 
 def hand_recipes(model: torch.nn.Module, n: int) -> list[tuple[str, Any]]:
     """The baseline, the PyTorch hand recipes and the OpenVINO ones, ready to run."""
-    from benchmarks.text import PAD_TO, dataset
-    from benchmarks.text_recipes import bf16_skip_reason, bf16_sorted, fp32_padded, fp32_sorted
+    from benchmarks.text.recipes import bf16_skip_reason, bf16_sorted, fp32_padded, fp32_sorted
+    from benchmarks.text.workload import PAD_TO, dataset
 
     padded, natural = dataset(n, padded=PAD_TO), dataset(n, max_length=PAD_TO)
     held_out = dataset(n + 96, max_length=PAD_TO)[n:]  # NNCF calibrates on sentences never checked
@@ -118,7 +118,7 @@ def loaded_recipe(out: Path, n: int) -> tuple[str, Any]:
     """The run served by ``autotune.load(out)`` (the fastest of its files here, or its OpenVINO
     IR), fed the run's own batching of the user's samples through ``Predictor.predict``."""
     import autotune
-    from benchmarks.text_tune import user_data
+    from benchmarks.text.tune import user_data
 
     samples, collate = user_data(n, False)
     served = autotune.load(out)
@@ -134,9 +134,9 @@ def loaded_recipe(out: Path, n: int) -> tuple[str, Any]:
 
 def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
     """Check, then time, every row; print both tables and the ratios the issue asks for."""
-    from benchmarks.text import minilm, sentences
-    from benchmarks.text_recipes import check, describe_machine, time_rounds
-    from benchmarks.text_tune import tuned_recipe, user_data
+    from benchmarks.text.recipes import check, describe_machine, time_rounds
+    from benchmarks.text.tune import tuned_recipe, user_data
+    from benchmarks.text.workload import minilm, sentences
 
     texts = sentences(n)
     print(describe_machine(), flush=True)
@@ -170,7 +170,7 @@ def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.text_openvino", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.text.openvino", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
     parser.add_argument("--space", default="cpu-deploy", help="preset to search (default cpu-deploy)")
     parser.add_argument("--trials", type=int, help="trials of the search (default 16)")
@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     budget = BUDGETS["smoke" if args.smoke else "full"]
     out = args.load or args.out
     if args.load is None:
-        from benchmarks.text_tune import search
+        from benchmarks.text.tune import search
 
         search(out, budget["n"], args.trials or budget["trials"], budget["timeout"], args.space)
         if args.search_only:

@@ -5,7 +5,7 @@ the ceiling. About 5 minutes on an H100.
     python -m benchmarks.gpu [--out DIR] [--budget-s 300] [--workloads resnet50-float,...] [--trials 12]
     python -m benchmarks.run --suite gpu [--out DIR]      # the same, at the default budget
 
-Workloads (:mod:`benchmarks.gpu_workloads`), 1,024 samples each: ``resnet50-float`` (ResNet-50 on
+Workloads (:mod:`benchmarks.gpu.workloads`), 1,024 samples each: ``resnet50-float`` (ResNet-50 on
 224x224 float32 images in memory), ``resnet50-uint8`` (the same images stored as uint8, cast and
 normalized by the model's first step on the GPU) and ``bert-text`` (a BERT-base-shaped encoder on
 sentences of 16 to 128 tokens, padded to 128 by the user's collate). Rows of each:
@@ -18,7 +18,7 @@ sentences of 16 to 128 tokens, padded to 128 by the user's collate). Rows of eac
 - ceiling: the faster of the expert's and autotune's model alone, on one batch already on the GPU.
 
 Each figure is whole epochs, the device synchronized before the clock is read, for at least a
-second a round (:mod:`benchmarks.gpu_timing`); the rows alternate over :data:`N_ROUNDS` rounds and
+second a round (:mod:`benchmarks.gpu.timing`); the rows alternate over :data:`N_ROUNDS` rounds and
 the median is shown. A row that fails is reported in its place and the others still run. Process-wide settings (cuDNN autotuning, TF32) are each row's own, stock for the
 baseline. The budget is split evenly over the workloads, and autotune's search gets
 :data:`SEARCH_SHARE` of each share (a minute at least); a workload that cannot fit in what is
@@ -44,7 +44,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from benchmarks.gpu_timing import Flags, Row, model_alone, time_epochs, warm
+from benchmarks.gpu.timing import Flags, Row, model_alone, time_epochs, warm
 
 N_SAMPLES = 1024
 BASELINE_BATCH, EXPERT_BATCH, EXPERT_WORKERS = 64, 256, 8
@@ -57,8 +57,8 @@ MAX_METRIC_DROP = 0.05  # random weights: near-tied logits flip under bf16 round
 
 def workloads() -> dict[str, dict[str, Any]]:
     """Each workload's model factory, data set class, the user's collate, and what a sample is."""
-    from benchmarks import gpu_workloads as w
-    from benchmarks.models import resnet50
+    from benchmarks.gpu import workloads as w
+    from benchmarks.gpu.models import resnet50
 
     return {
         "resnet50-float": {"model": resnet50, "data": w.FloatImageTensors, "collate": None, "unit": "images/s"},
@@ -344,7 +344,3 @@ def main(argv: list[str] | None = None) -> None:
         write(out, head, docs, args.budget_s, time.perf_counter() - started)
     print("\n" + write(out, head, docs, args.budget_s, time.perf_counter() - started), flush=True)
     print(f"wrote {out / 'gpu.md'} and {out / 'gpu.json'}")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Hand recipes for the real-text workload (benchmarks/text.py), and the run that checks and
+"""Hand recipes for the real-text workload (benchmarks/text/workload.py), and the run that checks and
 times them: what an expert writes by hand for a sentence encoder on a CPU.
 
 Each recipe takes the model (for ONNX Runtime, its session) and a list of samples, and returns
@@ -17,6 +17,12 @@ sentences at their natural lengths, padded per batch by ``pad_collate``:
 
 ``int8_sensitivity`` quantizes one weight MatMul at a time and ranks them by the damage done.
 
+The run (:func:`run`) checks every recipe against the baseline's embeddings, then times them:
+
+    python -m benchmarks.text                  # 384 sentences: correctness, then speed
+    python -m benchmarks.text --quick          # 64 sentences, 2 rounds
+    python -m benchmarks.text --sensitivity    # also: int8 one MatMul at a time
+
 Example (needs the weights):
 
     model, samples = minilm(), dataset(64)
@@ -25,6 +31,7 @@ Example (needs the weights):
 
 from __future__ import annotations
 
+import argparse
 import ast
 import contextlib
 import io
@@ -38,7 +45,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.text import HIDDEN, pad_collate
+from benchmarks.text.workload import HIDDEN, pad_collate
 
 BATCH_SIZE = 32
 Samples = list[dict[str, torch.Tensor]]
@@ -270,7 +277,7 @@ def describe_machine() -> str:
 def _recipes(model: torch.nn.Module, n: int, work: Path, sensitivity: bool, n_keep_fp32: int) -> list[Recipe]:
     """The recipes to compare, the baseline first, each ready to run (ONNX files exported and
     quantized here, untimed)."""
-    from benchmarks.text import PAD_TO, dataset
+    from benchmarks.text.workload import PAD_TO, dataset
 
     # The same tokens both ways (truncated at 64), so any difference is the recipe's.
     padded, natural = dataset(n, padded=PAD_TO), dataset(n, max_length=PAD_TO)
@@ -361,7 +368,7 @@ def run(n: int = 384, n_rounds: int = 3, *, sensitivity: bool = False, n_keep_fp
     its ``n_keep_fp32`` most sensitive MatMuls in float32."""
     import tempfile
 
-    from benchmarks.text import PAD_TO, dataset, minilm, sentences
+    from benchmarks.text.workload import PAD_TO, dataset, minilm, sentences
 
     texts = sentences(n)  # first: a bad n fails before anything is loaded
     print(describe_machine(), flush=True)
@@ -376,3 +383,19 @@ def run(n: int = 384, n_rounds: int = 3, *, sensitivity: bool = False, n_keep_fp
         recipes = _recipes(model, n, Path(tmp), sensitivity, n_keep_fp32)
         checks = check(recipes, texts)
         return {"checks": checks, **time_rounds(recipes, n, n_rounds)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m benchmarks.text``: the recipes, checked then timed."""
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.text", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", type=int, default=384, help="sentences (default 384)")
+    parser.add_argument("--rounds", type=int, default=3, help="timing rounds, the order alternating (default 3)")
+    parser.add_argument("--quick", action="store_true", help="64 sentences, 2 rounds: a smoke test")
+    parser.add_argument(
+        "--sensitivity", action="store_true", help="also int8 one MatMul at a time (about 2 minutes on 2 cores)"
+    )
+    args = parser.parse_args(argv)
+    try:
+        run(64 if args.quick else args.n, 2 if args.quick else args.rounds, sensitivity=args.sensitivity)
+    except (ImportError, ValueError) as e:  # the extra or the weights missing, a bad --n
+        parser.exit(2, f"{e}\n")

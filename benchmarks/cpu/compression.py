@@ -1,11 +1,11 @@
 """Compression settings side by side: what pruning and int8 do to speed, size, MACs and accuracy.
 
-    python -m benchmarks.compression              # about 2 minutes on 2 idle CPU cores, training included
-    python -m benchmarks.compression --quick      # smoke test: lstm, baseline and two settings
-    python -m benchmarks.compression --workloads transformer,lstm   # a subset
-    python -m benchmarks.compression --out DIR    # also write DIR/compression.json
+    python -m benchmarks.cpu.compression            # about 2 minutes on 2 idle CPU cores, training included
+    python -m benchmarks.cpu.compression --quick    # smoke test: lstm, baseline and two settings
+    python -m benchmarks.cpu.compression --workloads transformer,lstm   # a subset
+    python -m benchmarks.cpu.compression --out DIR  # also write DIR/compression.json
 
-One table per workload of benchmarks/workloads.py (the digits CNN, a transformer encoder, an
+One table per workload of benchmarks/cpu/workloads.py (the digits CNN, a transformer encoder, an
 LSTM). Each row is one trial of the tuner's own harness (autotune.trial.inference.TrialContext, here in
 this process): build the setting on the baseline, time it end to end, run the accuracy guard.
 The speed ratio of a setting is to the baseline measured just before and just after it (the
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.core import OthersCPU, machine, table
-from benchmarks.workloads import WORKLOADS
+from benchmarks.cpu.workloads import WORKLOADS
 
 MAX_METRIC_DROP = 0.01  # the guard's default: one point of accuracy
 MEASURE = {"n_windows": 3, "window_s": 0.3, "warmup_batches": 3}
@@ -176,7 +176,7 @@ def print_workload(w: dict[str, Any]) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.compression", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.compression", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke test: lstm, baseline and two settings")
     parser.add_argument(
         "--workloads", help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all; lstm with --quick)"

@@ -1,7 +1,7 @@
 """The GPU check: every test file with ``gpu`` tests, then the GPU headline benchmark, on one CUDA
 GPU within a budget (default 8 minutes), for a short lease on a GPU machine.
 
-    python -m benchmarks.gpu_check [--out gpu-check-logs] [--budget-s 480] [--bench-s S | --no-bench] [--workloads W,...]
+    python -m benchmarks.gpu.check [--out gpu-check-logs] [--budget-s 480] [--bench-s S | --no-bench] [--workloads W,...]
 
 The ``gpu`` tests are collected first (``pytest -m gpu --collect-only``), then each file runs in a
 pytest process of its own, cheapest first (a ``slow`` test weighs as five), with a time limit per
@@ -14,7 +14,7 @@ what is left then, ``--bench-s`` at least.
 
 Everything is written under ``--out`` as it happens, so it survives a killed run: ``check.log``
 (this command's own lines), ``collected.json``, ``tests/<file>.log`` (pytest's output) and
-``tests/<file>.jsonl`` (each test's start and outcome, :mod:`benchmarks.gpu_check_log`),
+``tests/<file>.jsonl`` (each test's start and outcome, :mod:`benchmarks.gpu.check_log`),
 ``bench.log`` with the benchmark's tables in ``bench/``, and ``summary.md``/``summary.json``
 (counts per file: passed, failed, skipped, timed out, not run), rewritten after each file.
 Exit status: 0 when every test passed or skipped and the benchmark finished, 1 otherwise,
@@ -34,8 +34,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-PLUGIN = "benchmarks.gpu_check_log"
+ROOT = Path(__file__).resolve().parents[2]
+PLUGIN = "benchmarks.gpu.check_log"
 OUTCOMES = ("passed", "failed", "skipped", "timed_out", "not_run")
 SLOW_WEIGHT = 5  # a slow test (compiles, whole studies) against a plain one, for the files' shares
 BENCH_SHARE = 0.45  # of the budget kept for the benchmark unless --bench-s says otherwise
@@ -298,12 +298,12 @@ def run_tests(out: Path, files: dict[str, list[dict]], doc: dict[str, Any], star
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu.check", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--out", type=Path, default=Path("gpu-check-logs"), help="log directory (default gpu-check-logs)"
     )
     parser.add_argument("--budget-s", type=float, default=480.0, help="seconds for everything (default 480)")
-    parser.add_argument("--bench-s", type=float, help=f"seconds kept for the benchmark (default {BENCH_SHARE:.0%})")
+    parser.add_argument("--bench-s", type=float, help=f"seconds kept for the benchmark (default {BENCH_SHARE:.0%}%)")
     parser.add_argument("--no-bench", action="store_true", help="run the tests only")
     parser.add_argument(
         "--workloads",
@@ -315,7 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print(f"gpu_check needs a CUDA GPU, and torch {torch.__version__} sees none here.", file=sys.stderr)
+        print(f"The GPU check needs a CUDA GPU, and torch {torch.__version__} sees none here.", file=sys.stderr)
         return 2
     started = time.monotonic()
     deadline = started + args.budget_s

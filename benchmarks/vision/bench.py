@@ -7,7 +7,7 @@ autotune's winner, timed in one process.
     python -m benchmarks.vision --smoke         # tiny budget: checks that everything runs
     python -m benchmarks.vision --scan 12       # decode-bound: pages kept as 12x scans, decoded and scaled down per read
 
-The workload (:mod:`benchmarks.vision_craft`): 32 pages of 168-312 pixels a side in several
+The workload (:mod:`benchmarks.vision.workload`): 32 pages of 168-312 pixels a side in several
 aspect ratios, DejaVu faces and sizes, kept as PNG bytes; ``__getitem__`` decodes, resizes to
 multiples of 32 and normalises. The metric is word-box recall (IoU >= 0.5) against the rendered
 words, by CRAFT's own post-processing of its score maps. With ``--scan 12`` each page is kept as
@@ -45,8 +45,8 @@ from typing import Any
 
 import torch
 
-from benchmarks import vision_craft as vc
 from benchmarks.core import OthersCPU, machine, ratios_to, table
+from benchmarks.vision import workload as vc
 
 BASELINE_BATCH = 1
 HAND_BATCH = 8
@@ -240,7 +240,3 @@ def main(argv: list[str] | None = None) -> None:
     report(passes, others())
     print(f"hand recipe: {'bfloat16 autocast' if bf16 else 'float32 (no bf16 units)'}, channels-last, ", end="")
     print(f"{HAND_WORKERS} workers, batch {HAND_BATCH} padded to multiples of 32")
-
-
-if __name__ == "__main__":
-    main()

@@ -1,7 +1,7 @@
-"""A pytest plugin of the GPU check (:mod:`benchmarks.gpu_check`): one JSON line per event, written
+"""A pytest plugin of the GPU check (:mod:`benchmarks.gpu.check`): one JSON line per event, written
 the moment it happens, so the record survives a run that is killed.
 
-    GPU_CHECK_LOG=events.jsonl python -m pytest -p benchmarks.gpu_check_log tests/test_gpu.py -m gpu
+    GPU_CHECK_LOG=events.jsonl python -m pytest -p benchmarks.gpu.check_log tests/test_gpu.py -m gpu
 
 Events: ``collected`` (with ``--collect-only``: each selected test, its file relative to the
 rootdir (absolute outside it), whether it is marked ``slow`` and its ``timeout`` mark),
