@@ -20,6 +20,7 @@ from benchmarks.gpu import check as gpu_check
 from benchmarks.gpu import models
 from benchmarks.gpu import timing as gpu_timing
 from benchmarks.gpu import workloads as gpu_workloads
+from tests.layout import find_cycle
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,22 +67,8 @@ def test_no_import_circle_in_benchmarks():
     graph = _import_graph()
     assert {"benchmarks.run", "benchmarks.text.workload", "benchmarks.text.recipes"} <= set(graph)
     assert "benchmarks.text.workload" in graph["benchmarks.text.recipes"]  # the graph sees imports
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-
-    def visit(module: str, path: list[str]) -> list[str] | None:
-        state[module] = 1
-        for dep in sorted(graph[module]):
-            if state.get(dep) == 1:
-                return [*path, module, dep]
-            if dep not in state and (cycle := visit(dep, [*path, module])):
-                return cycle
-        state[module] = 2
-        return None
-
-    for module in sorted(graph):
-        if module not in state:
-            cycle = visit(module, [])
-            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import autotune
+from tests.layout import find_cycle
 
 
 def test_import_is_light():
@@ -78,23 +79,8 @@ def test_a_dozen_modules_at_the_top_and_no_import_circle():
         not in {"compress", "deploy", "doctor", "export", "knobs", "report", "run", "search", "trial"}
     ]
     assert len(top) <= 12, sorted(top)
-    # Depth-first search for a cycle, imports inside functions included.
-    state: dict[str, int] = {}
-
-    def visit(module: str, path: list[str]) -> list[str] | None:
-        state[module] = 1
-        for dep in sorted(graph[module]):
-            if state.get(dep) == 1:
-                return [*path, module, dep]
-            if dep not in state and (cycle := visit(dep, [*path, module])):
-                return cycle
-        state[module] = 2
-        return None
-
-    for module in sorted(graph):
-        if module not in state:
-            cycle = visit(module, [])
-            assert cycle is None, " -> ".join(cycle[cycle.index(cycle[-1]) :])
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
 
 
 def test_no_module_longer_than_450_lines():

@@ -165,16 +165,24 @@ def trim_batch(batch: Any, multiple: int = 1) -> Any:
     if (lo, hi) == (0, width):
         return batch
 
-    def cut(value: Any) -> Any:
+    return _map_columns(batch, n, width, lambda t: t[:, lo:hi])
+
+
+def _map_columns(batch: Any, n: int, width: int, fn: Callable[[Any], Any]) -> Any:
+    """``batch`` with ``fn`` applied to every ``(n, width, ...)`` tensor in it (nested mappings,
+    tuples and lists walked), every other value kept."""
+    import torch
+
+    def walk(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == n and value.shape[1] == width:
-            return value[:, lo:hi]
+            return fn(value)
         if isinstance(value, Mapping):
-            return {k: cut(v) for k, v in value.items()}
+            return {k: walk(v) for k, v in value.items()}
         if isinstance(value, (tuple, list)):
-            return type(value)(cut(v) for v in value)
+            return type(value)(walk(v) for v in value)
         return value
 
-    return cut(batch)
+    return walk(batch)
 
 
 def _widen(batch: Any, mask: Any, width: int) -> Any:
@@ -196,17 +204,11 @@ def _widen(batch: Any, mask: Any, width: int) -> Any:
     left = bool((mask[:, -1] != 0).all()) and bool(padded[:, 0].any())
 
     def grow(value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == n and value.shape[1] == have:
-            fill = value[padded][0] if value.dim() == 2 and bool(padded.any()) else 0
-            extra = value.new_full((n, width - have, *value.shape[2:]), fill)
-            return torch.cat([extra, value] if left else [value, extra], 1)
-        if isinstance(value, Mapping):
-            return {k: grow(v) for k, v in value.items()}
-        if isinstance(value, (tuple, list)):
-            return type(value)(grow(v) for v in value)
-        return value
+        fill = value[padded][0] if value.dim() == 2 and bool(padded.any()) else 0
+        extra = value.new_full((n, width - have, *value.shape[2:]), fill)
+        return torch.cat([extra, value] if left else [value, extra], 1)
 
-    return grow(batch)
+    return _map_columns(batch, n, have, grow)
 
 
 def token_outputs(call: Callable[[Any], Any], batch: Any) -> tuple[int, ...]:
