@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from benchmarks.text.recipes import BATCH_SIZE, encode
+from benchmarks.text.recipes import BATCH_SIZE, encode, median_ratio
 
 MAX_DROP = 0.02  # the guard the comparison holds every row to, as tune.py does: cosine 0.98
 BUDGETS = {
@@ -146,11 +146,9 @@ def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
     recipes.append(loaded_recipe(out, n))
     checks = check(recipes, texts)
     timing = time_rounds(recipes, n, n_rounds)
-    base = timing["seconds"][recipes[0][0]]
 
     def ratio(label: str) -> float:
-        times = timing["seconds"][label]
-        return sorted(b / t for b, t in zip(base, times, strict=True))[len(times) // 2]
+        return median_ratio(timing["seconds"], recipes[0][0], label)
 
     held = {label for label, c in checks.items() if c["worst_cosine"] >= 1 - MAX_DROP}
     torch_best = max((lbl for lbl, _ in recipes if lbl.startswith("PyTorch") and lbl in held), key=ratio)

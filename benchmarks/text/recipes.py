@@ -362,6 +362,13 @@ def time_rounds(recipes: list[Recipe], n: int, n_rounds: int) -> dict[str, Any]:
     return {"seconds": seconds, "others_cores": others_cores}
 
 
+def median_ratio(seconds: dict[str, list[float]], base: str, label: str) -> float:
+    """The median over rounds of ``label``'s speed over ``base``'s, from :func:`time_rounds`'s
+    per-round seconds of each recipe."""
+    times = seconds[label]
+    return sorted(b / t for b, t in zip(seconds[base], times, strict=True))[len(times) // 2]
+
+
 def run(n: int = 384, n_rounds: int = 3, *, sensitivity: bool = False, n_keep_fp32: int = 3) -> dict[str, Any]:
     """Check every recipe against the baseline's embeddings, then time them: both tables
     printed, the numbers returned. ``sensitivity`` adds the int8 ranking and a recipe that keeps

@@ -161,7 +161,7 @@ def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None, nat
     autotune's ranking, and the tuned pipeline."""
     import tempfile
 
-    from benchmarks.text.recipes import _recipes, check, describe_machine, time_rounds
+    from benchmarks.text.recipes import _recipes, check, describe_machine, median_ratio, time_rounds
     from benchmarks.text.workload import minilm, sentences
 
     texts = sentences(n)
@@ -173,11 +173,9 @@ def compare(out: Path, n: int, n_rounds: int, kept: list[int] | None = None, nat
         recipes.append(tuned_recipe(out, *user_data(n, natural)))
         checks = check(recipes, texts)
         timing = time_rounds(recipes, n, n_rounds)
-    base = timing["seconds"][recipes[0][0]]
 
     def ratio(label: str) -> float:
-        times = timing["seconds"][label]
-        return sorted(b / t for b, t in zip(base, times, strict=True))[len(times) // 2]
+        return median_ratio(timing["seconds"], recipes[0][0], label)
 
     tuned = recipes[-1][0]
     hand = [label for label, _ in recipes[1:-1] if not label.startswith(_RANKED)]
