@@ -38,6 +38,7 @@ def test_dry_run_prints_the_space_with_reasons(tmp_path, capsys, monkeypatch):
     assert not (tmp_path / "autotune-out").exists()  # nothing measured, nothing written
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_run_prints_progress_and_table_and_writes_files(tmp_path):
     cfg = tmp_path / "cfg.py"
     cfg.write_text(textwrap.dedent(CFG))

@@ -79,9 +79,9 @@ def _rel(path: Path) -> str:
     return str(path.relative_to(ROOT))
 
 
-# Pages whose blocks run whole studies for a minute or more on 2 cores: they run with -m slow,
-# the quickstart's keeps a page's blocks running in CI.
-SLOW_PAGES = {"docs/api.md", "docs/training.md"}
+# Pages whose blocks run whole studies for a minute or more on 2 cores: they run with -m slow.
+# The quickstart's study itself runs in CI through tests/test_examples.py (its cfg.py, the CLI).
+SLOW_PAGES = {"docs/api.md", "docs/training.md", "docs/quickstart.md"}
 RUN_PARAMS = [pytest.param(p, marks=pytest.mark.slow) if _rel(p) in SLOW_PAGES else p for p in RUN_FILES]
 
 

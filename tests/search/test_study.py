@@ -17,6 +17,7 @@ from tests.models import MLP, classification_data
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 
 
+@pytest.mark.slow  # an end-to-end study: outside CI's time, run with -m slow
 def test_baseline_first_no_repeats_and_results_written(tmp_path):
     result = autotune.optimize(
         MLP(),
