@@ -12,7 +12,7 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["export_winner", "finalize", "finish_reserve", "overrun_margin", "rounds_budget"]
+__all__ = ["export_winner", "finalize", "finish_reserve", "overrun_margin", "rounds_budget", "worth_selecting"]
 
 Run = Any  # autotune.run.stages.Run (not imported: stages imports this module)
 
@@ -68,6 +68,40 @@ def rounds_budget(left_s: float, need_s: float, spent_s: float) -> float:
         (60.0, 30.0)
     """
     return min(left_s, max(CONFIRM_FLOOR_S, 1.5 * need_s, CONFIRM_SHARE * spent_s))
+
+
+# A finalist after the first whose build took more than this share of the run before the finish
+# (SELECT_BUILD_FLOOR_S at least) is not built again for the selection rounds: its trial's figure
+# stands. Two static compiles of trimmed real text, 75 and 87 s each to rebuild width by width,
+# made 170 s of a 277-s finish, and neither was picked.
+SELECT_BUILD_SHARE = 0.1
+SELECT_BUILD_FLOOR_S = 20.0
+
+
+def worth_selecting(
+    finalists: list[dict[str, Any]], spent_s: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The finalists the selection rounds build again (the fastest always), and a row for each
+    left to its trial's figure because its build costs more than :data:`SELECT_BUILD_SHARE` of
+    the ``spent_s`` seconds the run took before its finish.
+
+    Example:
+        >>> fast, slow = {"number": 7, "compile_s": 40.0}, {"number": 5, "compile_s": 75.0}
+        >>> kept, left = worth_selecting([fast, slow, {"number": 9, "compile_s": 2.0}], 585.0)
+        >>> [f["number"] for f in kept], left[0]["trial"]
+        ([7, 9], 5)
+    """
+    from autotune.search.cost import build_s
+
+    limit = max(SELECT_BUILD_FLOOR_S, SELECT_BUILD_SHARE * spent_s)
+    kept = finalists[:1] + [f for f in finalists[1:] if build_s(f) <= limit]
+    left = [
+        {"trial": f.get("number"), "not_selected": f"its build took {build_s(f):.0f} s in its trial, over the "
+         f"{limit:.0f} s the selection gives one (a tenth of the run before it): its trial's figure stands"}
+        for f in finalists[1:]
+        if build_s(f) > limit
+    ]  # fmt: skip
+    return kept, left
 
 
 def overrun_margin(timeout: float) -> float:
@@ -148,6 +182,9 @@ def _confirm(run: Run, runner: Any) -> None:
     finalists = select.finalists(records, run.objectives, run.baseline["key"], opts.n_finalists, run.select)
     if not finalists:
         return
+    times = run.summary.get("time") or {}
+    spent = float(times.get("prepare_s") or 0.0) + float(times.get("search_s") or 0.0)
+    finalists, not_selected = worth_selecting(finalists, spent)
     # A knob fixed away from the baseline's value holds in the winner too: the baseline is
     # then the reference of the claim, never the result (a slower pick says so in the claim).
     speed_only = run.objectives == ["throughput"] and not _fixed_off_baseline(run)
@@ -161,8 +198,7 @@ def _confirm(run: Run, runner: Any) -> None:
     need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
                       exports=False)  # fmt: skip
     if left is not None:
-        times = run.summary.get("time") or {}
-        left = rounds_budget(left, need_s, float(times.get("prepare_s") or 0.0) + float(times.get("search_s") or 0.0))
+        left = rounds_budget(left, need_s, spent)
     budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
     # The rounds stop at their own budget, not at the run's deadline: what comes after them (the
     # export, the reports) keeps its time even when a round runs long.
@@ -176,6 +212,7 @@ def _confirm(run: Run, runner: Any) -> None:
         )  # fmt: skip
     finally:
         runner.deadline = kept
+    run.summary["finalists"] = [*(run.summary.get("finalists") or []), *not_selected]
 
 
 def _held_out(run: Run, runner: Any) -> dict[str, Any]:

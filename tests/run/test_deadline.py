@@ -222,3 +222,17 @@ def test_a_long_timeout_gives_the_rounds_a_share_of_the_run_not_all_it_left():
     assert rounds_budget(1000.0, 20.0, 40.0) == 60.0  # a short search still gets a minute
     assert rounds_budget(1000.0, 100.0, 40.0) == 150.0  # and always 1.5x the least confirmation
     assert rounds_budget(30.0, 20.0, 500.0) == 30.0  # the deadline comes first
+
+
+def test_a_finalist_costly_to_build_keeps_its_trial_figure_and_is_not_built_again():
+    """Two static compiles of trimmed text (75 and 87 s to rebuild) made 170 s of a 277-s
+    finish and were not picked: after a 585-s search a finalist may take 58 s to build."""
+    from autotune.run.finish import worth_selecting
+
+    leader, costly, cheap = ({"number": n, "compile_s": s} for n, s in ((7, 40.6), (5, 74.7), (9, 12.1)))
+    kept, left = worth_selecting([leader, costly, cheap], 585.0)
+    assert [f["number"] for f in kept] == [7, 9]
+    assert left[0]["trial"] == 5 and "75 s" in left[0]["not_selected"] and "58 s" in left[0]["not_selected"]
+    # The fastest is the pick's candidate whatever its build costs; a short run keeps 20 s for each.
+    kept, left = worth_selecting([{"number": 1, "compile_s": 300.0}, {"number": 2, "compile_s": 15.0}], 30.0)
+    assert [f["number"] for f in kept] == [1, 2] and not left

@@ -559,3 +559,31 @@ def test_a_runtime_slow_at_one_precision_is_still_tried_at_another():
     refused = [t.user_attrs for t in study.trials if t.user_attrs.get("kind") == "screened"]
     assert not [r for r in refused if r["config"]["ov_precision"] == "int8_static"], refused
     assert _best_config(study)["ov_precision"] == "int8_static"
+
+
+def test_a_compile_fixed_on_trims_padding_with_shapes_as_symbols():
+    """fix={"compile_mode": "default"} over token sequences: a static compile of trimmed padding
+    builds each width anew until dynamo's recompile limit (80 s of a 100-s trial of real MiniLM
+    text on 2 cores), so the padding lever, and the recipe with it, trims with shapes as symbols."""
+    from autotune.knobs import REGISTRY
+    from autotune.search.space import SearchSpace
+
+    base = {n: k.default for n, k in REGISTRY.items()} | {"num_threads": 2}
+    values = {n: [v] for n, v in base.items()} | {
+        "padding": ["as_given", "trim"],
+        "length_grouping": [0, 16],
+        "batch_size": [32, 128],
+        "compile_mode": ["default"],
+        "compile_dynamic": [False, True],
+    }
+    staged = Staged(SearchSpace(values, base, {}), ["throughput"])
+    padding = next(lever for lever in staged.levers if lever.name == "padding")
+    assert padding.variants[0] == {"padding": "trim", "length_grouping": 16, "compile_dynamic": True}
+    recipe = staged.recipe()
+    assert (recipe["padding"], recipe["compile_mode"], recipe["compile_dynamic"]) == ("trim", "default", True)
+    # With compile a lever of its own, padding is trimmed alone (compile is screened with symbols).
+    values["compile_mode"] = ["none", "default"]
+    padding = next(
+        lever for lever in Staged(SearchSpace(values, base, {}), ["throughput"]).levers if lever.name == "padding"
+    )
+    assert padding.variants[0] == {"padding": "trim", "length_grouping": 16}
