@@ -1,0 +1,223 @@
+"""Time to result: a 16-trial run and a ``budget="3m"`` run of the real-text workloads, their
+phases' seconds, and their winners re-timed beside the best hand recipe.
+
+    python -m benchmarks.text.budget                          # text-padded and hf; about 20 minutes
+    python -m benchmarks.text.budget --workloads hf           # one workload
+    python -m benchmarks.text.budget --load OUT               # re-time the finished runs in OUT
+    python -m benchmarks.text.budget --smoke                  # tiny budgets: checks that it runs
+
+For each workload (``text-padded``: real all-MiniLM-L6-v2 over 384 real sentences pre-padded to
+64 tokens; ``hf``: the transformers pipeline of benchmarks/text/hf.py, 300 sentences through
+``DataCollatorWithPadding``):
+
+1. ``autotune.optimize(model, dataset, n_trials=16)`` with the default space, then
+   ``autotune.optimize(model, dataset, budget="3m")``, each in a fresh process. The table gives
+   each run's wall time as the process saw it, the run's own phases (prepare, search, finish)
+   and the finish's share, from ``best_config.json``.
+2. A fresh process times, in rounds of rotating order over the whole dataset: the plain fp32
+   loop (the model as given, batches of 32 in dataset order), the best hand recipe (fp32 eager,
+   batches of 32 sorted by length and trimmed to their longest sentence: what an engineer writes
+   first for text), and each run's winner through ``autotune.apply`` + ``autotune.dataloader``.
+   Each ratio is the geometric mean over rounds of that round's rate over the plain loop's.
+
+The issue's targets, printed as met or not: a 16-trial run in at most 4 minutes with its finish
+at most 25% of it, its winner at least 0.97 of the hand recipe, and the 3-minute budget's winner
+at least 0.95 of the 16-trial winner. Nothing here asserts a speed; time it on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.core import machine, pass_rate, ratios_to, table
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKLOADS = ("text-padded", "hf")
+BATCH_SIZE = 32
+RUNS = {
+    "full": {"trials": {"n_trials": 16}, "budget": {"budget": "3m"}, "rounds": 7, "seconds": 2.0},
+    "smoke": {"trials": {"n_trials": 2}, "budget": {"budget": "40s"}, "rounds": 1, "seconds": 0.2},
+}
+TARGETS = {"whole_s": 240.0, "finish_share": 0.25, "of_hand": 0.97, "budget_of_trials": 0.95}
+
+
+def tune(name: str, out: str, options: dict[str, Any]) -> None:
+    """One run of ``name`` into ``out``, as a user calls it (the default space, on the CPU)."""
+    import autotune
+    from benchmarks.predict import workload
+
+    cfg = workload(name, None)
+    autotune.optimize(cfg["model"], cfg["dataset"], out_dir=out, device="cpu", **options)
+
+
+def _run(name: str, out: Path, options: dict[str, Any]) -> dict[str, Any]:
+    """``tune`` in a fresh process; its wall time and the run's own phases."""
+    code = "import json, sys; from benchmarks.text.budget import tune; tune(*json.loads(sys.argv[1]))"
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps([name, str(out), options])],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"tuning {name} with {options} failed: {done.stderr.strip()[-800:]}")
+    return {"wall_s": wall, **_phases(out)}
+
+
+def _phases(out: Path) -> dict[str, Any]:
+    saved = json.loads((out / "best_config.json").read_text())
+    changed = {k: v for k, v in (saved.get("config") or {}).items() if saved["baseline_config"].get(k) != v}
+    return {
+        "time": saved.get("time") or {},
+        "finish": saved.get("finish") or [],
+        "n_measured": saved.get("n_measured"),
+        "stop_reason": saved.get("stop_reason"),
+        "claim": (saved.get("speedup") or {}).get("speedup"),
+        "winner": ", ".join(f"{k}={v}" for k, v in changed.items()) or "the baseline",
+        "compile_s": ((saved.get("search") or {}).get("compile") or {}).get("seconds"),
+    }
+
+
+def _length(sample: Any) -> int:
+    mask = sample["attention_mask"]
+    return int(sum(mask) if isinstance(mask, list) else mask.sum())
+
+
+def _trimmed(collate: Any) -> Any:
+    """``collate``, then every (batch, seq) tensor cut to the batch's longest sentence."""
+
+    def go(samples: list[Any]) -> Any:
+        batch = collate(samples)
+        width = batch["attention_mask"].shape[1]
+        longest = int(batch["attention_mask"].sum(1).max())
+        return {k: v[:, :longest] if v.dim() == 2 and v.shape[1] == width else v for k, v in batch.items()}
+
+    return go
+
+
+def retime(name: str, outs: list[str], rounds: int, seconds: float) -> dict[str, Any]:
+    """In this (fresh) process: the plain loop, the hand recipe and each run's apply + dataloader."""
+    import torch
+
+    import autotune
+    from autotune.data import call_model
+    from autotune.run.apply import _unloaded, base_collate
+    from benchmarks.predict import _model, workload
+
+    cfg = workload(name, None)
+    data, collate = _unloaded(cfg["dataset"], None)
+    plain = torch.utils.data.DataLoader(data, batch_size=BATCH_SIZE, collate_fn=base_collate(data, collate))
+    order = sorted(range(len(data)), key=lambda i: _length(data[i]))
+    chunks = [order[i : i + BATCH_SIZE] for i in range(0, len(order), BATCH_SIZE)]
+    hand = torch.utils.data.DataLoader(data, batch_sampler=chunks, collate_fn=_trimmed(base_collate(data, collate)))
+    stock, model = torch.get_num_threads(), _model(cfg)
+    runs = {}
+    for out in outs:
+        tuned = autotune.apply(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
+        runs[out] = (tuned, autotune.dataloader(data, out, collate_fn=collate), torch.get_num_threads())
+
+    def loop(net: Any, batches: Any, n_threads: int) -> None:
+        torch.set_num_threads(n_threads)
+        with torch.inference_mode():
+            for batch in batches:
+                call_model(net, batch)
+
+    pipelines = {"plain": lambda: loop(model, plain, stock), "hand": lambda: loop(model, hand, stock)}
+    for out, (tuned, loader, threads) in runs.items():
+        pipelines[out] = lambda t=tuned, b=loader, n=threads: loop(t, b, n)
+    for go in pipelines.values():  # warm each (a compiled winner builds here)
+        go()
+    names, rates = list(pipelines), {k: [] for k in pipelines}
+    for i in range(rounds):
+        k = i % len(names)
+        for key in names[k:] + names[:k]:
+            rates[key].append(pass_rate(pipelines[key], len(data), seconds))
+    return {"rates": rates, "ratios": ratios_to(rates, "plain")}
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "not met"
+
+
+def report(name: str, runs: dict[str, dict[str, Any]], timed: dict[str, Any]) -> list[list[Any]]:
+    ratios, hand = timed["ratios"], timed["ratios"]["hand"]
+    trials = ratios[runs["trials"]["out"]]
+    rows = []
+    for label, run in runs.items():
+        t = run["time"]
+        share = (t.get("finish_s") or 0.0) / (t.get("total_s") or 1.0)
+        mine = ratios[run["out"]]
+        against = (
+            f"{mine / hand:.2f} of hand ({_met(mine / hand >= TARGETS['of_hand'])})"
+            if label == "trials"
+            else f"{mine / trials:.2f} of 16 trials ({_met(mine / trials >= TARGETS['budget_of_trials'])})"
+        )
+        whole = f"{run['wall_s']:.0f} s" + (
+            f" ({_met(run['wall_s'] <= TARGETS['whole_s'])})" if label == "trials" else ""
+        )
+        rows.append([
+            name,
+            "16 trials" if label == "trials" else "budget 3m",
+            whole,
+            f"{t.get('prepare_s', 0):.0f} / {t.get('search_s', 0):.0f} / {t.get('finish_s', 0):.0f} s",
+            f"{share:.0%} ({_met(share <= TARGETS['finish_share'])})",
+            f"{run['n_measured']}, {run['stop_reason']}",
+            f"{run['claim']:.2f}x" if run.get("claim") else "-",
+            f"{mine:.2f}x (hand {hand:.2f}x)",
+            against,
+        ])  # fmt: skip
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.text.budget", description=__doc__.split("\n")[0])
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: text-padded, hf")
+    parser.add_argument("--out", type=Path, help="directory for the runs (default: a temporary one)")
+    parser.add_argument("--load", type=Path, help="re-time the finished runs in this directory; no tuning")
+    parser.add_argument("--smoke", action="store_true", help="tiny budgets: checks that everything runs")
+    args = parser.parse_args(argv)
+    plan = RUNS["smoke" if args.smoke else "full"]
+    root = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-budget"
+    info = machine()
+    print(f"time to result, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
+    rows, winners = [], []
+    for name in args.workloads.split(","):
+        runs = {}
+        for label in ("trials", "budget"):
+            out = root / name / label
+            run = (
+                _phases(out) | {"wall_s": json.loads((out / "wall.json").read_text())["wall_s"]} if args.load else None
+            )
+            if run is None:
+                run = _run(name, out, plan[label])
+                (out / "wall.json").write_text(json.dumps({"wall_s": run["wall_s"]}))
+            runs[label] = run | {"out": str(out)}
+            winners.append(f"{name}, {label}: {run['winner']}; finish {run['finish']}; compiling {run['compile_s']} s")
+        code = "import json, sys; from benchmarks.text.budget import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
+        call = [name, [runs["trials"]["out"], runs["budget"]["out"]], plan["rounds"], plan["seconds"]]
+        done = subprocess.run([sys.executable, "-c", code, json.dumps(call)], capture_output=True, text=True, cwd=ROOT,
+                              env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
+        if done.returncode != 0:
+            raise SystemExit(f"re-timing {name} failed: {done.stderr.strip()[-800:]}")
+        rows += report(name, runs, json.loads(done.stdout.strip().splitlines()[-1]))
+    header = (
+        "workload|run|whole run (process)|prepare / search / finish|finish share|trials measured, stop|claimed|"
+        "apply + dataloader over the plain loop|against"
+    )
+    table("Time to result, and the winners re-timed side by side in one fresh process", header, rows)
+    print("\n".join(winners))
+
+
+if __name__ == "__main__":
+    main()
