@@ -102,6 +102,9 @@ def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str
     model, info = convert_openvino(state.model, example, spatial=bool(extras.ragged), onnx_path=folder / "model.onnx")
     precision = config.get("ov_precision", "fp32")
     if precision == "int8_static":
+        from autotune.compress.quantize import serialized_bytes
+
+        state.info["float_bytes"] = serialized_bytes(state.model)  # the weights before int8, beside the IR's
         feeds = calibration_feeds(extras.calibration, info["input_names"])
         model = _int8(model, config, extras, feeds, is_transformer(model), state.info)
     saved = save_openvino(model, folder / "model.xml")

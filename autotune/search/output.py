@@ -87,6 +87,16 @@ def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> st
     )
 
 
+# The precision knob of each runtime that runs an exported file.
+_EXPORTED_PRECISION = {"onnxruntime": "ort_precision", "openvino": "ov_precision"}
+
+
+def _exported_int8(config: dict[str, Any]) -> bool:
+    """Whether ``config`` quantizes to int8 on an exported runtime's side (calibrated on the run's draw)."""
+    precision = _EXPORTED_PRECISION.get(config.get("runtime"))
+    return precision is not None and str(config.get(precision, "")).startswith("int8")
+
+
 def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     """The int8 fallback of the winner: layers kept float (with each one's int8 output error), out of how
     many, and the weights' bytes before int8; ``None`` for a float winner."""
@@ -95,10 +105,12 @@ def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     errors, scores = best.get("int8_kept_error"), best.get("int8_kept_score")
     config = best.get("config") or {}
     runtime = config.get("runtime", "torch")
-    method = config.get("ort_precision") if runtime == "onnxruntime" else config.get("quantization")
+    # An exported runtime quantizes on its side: its precision knob says how (NNCF static int8 for OpenVINO).
+    precision = _EXPORTED_PRECISION.get(runtime)
+    method = config.get(precision) if precision else config.get("quantization")
     return {
         "method": method,
-        "runtime": "onnxruntime" if runtime == "onnxruntime" else "torch",
+        "runtime": runtime if precision else "torch",
         # Dynamic int8 scales weights per tensor unless asked; the other methods per channel.
         "per_channel": bool(config.get("int8_per_channel")) or method != "int8_dynamic",
         "kept_float": best.get("int8_kept", []),
@@ -126,8 +138,7 @@ def _rebuild_record(summary: dict[str, Any], best: dict[str, Any]) -> dict[str, 
     """For an int8 winner, what :func:`autotune.apply` needs to rebuild the very model measured:
     the run's calibration draw and the layers it kept float (``None`` for any other winner)."""
     config = best.get("config") or {}
-    ort = config.get("runtime") == "onnxruntime" and str(config.get("ort_precision", "")).startswith("int8")
-    if not summary.get("rebuild") or (config.get("quantization", "none") == "none" and not ort):
+    if not summary.get("rebuild") or (config.get("quantization", "none") == "none" and not _exported_int8(config)):
         return None
     kept = best.get("int8_kept") if best.get("int8_layers") else None
     kept = json.loads(kept) if isinstance(kept, str) else kept

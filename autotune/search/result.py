@@ -22,6 +22,10 @@ from autotune.search.output import (  # noqa: F401  (re-exported: tests import _
 __all__ = ["Result", "baseline_and_best", "claim_speedup", "confirm", "select", "write_best", "write_pareto"]
 
 
+# Seconds of confirmation rounds a run without a timeout gives its pick, besides the builds.
+CONFIRM_S = 90.0
+
+
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
     from autotune.report.summary import trial_record
     from autotune.search.select import choose
@@ -97,7 +101,7 @@ def confirm(
     n_min: int = 5,
     n_max: int = 15,
     target: float | None = None,
-    max_s: float = 90.0,
+    max_s: float = CONFIRM_S,
     diagnose: bool = True,
 ) -> dict[str, Any]:
     """Fresh interleaved rounds of the baseline and the pick alone: the claim.
@@ -191,6 +195,22 @@ def _process_rounds(
     return groups, pids, why
 
 
+def confirm_s(baseline: dict[str, Any], pick: dict[str, Any]) -> float:
+    """The confirmation's time limit without a run timeout: :data:`CONFIRM_S` of rounds plus the
+    baseline's and the pick's builds in each fresh worker process (their trials' ``compile_s``).
+    With 90 s in all, a compiled pick's first worker spent them building and rounding, and the
+    second process promised to the claim never started.
+
+    Example:
+        >>> confirm_s({"compile_s": 1.0}, {"compile_s": 30.0})
+        152.0
+    """
+    from autotune.search.claims import CONFIRM_PROCESSES
+    from autotune.search.cost import build_s
+
+    return CONFIRM_S + CONFIRM_PROCESSES * (build_s(baseline) + build_s(pick))
+
+
 def claim_speedup(
     runner: Any,
     baseline: dict[str, Any],
@@ -232,7 +252,7 @@ def claim_speedup(
             pick = finalists[0]
         n_min = n_rounds if half is None else min(3, n_rounds)
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
-                            max_s=90.0 if half is None else half)  # fmt: skip
+                            max_s=confirm_s(baseline, pick) if half is None else half)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed
             return finalists[0], None, [{"error": str(exc), "deadline": True}]

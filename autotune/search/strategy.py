@@ -228,7 +228,7 @@ class Staged(Screening):
         if self._recipe_paid(scores) is not None:
             for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
                 if lever.name != "batch_size" and self._keeps(best, part):
-                    ablations.append({k: self.baseline[k] for k in part})
+                    ablations.append(self._without(part))
         moves = [*larger, *smaller] if batch_only else [*graphs, *larger, *again, *smaller, *ablations, *dynamic]
         for changes in moves:
             candidate = self._full(changes, best)

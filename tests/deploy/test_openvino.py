@@ -171,3 +171,20 @@ def test_a_damaged_int8_candidate_is_rejected_by_the_guard(tmp_path):
     kept = by_fallback["auto"]
     assert kept["status"] == "ok" and kept["metric_drop"] <= 0.01, kept.get("reason")
     assert len(kept["int8_kept"]) == 1 and "head" in kept["int8_kept"][0]
+    assert kept["float_bytes"] > kept["size_bytes"]  # the float weights beside the int8 IR's
+
+
+def test_an_openvino_int8_winner_is_told_as_nncf_int8_on_openvino():
+    """The result's int8 entry of an OpenVINO int8 winner names OpenVINO and its precision, not
+    torch's quantization knob (which such a winner leaves at none); apply rebuilds it on the
+    run's calibration draw."""
+    from autotune.search.output import _int8_record, _rebuild_record
+
+    config = {"runtime": "openvino", "ov_precision": "int8_static", "quantization": "none", "int8_fallback": "auto"}
+    best = {"config": config, "int8_kept": ["head"], "float_bytes": 4000, "size_bytes": 1300}
+    int8 = _int8_record(best)
+    assert (int8["runtime"], int8["method"], int8["kept_float"]) == ("openvino", "int8_static", ["head"])
+    assert (int8["float_bytes"], int8["bytes"]) == (4000, 1300)
+    draw = {"n_val": 128, "seed": 3, "calibration_batch_size": 32, "n_calibration": 8}
+    assert _rebuild_record({"rebuild": draw}, best)["seed"] == 3
+    assert _int8_record({"config": {**config, "ov_precision": "fp32"}}) is None

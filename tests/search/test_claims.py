@@ -386,3 +386,14 @@ def test_a_full_confirmation_adds_nothing_to_its_sentence():
     short = judge([1.5, 1.52], 0.0, 0.1, shortfall="less than planned: 1 process of the 2 planned (budget)")
     assert short["sentence"].endswith("; less than planned: 1 process of the 2 planned (budget)")
     assert "over 2 rounds in 1 process)" in short["sentence"]
+
+
+def test_a_compiled_picks_confirmation_has_time_for_its_builds_in_both_processes():
+    """Without a run timeout the confirmation had 90 s in all: a compiled pick's first fresh
+    worker spent them on its builds and 3 rounds, and the second process never started. Each
+    process now also gets the baseline's and the pick's build time."""
+    from autotune.search.claims import CONFIRM_PROCESSES
+    from autotune.search.result import CONFIRM_S, confirm_s
+
+    assert confirm_s({"compile_s": 1.0}, {"compile_s": 30.0}) == CONFIRM_S + CONFIRM_PROCESSES * 31.0
+    assert confirm_s({}, {"compile_s": None}) == CONFIRM_S  # an eager pick: the rounds alone

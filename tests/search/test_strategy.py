@@ -581,6 +581,9 @@ def test_a_compile_fixed_on_trims_padding_with_shapes_as_symbols():
     assert padding.variants[0] == {"padding": "trim", "length_grouping": 16, "compile_dynamic": True}
     recipe = staged.recipe()
     assert (recipe["padding"], recipe["compile_mode"], recipe["compile_dynamic"]) == ("trim", "default", True)
+    # Taking trimming back out keeps the symbols: the user's own widths would compile one by one.
+    ablation = staged._ablations({staged.baseline_key: 100.0, Config(recipe).key(): 200.0})[0]
+    assert (ablation["padding"], ablation["compile_dynamic"]) == ("as_given", True)
     # With compile a lever of its own, padding is trimmed alone (compile is screened with symbols).
     values["compile_mode"] = ["none", "default"]
     padding = next(
