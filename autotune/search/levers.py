@@ -79,6 +79,18 @@ def _feed(space: SearchSpace, workers: list[int], cores: int, add: Callable[[str
             [{"num_workers": n}])  # fmt: skip
 
 
+def _trims(space: SearchSpace, shape: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The padding lever's variants: trimmed padding with length grouping (``shape``), else alone."""
+    trims = shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")})
+    if "none" not in space.values.get("compile_mode", ("none",)):
+        # A compile fixed on for every trial (fix={"compile_mode": ...}): trimmed padding goes with
+        # shapes as symbols, or each width compiles anew until dynamo's recompile limit (80 s of a
+        # 100-s trial of real MiniLM text on 2 cores), and the widths after it run eager.
+        symbols = _variants(space, {"compile_dynamic": (True,)})
+        trims = [{**t, **s} for t in trims for s in symbols] or trims
+    return trims
+
+
 def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") -> list[Lever]:
     """The levers the space offers, in order of promise (the order they are screened in).
 
@@ -101,14 +113,7 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
             found.append(Lever(name, tuple(variants)))
 
     shape = _variants(space, {"padding": ("trim", "trim_8", "trim_16"), "length_grouping": (16, 4, 64)})
-    trims = shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")})
-    if "none" not in space.values.get("compile_mode", ("none",)):
-        # A compile fixed on for every trial (fix={"compile_mode": ...}): trimmed padding goes with
-        # shapes as symbols, or each width compiles anew until dynamo's recompile limit (80 s of a
-        # 100-s trial of real MiniLM text on 2 cores), and the widths after it run eager.
-        symbols = _variants(space, {"compile_dynamic": (True,)})
-        trims = [{**t, **s} for t in trims for s in symbols] or trims
-    add("padding", trims)
+    add("padding", _trims(space, shape))
     # Images of many sizes: padded to fewer shapes and batched with their like (grouping alone
     # behind the user's own collate, which does the padding).
     image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
