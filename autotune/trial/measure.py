@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from autotune.knobs.state import BuildState, unwrap
-from autotune.samples import batch_size_of, call_model, to_device
+from autotune.samples import batch_size_of, call_model, tensor_leaves, to_device
 from autotune.trial.build import make_loader, settings_active
 from autotune.trial.interference import GpuSharing, Interference, run_pids
 from autotune.trial.memory import _peak_mib, memory_mark
@@ -267,7 +267,7 @@ def _window(
     # over the batch per call, which a small model's baseline would pay and a user's loop not.
     move = device.type != "cpu"
     events: list[tuple[Any, Any]] = []
-    n_samples = n_batches = 0
+    n_samples = n_batches = n_work = 0
     w_start = time.perf_counter()
     while True:
         batch = next(batches)
@@ -285,12 +285,19 @@ def _window(
         sizes.add(size)
         n_samples += size
         n_batches += 1
+        n_work += _work(batch)
         if _window_done(time.perf_counter() - w_start, window_s, batches):
             break
     _sync(device)
     w_s = time.perf_counter() - w_start
     latencies += [b.elapsed_time(e) for b, e in events]
-    return n_samples, n_batches, w_s
+    return n_samples, n_batches, w_s, n_work
+
+
+def _work(batch: Any) -> int:
+    """The work a batch holds, for comparing windows: the elements of its largest tensor (a token
+    batch's batch x width, an image batch's pixels), so batches of other lengths compare."""
+    return max((t.numel() for t in tensor_leaves(batch)), default=0)
 
 
 def _shapes_first(dataset: Any, state: BuildState, batches: _Epochs, seed: int) -> list[Any]:
@@ -368,6 +375,7 @@ def measure(
     batches, n_warm = timing_batches(dataset, state, settings.warmup_batches, seed)
     latencies: list[float] = []
     windows: list[float] = []
+    work: list[float] = []  # each window's elements per second (see _work)
     totals = [0, 0.0]  # samples and seconds over every window
     timed_batches = 0
     sizes: set[int] = set()  # the timed batches' sizes
@@ -392,8 +400,9 @@ def measure(
             timed_start = time.perf_counter()
             for _ in range(settings.n_windows):
                 probe.start()
-                n_samples, n_batches, w_s = _window(state, batches, settings.window_s, latencies, sizes)
+                n_samples, n_batches, w_s, n_work = _window(state, batches, settings.window_s, latencies, sizes)
                 windows.append(n_samples / w_s)
+                work.append(n_work / w_s)
                 totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s
                 others.append(probe.stop())
                 timed_batches += n_batches
@@ -413,6 +422,10 @@ def measure(
         # fast, so the median window overstates what an epoch gets (rates of unequal work do
         # not average). All samples over all the time does not.
         stats["samples_per_s"] = totals[0] / totals[1]
+        # Nor do their windows disagree for noise when each holds other lengths: a window of one
+        # or two grouped batches of real text ran 20% apart from the next on a quiet machine, and
+        # each such trial was measured three times (60-90 s). Their work per second agrees.
+        stats["cov"] = window_stats(work, latencies)["cov"]
     return {
         **stats,
         "others_cpu": statistics.fmean(others),

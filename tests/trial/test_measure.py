@@ -262,3 +262,24 @@ def test_a_static_compile_past_the_recompile_limit_is_marked_as_running_eager(mo
     assert result["recompiles"] == 0 and result["compile_fallbacks"] >= 1
     assert "recompile limit (2)" in result["compile_note"] and "ran eager" in result["compile_note"]
     torch._dynamo.reset()
+
+
+class _PerToken(torch.nn.Module):
+    """Costs 1 ms per token in the batch: a window of one long batch and a window of several
+    short ones run the same tokens per second and very different samples per second."""
+
+    def forward(self, input_ids, attention_mask):
+        time.sleep(1e-3 * input_ids.numel())
+        return attention_mask.sum(1, keepdim=True).float()
+
+
+def test_windows_of_other_lengths_that_run_the_same_work_per_second_are_not_noise():
+    """Grouped real text: each window held one or two batches of other lengths, ran 20% apart
+    from the next on a quiet machine, and every such trial was measured three times. Windows are
+    compared by their work per second (tokens here), the figure stays samples per second."""
+    data = _long_text_epoch([4, 40])
+    state = _text_state(_PerToken(), data)
+    settings = MeasureSettings(n_windows=4, window_s=0.05, warmup_batches=1)
+    r = measure(state, data, settings)
+    assert r["samples_per_s_max"] > 1.5 * r["samples_per_s_min"], r  # the windows' samples/s differ
+    assert r["cov"] < 2 * settings.max_cov, r  # their tokens/s do not
