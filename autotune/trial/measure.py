@@ -294,9 +294,22 @@ def _window(
     return n_samples, n_batches, w_s, n_work
 
 
+def _stats(windows: list[float], work: list[float], latencies: list[float], totals: list[Any], uneven: bool) -> dict:
+    """:func:`window_stats` of a measurement's windows, for batches that differ in cost (``uneven``:
+    text lengths, a short last batch) over all samples and all the windows' time."""
+    stats = window_stats(windows, latencies)
+    if uneven:
+        # A window of cheap batches runs fast, so the median window overstates what an epoch
+        # gets (rates of unequal work do not average). All samples over all the time does not.
+        stats["samples_per_s"] = totals[0] / totals[1]
+        # Nor are windows of other lengths noise: quiet windows of grouped real text ran 20% apart
+        # and each trial was measured three times (60-90 s). Their work per second agrees.
+        stats["cov"] = window_stats(work, latencies)["cov"]
+    return stats
+
+
 def _work(batch: Any) -> int:
-    """The work a batch holds, for comparing windows: the elements of its largest tensor (a token
-    batch's batch x width, an image batch's pixels), so batches of other lengths compare."""
+    """A batch's work, to compare windows by: its largest tensor's elements (batch x width of tokens)."""
     return max((t.numel() for t in tensor_leaves(batch)), default=0)
 
 
@@ -416,16 +429,8 @@ def measure(
     # Frames dynamo gave up compiling (its recompile limit): their batches ran eager, warm-up
     # and windows alike, as in a user's loop. The figure is that pipeline's, and says so.
     state.info["compile_fallbacks"] = state.info.get("compile_fallbacks", 0) + compile_counts()[1] - fell_back
-    stats = window_stats(windows, latencies)
-    if (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1:
-        # Batches differ in cost (text lengths, a short last batch): a window of cheap ones runs
-        # fast, so the median window overstates what an epoch gets (rates of unequal work do
-        # not average). All samples over all the time does not.
-        stats["samples_per_s"] = totals[0] / totals[1]
-        # Nor do their windows disagree for noise when each holds other lengths: a window of one
-        # or two grouped batches of real text ran 20% apart from the next on a quiet machine, and
-        # each such trial was measured three times (60-90 s). Their work per second agrees.
-        stats["cov"] = window_stats(work, latencies)["cov"]
+    uneven = (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1
+    stats = _stats(windows, work, latencies, totals, uneven)
     return {
         **stats,
         "others_cpu": statistics.fmean(others),

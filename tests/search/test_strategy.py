@@ -590,3 +590,23 @@ def test_a_compile_fixed_on_trims_padding_with_shapes_as_symbols():
         lever for lever in Staged(SearchSpace(values, base, {}), ["throughput"]).levers if lever.name == "padding"
     )
     assert padding.variants[0] == {"padding": "trim", "length_grouping": 16}
+
+
+def test_every_compile_built_onto_trimmed_padding_takes_shapes_as_symbols():
+    """Real text: a compile with symbols did not pay on the trimmed composition, and the search
+    went on to a static compile (89 s of recompiles, one width after another) and then a frozen
+    static one. Onto trimmed padding, each compile variant takes shapes as symbols."""
+    values = {**SPACE, "compile_mode": ["none", "default", "default-freezing"], "compile_dynamic": [False, True]}
+
+    def speed(c):
+        x = _independent(c)
+        if c["compile_mode"] == "none":
+            return x
+        return x * (1.05 if c["padding"] == "as_given" else 1.0 if c["compile_dynamic"] else 0.6)
+
+    space, table = _table(speed, values)
+    study, _ = _run(space, table, 16)
+    configs = _configs_of(study)
+    trimmed = [c for c in configs if c["compile_mode"] != "none" and c["padding"] != "as_given"]
+    assert trimmed and all(c["compile_dynamic"] for c in trimmed), [Config(c).key() for c in configs]
+    assert {c["compile_mode"] for c in trimmed} == {"default", "default-freezing"}  # both modes, with symbols
