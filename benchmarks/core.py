@@ -265,6 +265,19 @@ def pass_rate(run: Any, n: int, seconds: float) -> float:
             return done / (time.perf_counter() - start)
 
 
+def rotating_rounds(pipelines: dict[str, Any], n: int, rounds: int, seconds: float) -> dict[str, list[float]]:
+    """Each pipeline (a pass over ``n`` samples) warmed once, then ``rounds`` rounds of all of them
+    in rotating order, each timed for at least ``seconds``: samples/s per pipeline, per round."""
+    for go in pipelines.values():  # a compiled pipeline builds here, outside the rounds
+        go()
+    names, rates = list(pipelines), {k: [] for k in pipelines}
+    for i in range(rounds):
+        k = i % len(names)
+        for key in names[k:] + names[:k]:
+            rates[key].append(pass_rate(pipelines[key], n, seconds))
+    return rates
+
+
 def ratios_to(rates: dict[str, list[float]], reference: str) -> dict[str, float]:
     """Each pipeline's geometric mean over rounds of its rate over ``reference``'s in that round."""
     return {

@@ -49,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import machine, pass_rate, ratios_to, table
+from benchmarks.core import machine, ratios_to, rotating_rounds, table
 
 ROOT = Path(__file__).resolve().parent.parent
 MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
@@ -164,13 +164,7 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
             lambda: autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
         ),
     }
-    for go in pipelines.values():  # warm every pipeline before the rounds
-        go()
-    names, rates = list(pipelines), {k: [] for k in pipelines}
-    for i in range(rounds):
-        k = i % len(names)
-        for key in names[k:] + names[:k]:
-            rates[key].append(pass_rate(pipelines[key], len(data), seconds))
+    rates = rotating_rounds(pipelines, len(data), rounds, seconds)
     return {
         "rates": rates,
         "first_predict_s": first_s,

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import machine, pass_rate, ratios_to, table
+from benchmarks.core import machine, ratios_to, rotating_rounds, table
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ("text-padded", "hf")
@@ -136,13 +136,7 @@ def retime(name: str, outs: list[str], rounds: int, seconds: float) -> dict[str,
     pipelines = {"plain": lambda: loop(model, plain, stock), "hand": lambda: loop(model, hand, stock)}
     for out, (tuned, loader, threads) in runs.items():
         pipelines[out] = lambda t=tuned, b=loader, n=threads: loop(t, b, n)
-    for go in pipelines.values():  # warm each (a compiled winner builds here)
-        go()
-    names, rates = list(pipelines), {k: [] for k in pipelines}
-    for i in range(rounds):
-        k = i % len(names)
-        for key in names[k:] + names[:k]:
-            rates[key].append(pass_rate(pipelines[key], len(data), seconds))
+    rates = rotating_rounds(pipelines, len(data), rounds, seconds)
     return {"rates": rates, "ratios": ratios_to(rates, "plain")}
 
 
