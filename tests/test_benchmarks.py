@@ -105,6 +105,7 @@ def test_cpu_smoke_prints_every_table_and_writes_json(tmp_path):
     assert json.loads((tmp_path / "cpu.json").read_text())["search"]["cached"]
 
 
+@pytest.mark.slow  # an end-to-end run: outside CI's time, run with -m slow
 def test_quick_compression_benchmark_prints_its_table(tmp_path):
     proc = run("-m", "benchmarks.cpu.compression", "--quick", "--out", str(tmp_path))
     assert "### lstm:" in proc.stdout

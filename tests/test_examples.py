@@ -99,6 +99,7 @@ def test_api_script(tmp_path: Path) -> None:
     assert result["guard"]["metric"] == "fidelity"
 
 
+@pytest.mark.slow  # an end-to-end run: outside CI's time, run with -m slow
 def test_digits_test_accuracy() -> None:
     # runpy, as autotune.load_config does, but keeping test_dataset, which load_config drops.
     cfg = runpy.run_path(str(EXAMPLES / "digits.py"))

@@ -220,6 +220,7 @@ def test_a_report_failure_warns_and_returns_nothing(tmp_path):
         assert write_reports_safely(tmp_path) == {}
 
 
+@pytest.mark.slow  # an end-to-end run: outside CI's time, run with -m slow
 def test_several_objectives_draw_the_pareto_front(tmp_path, browser):
     import autotune
     from tests.models import MLP, classification_data

@@ -75,6 +75,7 @@ def test_a_failure_while_setting_up_says_in_one_line_what_to_change(tmp_path):
     assert "To fix it, check that the model runs on a batch of any few samples" in text
 
 
+@pytest.mark.slow  # an end-to-end run: outside CI's time, run with -m slow
 def test_pages_of_many_sizes_batched_by_autotune_come_back_cropped_in_order(tmp_path):
     from tests.models import HalfMap, page_data
 
