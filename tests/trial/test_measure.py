@@ -281,5 +281,8 @@ def test_windows_of_other_lengths_that_run_the_same_work_per_second_are_not_nois
     state = _text_state(_PerToken(), data)
     settings = MeasureSettings(n_windows=4, window_s=0.05, warmup_batches=1)
     r = measure(state, data, settings)
-    assert r["samples_per_s_max"] > 1.5 * r["samples_per_s_min"], r  # the windows' samples/s differ
-    assert r["cov"] < 2 * settings.max_cov, r  # their tokens/s do not
+    lo, hi = r["samples_per_s_min"], r["samples_per_s_max"]
+    assert hi > 1.5 * lo, r  # the windows' samples/s differ...
+    # ...their tokens/s far less: bounded relative to that spread, not by the clock alone (about
+    # 1% on a quiet machine; the samples/s CoV the old check read is above the spread itself)
+    assert r["cov"] < 0.25 * (hi - lo) / (hi + lo), r
