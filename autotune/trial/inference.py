@@ -236,8 +236,8 @@ class TrialContext(Context, ArtifactExport):
         if self.fidelity.get("share"):
             short = max(2, math.ceil(full.n_windows * self.fidelity["share"]))
             settings = dataclasses.replace(full, n_windows=min(short, full.n_windows))
-        best = self.fidelity.get("best")
-        stop_below = full.stop_share * best if best and full.stop_share > 0 else None
+        leader = self.fidelity.get("best")
+        stop_below = full.stop_share * leader if leader and full.stop_share > 0 else None
         best: dict[str, Any] | None = None
         for attempt in range(1 + settings.n_remeasure):
             restore(self.pristine)
@@ -261,7 +261,7 @@ class TrialContext(Context, ArtifactExport):
                 first = {k: best[k] for k in _WARMUP_KEYS} if best else {}
                 best = {**result, **first}
                 best["peak_mem_mib"] = max(best["peak_mem_mib"], result["peak_mem_mib"])
-            if result["noise"] is None:
+            if result["noise"] is None or _behind(result, leader, settings):
                 break
         assert best is not None
         best["n_measurements"] = attempt + 1
@@ -313,6 +313,22 @@ class TrialContext(Context, ArtifactExport):
         torch.manual_seed(self.spec.seed)
         state = self.build(config)
         return profile_state(state, self.spec.dataset, trace, seed=draw_seed(self.spec.seed, "profile"))
+
+
+def _behind(result: dict[str, Any], leader: float | None, settings: Any) -> bool:
+    """Whether a measurement whose windows disagree is ruled out anyway: even its fastest window
+    ran under the ``leader`` (the best samples/s so far) on a quiet machine. Timing it again
+    cannot make it a contender (a pre-padded text run measured three such trials 3 times each,
+    85 s for one): only a busy machine's figure is worth another draw.
+
+    Example:
+        >>> from autotune.trial.measure import MeasureSettings
+        >>> _behind({"samples_per_s_max": 160.0, "cov": 0.09}, 258.0, MeasureSettings())
+        True
+        >>> _behind({"samples_per_s_max": 270.0, "cov": 0.09}, 258.0, MeasureSettings())
+        False
+    """
+    return bool(leader) and not is_busy(result, settings) and result["samples_per_s_max"] < leader
 
 
 def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:

@@ -98,6 +98,29 @@ def test_a_trial_under_a_cpu_hog_is_remeasured_and_marked_noisy():
     assert result["n_measurements"] == 2 and result["noisy"] and "other processes used" in result["noise"]
 
 
+def test_disagreeing_windows_are_timed_again_only_for_a_contender():
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.spec import WorkerSpec
+
+    # Every measurement's windows "disagree" (no CoV passes 0), other processes never count, and
+    # no trial stops early.
+    settings = MeasureSettings(n_windows=3, window_s=0.05, warmup_batches=1, n_remeasure=2, max_cov=0.0, stop_share=0.0,
+                               max_others_cpu=1.0)  # fmt: skip
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=settings)  # fmt: skip
+    ctx = TrialContext(spec)
+    config = dict(Config({"batch_size": 16}))
+    alone = ctx.run_trial(config).to_attrs()
+    assert alone["status"] == "ok" and alone["n_measurements"] == 3 and alone["noisy"]
+    # Far behind the best so far (even its fastest window is slower): timing it again cannot
+    # make it a contender, so it is measured once and stays marked noisy.
+    behind = ctx.run_trial(config, {"best": 1e12}).to_attrs()
+    assert behind["status"] == "ok" and behind["n_measurements"] == 1 and behind["noisy"]
+    # Ahead of the best so far: a contender, timed again.
+    ahead = ctx.run_trial(config, {"best": 1.0}).to_attrs()
+    assert ahead["n_measurements"] == 3
+
+
 @pytest.mark.parametrize("threads", [1])
 def test_settings_are_restored_after_a_measurement(threads):
     before = torch.get_num_threads()
