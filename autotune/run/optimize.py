@@ -117,7 +117,7 @@ def optimize(
         n_val: Samples in the fixed validation subset of the guard.
         measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``, the noise
             limits ``max_cov`` (0.05), ``max_others_cpu`` (0.10) and ``n_remeasure`` (2), and
-            ``stop_share`` (0.4: a trial whose first windows run under that share of the best so
+            ``stop_share`` (0.75: a trial whose first windows run under that share of the best so
             far stops early; 0 times every trial fully); see
             :class:`autotune.trial.measure.MeasureSettings`.
         n_verify_pairs: Interleaved rounds that choose among the finalists, and the least number

@@ -70,7 +70,7 @@ class MeasureSettings:
     max_cov: float = 0.05
     max_others_cpu: float = 0.10
     n_remeasure: int = 2
-    stop_share: float = 0.4
+    stop_share: float = 0.75
 
 
 # A measurement stops early (``stop_below``) only once this many batches were timed: a window
