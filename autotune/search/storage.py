@@ -220,7 +220,9 @@ def _owner_dead(attrs: Mapping[str, Any]) -> bool:
 
     import psutil
 
-    if attrs.get("host") != socket.gethostname() or attrs.get("pid") is None:
+    # The owner's stamp is written one attribute at a time: a trial read between its pid and its
+    # pid's start time is being claimed right now (two workers failed a live baseline that way).
+    if attrs.get("host") != socket.gethostname() or attrs.get("pid") is None or attrs.get("pid_started") is None:
         return False
     try:
         return psutil.Process(attrs["pid"]).create_time() != attrs.get("pid_started")

@@ -231,6 +231,12 @@ def test_a_trial_whose_process_died_is_failed_and_retried_at_once(tmp_path):
     alive = study.ask({"batch_size": optuna.distributions.CategoricalDistribution([8, 16])})
     for key, value in owner_attrs().items():  # this very process: alive, left alone
         alive.set_user_attr(key, value)
+    # A trial read while its owner's stamp is half written (the pid, not yet its start time) is
+    # being claimed, not dead: another worker once failed a live baseline that way.
+    claiming = study.ask({"batch_size": optuna.distributions.CategoricalDistribution([8, 16])})
+    for key, value in {**gone, "pid": os.getpid()}.items():
+        if key != "pid_started":
+            claiming.set_user_attr(key, value)
     # Before: the dead trial has no status, and trials.csv still gives it one.
     write_trials_csv(tmp_path / "trials.csv", [trial_record(t) for t in study.trials])
     rows = (tmp_path / "trials.csv").read_text().splitlines()[1:]
@@ -241,6 +247,7 @@ def test_a_trial_whose_process_died_is_failed_and_retried_at_once(tmp_path):
     assert frozen.state == optuna.trial.TrialState.FAIL and frozen.user_attrs["status"] == "interrupted"
     assert "ended while it ran" in frozen.user_attrs["reason"]
     assert study.trials[alive.number].state == optuna.trial.TrialState.RUNNING
+    assert study.trials[claiming.number].state == optuna.trial.TrialState.RUNNING
     retry = [t for t in study.trials if t.state == optuna.trial.TrialState.WAITING]
     assert len(retry) == 1 and retry[0].params == trial.params
     assert retry[0].system_attrs["failed_trial"] == trial.number  # as Optuna's own retry names it
