@@ -23,8 +23,9 @@ them within a small budget. So a study run with ``strategy="staged"`` goes throu
   run (autocast with CPU int8) are not proposed. When the recipe paid, only the levers outside
   it are screened (alone) before composing, and each of the recipe's levers is taken back out
   once around the best (an ablation): one that costs inside the recipe is found that way.
-* **Refine.** Nothing is queued any more: the study's TPE sampler proposes the rest, and it
-  has seen every trial measured so far.
+* **Refine.** The study's TPE sampler proposes the rest, and it has seen every trial measured
+  so far. For speed, the kind of build (compile, runtime, int8, pruning: :data:`HELD`) stays
+  the fastest configuration's: the sampler varies the cheap knobs around it.
 
 A value that screening measured clearly slower than the baseline (one thread on two cores,
 bfloat16 emulated) is *left out* for the rest of the study: a sampled configuration holding it
@@ -50,6 +51,9 @@ from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside
 __all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next", "size_levers"]
 
 STRATEGIES = ("staged", "tpe")
+# What kind of build a configuration is (a compile, an export to another runtime, a calibration,
+# a pruning): held at the best's values while the sampler refines (see Staged.held).
+HELD = (*HEAVY_KNOBS, "compile_dynamic", "ov_precision", "prune_method", "int8_fallback", "int8_per_channel")
 
 
 def check_strategy(name: Any) -> str:
@@ -87,6 +91,25 @@ class Staged(Screening):
     def left_out(self, records: Sequence[Mapping[str, Any]]) -> list[tuple[dict[str, Any], float]]:
         """The changes screening measured clearly slower than the baseline, with their ratio."""
         return self._alone_harmful(records) + self.composition(records)[1]
+
+    def held(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """The costly knobs (:data:`HELD`) refinement keeps at the fastest measured configuration's
+        values, for speed objectives; TPE proposes the rest around them. A costly build is tried
+        on the best cheap composition, not on each variant of it: on pre-padded real text the
+        sampler's static and max-autotune compiles of batch and padding variants took 28-60 s
+        each, and none came near the best."""
+        if self.key not in ("samples_per_s", "latency_ms_p95"):
+            return {}
+        scores = self._scores(records)
+        best = max(
+            (r for r in records if "config" in r and scores.get(r.get("key", "")) is not None),
+            key=lambda r: scores[r["key"]],
+            default=None,
+        )
+        if best is None:
+            return {}
+        config = dict(best["config"])
+        return {n: config[n] for n in self.space.searched if n in HELD and REGISTRY[n].applies(config)}
 
     def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
         """Why ``config`` is not run (it holds a value left out after screening), or ``None``."""
@@ -295,10 +318,16 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     ]
     known = {r["key"] for r in records if "key" in r and r["status"] not in ("skipped", "interrupted")}
     known |= {t.user_attrs["key"] for t in trials if t.state == TrialState.RUNNING and "key" in t.user_attrs}
-    for t in trials:
-        if t.state == TrialState.WAITING and "fixed_params" in t.system_attrs:
+    waiting = [t for t in trials if t.state == TrialState.WAITING]
+    for t in waiting:
+        if "fixed_params" in t.system_attrs and not t.user_attrs.get("held"):
             known.add(Config(strategy._full(t.system_attrs["fixed_params"])).key())
     phase, configs = strategy.next_configs(records, n_trials)
+    if phase == "refine" and not waiting:
+        # The sampler proposes the knobs not held (Optuna samples what a queued trial leaves out).
+        held = strategy.held(records)
+        if held:
+            study.enqueue_trial(held, user_attrs={"phase": "refine", "held": True})
     for config in configs:
         key = Config(config).key()
         if key in known:

@@ -612,3 +612,30 @@ def test_every_compile_built_onto_trimmed_padding_takes_shapes_as_symbols():
     trimmed = [c for c in configs if c["compile_mode"] != "none" and c["padding"] != "as_given"]
     assert trimmed and all(c["compile_dynamic"] for c in trimmed), [Config(c).key() for c in configs]
     assert {c["compile_mode"] for c in trimmed} == {"default", "default-freezing"}  # both modes, with symbols
+
+
+@pytest.mark.parametrize("compile_pays", [False, True])
+def test_refinement_keeps_the_best_ones_kind_of_build_and_varies_the_cheap_knobs(compile_pays):
+    """Pre-padded real text: after the staged phases, the sampler proposed static and
+    max-autotune compiles of batch and padding variants (28-60 s each), none near the best. The
+    refinement holds the fastest configuration's compile (on or off) and samples the rest."""
+    values = {**SPACE, "compile_mode": ["none", "default", "max-autotune-no-cudagraphs"], "batch_size": [16, 32, 64]}
+
+    def speed(c):
+        x = _independent(c)
+        return x * (
+            1.2 if compile_pays and c["compile_mode"] == "default" else 0.9 if c["compile_mode"] != "none" else 1
+        )
+
+    space, table = _table(speed, values)
+    study, _ = _run(space, table, 16)
+    measured = _measured(study)
+    best = max(measured, key=lambda t: t.value)
+    staged = ("recipe", "screen", "compose")
+    refined = [t for t in measured if not t.user_attrs.get("baseline") and t.user_attrs.get("phase") not in staged]
+    assert len(refined) >= 2, [t.user_attrs.get("phase") for t in measured]
+    assert {t.user_attrs["config"]["compile_mode"] for t in refined} == {best.user_attrs["config"]["compile_mode"]}
+    assert best.user_attrs["config"]["compile_mode"] == ("default" if compile_pays else "none")
+    # The cheap knobs still vary around it.
+    cheap = ("batch_size", "num_threads", "amp_dtype", "padding", "length_grouping")
+    assert len({tuple(t.user_attrs["config"][k] for k in cheap) for t in refined}) >= 2
