@@ -39,10 +39,18 @@ def _check_args(common: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in common.items() if k not in ("fallback", "spatial")}
 
 
-def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[str, Any] | None) -> None:
+def _label(
+    record: dict[str, Any],
+    fmt: str,
+    state: BuildState,
+    measured: dict[str, Any] | None,
+    compile_mode: str | None = None,
+) -> None:
     """Say whether an artifact is the measured winner; one that is not is another model, and its
     speed is its own (``autotune verify`` times it), never the winner's speedup. Every way it
-    differs is said: a bfloat16 and compiled winner's float32 ONNX lacks both."""
+    differs is said: a bfloat16 and compiled winner's float32 ONNX lacks both. ``compile_mode``:
+    the winner's (default: ``state``'s), where ``state`` was built without it for the export."""
+    compile_mode = compile_mode or state.compile_mode
     if record.get("winner"):
         return
     why = record.get("form_note")
@@ -55,9 +63,9 @@ def _label(record: dict[str, Any], fmt: str, state: BuildState, measured: dict[s
         why = f"the winner runs {measured['format']} ({state.runtime}); this is exported from its torch model"
     if why is None and state.runtime != "torch":
         why = f"the winner runs {state.runtime}; this is exported from its torch model"
-    if state.compile_mode != "none" and "torch.compile" not in (why or ""):
+    if compile_mode != "none" and "torch.compile" not in (why or ""):
         compiled = (
-            f"the winner runs torch.compile (mode {state.compile_mode}), which no file format carries; "
+            f"the winner runs torch.compile (mode {compile_mode}), which no file format carries; "
             "this is its uncompiled module"
         )
         why = compiled if why is None else f"{why}; and {compiled}"
@@ -163,10 +171,13 @@ class ArtifactExport:
 
         from autotune.export import export_artifacts, ship_measured
 
-        if config.get("compile_mode", "none") != "none":
-            torch._dynamo.reset()
+        # No file format carries torch.compile: the files are exported from, and checked against,
+        # the uncompiled module, which is built without compiling it (a compiled MiniLM pick's
+        # export spent 40 s compiling for parity outputs no artifact was made from).
+        compile_mode = config.get("compile_mode", "none")
+        eager = {**config, "compile_mode": "none", "compile_dynamic": False} if compile_mode != "none" else config
         extras = dc.replace(self.extras, keep_float=True)
-        state = build(self.fresh_model(), Config(config), self.spec.device, extras=extras, copy_model=False)
+        state = build(self.fresh_model(), Config(eager), self.spec.device, extras=extras, copy_model=False)
         # A TorchScript or ONNX Runtime winner is exported from the torch model it was made from.
         tuned = state.torch_model if state.torch_model is not None else state.model
         common = {
@@ -199,7 +210,7 @@ class ArtifactExport:
         if "onnx" in formats and "onnx" not in artifacts:
             artifacts.update(self._export_onnx(state, tuned, out, common, by_format))
         for fmt, record in artifacts.items():
-            _label(record, fmt, state, measured)
+            _label(record, fmt, state, measured, compile_mode)
         # What `autotune verify` re-checks the artifacts against, on any machine: the validation
         # samples and the outputs of the form each artifact was exported from.
         state.model = tuned

@@ -154,6 +154,31 @@ def test_an_artifact_of_a_compiled_winner_is_labelled_as_another_model():
     assert record["winner"] is True and "form_note" not in record
 
 
+def test_a_compiled_winner_is_exported_from_its_uncompiled_module_without_compiling(tmp_path):
+    """No file carries torch.compile, so the export builds the winner uncompiled: a compiled
+    MiniLM pick's export spent 40 s compiling for parity outputs no artifact was made from."""
+    from torch._dynamo.utils import counters
+
+    from autotune.config import Config
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.spec import WorkerSpec
+
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                      measure=MeasureSettings())  # fmt: skip
+    ctx = TrialContext(spec)
+    config = dict(Config({"batch_size": 8, "compile_mode": "default", "compile_dynamic": True}))
+    before = counters["stats"]["unique_graphs"]
+    artifacts = ctx.export(config, str(tmp_path), ["torchscript", "onnx"])["artifacts"]
+    assert counters["stats"]["unique_graphs"] == before, "the export compiled the winner"
+    for fmt in ("torchscript", "onnx"):
+        record = artifacts[fmt]
+        assert record["status"] == "ok" and record["parity"]["ok"], record
+        assert record["winner"] is False and "torch.compile (mode default)" in record["form_note"]
+    assert (tmp_path / "parity.pt").exists()
+
+
 class ExportsACond(torch.nn.Module):
     """A classifier that, as export-aware library code does, takes another path under
     torch.export: a ``torch.cond`` (both branches the same here). Eager, it traces; its int8_static
