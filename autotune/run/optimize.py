@@ -124,7 +124,8 @@ def optimize(
             of fresh confirmation rounds of the chosen one against the baseline (they continue,
             up to three times as many, until the speedup's 95% interval is within +-5%).
         n_finalists: Best trials re-measured against the baseline before the winner is chosen:
-            one measurement per trial can flatter a configuration by chance.
+            one measurement per trial can flatter a configuration by chance. Only trials within 8%
+            of the fastest are re-measured.
         select: With several objectives, which member of the feasible Pareto front wins: an
             objective name, or a function of the front's records returning one; default the
             highest throughput.

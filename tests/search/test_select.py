@@ -22,15 +22,19 @@ def test_front_keeps_only_the_undominated_feasible_trials():
     assert choose(records, ["throughput", "latency"], select=lambda front: front[-1])["number"] == 0
 
 
-def test_finalists_are_the_fastest_distinct_feasible_trials():
+def test_finalists_are_the_fastest_distinct_feasible_trials_near_the_fastest():
     records = [
         rec(0, 100, 1),
         rec(1, 300, 1),
-        rec(2, 200, 1),
-        rec(3, 250, 1, repeat_of=1),
+        rec(2, 290, 1),
+        rec(3, 295, 1, repeat_of=1),
         rec(4, 900, 1, status="oom"),
+        rec(5, 280, 1),
     ]
     assert [r["number"] for r in finalists(records, ["throughput"], "k0", 2)] == [1, 2]
+    # A trial more than 8% behind the fastest is no finalist: its rebuild would only confirm that.
+    records[2] = rec(2, 270, 1)
+    assert [r["number"] for r in finalists(records, ["throughput"], "k0", 3)] == [1, 5]
 
 
 @pytest.mark.slow
