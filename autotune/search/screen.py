@@ -11,7 +11,8 @@ from typing import Any
 
 from autotune.config import Config
 from autotune.knobs import REGISTRY
-from autotune.search.levers import FEED, levers, size_levers
+from autotune.search.cost import HEAVY_KNOBS
+from autotune.search.levers import FEED, Lever, levers, size_levers
 from autotune.search.space import SearchSpace
 
 # A lever pays when it is at least this much faster than the baseline (measurement noise is a few %).
@@ -44,6 +45,11 @@ PARTNERS = {"num_threads": "num_workers", "num_workers": "num_threads"}
 # The precision knob of each exported runtime: a runtime is left out only at the precision it
 # was measured with.
 _PRECISION_OF = {"onnxruntime": "ort_precision", "openvino": "ov_precision"}
+
+
+def _is_heavy(lever: Lever) -> bool:
+    """Whether a lever's variants cost a build of their own (:data:`HEAVY_KNOBS`: a compile, an export, int8)."""
+    return any(k in HEAVY_KNOBS for v in lever.variants for k in v)
 
 
 def _beside(changes: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -252,18 +258,40 @@ class Screening:
         self, records: Sequence[Mapping[str, Any]], n_trials: int, skip: Sequence[str] = ()
     ) -> list[dict[str, Any]]:
         """The screening configurations not yet decided: each first-tier lever's next variant,
-        but for the levers named in ``skip``."""
+        but for the levers named in ``skip``. The costly ones (:meth:`deferred`) come only once
+        the cheap ones are decided, and only when none of those paid: else they are built once,
+        on the best cheap composition. Real text: compile screened alone on the untrimmed batches
+        took 40 s to say nothing the composition needed."""
         scores, chosen = self._scores(records), []
         for lever in [lever for lever in self.levers if lever.name in self.tier1 and lever.name not in skip]:
             for changes in lever.variants:
                 config = self._full(changes)
                 score = scores.get(Config(config).key(), "untried")
                 if score == "untried":
-                    chosen.append(config)
+                    chosen.append((_is_heavy(lever), config))
                 if score is None:
                     continue  # failed or missed the guard: its next value is screened
                 break
-        return [c for c in chosen if self.runnable(c)]
+        if any(not heavy for heavy, _ in chosen) or self._cheap_paid(records):
+            chosen = [(heavy, c) for heavy, c in chosen if not heavy]  # the costly levers wait, or are composed
+        return [c for _, c in chosen if self.runnable(c)]
+
+    def _cheap_paid(self, records: Sequence[Mapping[str, Any]]) -> bool:
+        """Whether a cheap first-tier lever screened so far paid (:data:`MIN_GAIN`)."""
+        cheap = {lever.name for lever in self.levers if not _is_heavy(lever)}
+        return any(r is not None and r >= MIN_GAIN for n, (_, r) in self.screened(records).items() if n in cheap)
+
+    def deferred(self, records: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()) -> list[Lever]:
+        """The costly first-tier levers left unscreened because a cheap one paid: the
+        composition tries them on its best cheap configuration."""
+        if not self._cheap_paid(records):
+            return []
+        screened = self.screened(records)
+        return [
+            lever
+            for lever in self.levers
+            if lever.name in self.tier1 and lever.name not in skip and lever.name not in screened and _is_heavy(lever)
+        ]
 
     def _keeps(self, config: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:
         """Whether ``config`` holds every one of ``changes``, each still in effect."""

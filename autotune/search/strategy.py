@@ -130,7 +130,8 @@ class Staged(Screening):
         one at a time, also kept only if they pay: their effect depends most on what else
         changed, and one kept for a gain within the noise can cost later. On CRAFT over 16x
         page scans, one thread measured 1.7% faster while decoding bound the pipeline; kept, it
-        halved the model once the decoded-sample cache removed the decoding.
+        halved the model once the decoded-sample cache removed the decoding. The costly builds
+        (compile, int8, another runtime) come last, once each, on the best cheap composition.
         """
         scores = self._scores(records)
         paid = sorted(
@@ -153,8 +154,12 @@ class Staged(Screening):
         first = [[c] for _, cs in paid[1:] for c in cs if c not in held] + [
             list(lever.variants) for lever in self.levers if lever.name in on_recipe
         ]
-        # Cheap changes first (data shape, precision, loader: seconds each); a costly build
-        # (compile, int8, another runtime) is tried once, on the best cheap composition.
+        # The costly levers screening left for the composition (a cheap lever paid).
+        first += [list(lever.variants) for lever in self.deferred(records) if lever.name not in on_recipe]
+        # Cheap changes first (data shape, precision, then batch, threads, loader: seconds each);
+        # a costly build (compile, int8, another runtime) is tried once, on the best cheap
+        # composition. Real text: the second tier tried on a compiled composition took 20-50 s a
+        # trial, each a compile (from the cache at best), against 10 s eager.
         heavy = [steps for steps in first if any(k in HEAVY_KNOBS for c in steps for k in c)]
         first = [steps for steps in first if steps not in heavy]
         # The recipe's own levers (its batch) are not tried again on what was built on it.
@@ -164,8 +169,8 @@ class Staged(Screening):
             for lever in self.levers
             if not first_tier_only and lever.name not in self.tier1 and lever.name not in inside
         ]
-        for tier, steps in enumerate((first, heavy, second)):
-            if tier == 1 and steps and recipe_ratio is not None and first_tier_only:
+        for tier, steps in enumerate((first, second, heavy)):
+            if tier == 2 and steps and recipe_ratio is not None and first_tier_only:
                 # The batch around the cheap composition is climbed before a costly build.
                 climb = self._interactions(records, scores, self._alone_harmful(records) + harmful, batch_only=True)
                 if climb is not None:

@@ -199,7 +199,8 @@ def test_killed_worker_trial_fails_by_heartbeat_and_is_retried(shared, tmp_path)
     (retry,) = [t for t in trials if t.user_attrs.get("retry_of") in {d.number for d in deads}]
     dead = next(d for d in deads if d.number == retry.user_attrs["retry_of"])
     assert retry.system_attrs["failed_trial"] == dead.number and retry.number > dead.number, dump
-    assert retry.user_attrs["status"] == "ok" and retry.user_attrs["ran"], dump
+    # Measured (batch 4 may run under 75% of the baseline's batch 8 and stop early: still measured).
+    assert retry.user_attrs["status"] in ("ok", "stopped") and retry.user_attrs["ran"], dump
     assert retry.user_attrs["key"] == dead.user_attrs["key"] and retry.user_attrs["worker"] != dead.user_attrs["worker"]
     assert len(_measured(trials)) == 2
 

@@ -639,3 +639,29 @@ def test_refinement_keeps_the_best_ones_kind_of_build_and_varies_the_cheap_knobs
     # The cheap knobs still vary around it.
     cheap = ("batch_size", "num_threads", "amp_dtype", "padding", "length_grouping")
     assert len({tuple(t.user_attrs["config"][k] for k in cheap) for t in refined}) >= 2
+
+
+def test_a_costly_lever_waits_for_the_cheap_ones_and_is_built_once_on_their_best():
+    """Pre-padded real text on a CPU without 16-bit units: trimmed padding alone paid 2.9x, and
+    compile was then screened alone on the untrimmed batches (40 s for 1.1x), and every
+    second-tier trial after it (batch, threads) compiled again (20-50 s each, against 10 s
+    eager). Compile now waits for the cheap levers, and is built once on their best."""
+    values = {**SPACE, "amp_dtype": ["float32"], "compile_mode": ["none", "default"], "compile_dynamic": [False, True]}
+
+    def speed(c):
+        x = _independent(c) * (1.15 if c["compile_mode"] == "default" else 1.0)
+        return x * (1.05 if c["batch_size"] == 64 else 1.0)
+
+    space, table = _table(speed, values)
+    study, _ = _run(space, table, 8)
+    configs = _configs_of(study)
+    phases = [t.user_attrs.get("phase") for t in _measured(study)]
+    compiled = [i for i, c in enumerate(configs) if c["compile_mode"] != "none"]
+    assert compiled, [Config(c).key() for c in configs]
+    staged = [i for i in compiled if phases[i] in ("screen", "compose")]
+    assert all(configs[i]["padding"] == "trim" for i in staged), "compile was screened on the untrimmed batches"
+    first = configs[compiled[0]]
+    # Built on the best cheap composition: the second tier (the larger batch) came before it.
+    assert first["batch_size"] == 64 and first["compile_dynamic"], first
+    assert not [c for c in configs[: compiled[0]] if c["compile_mode"] != "none"]
+    assert _best_config(study)["compile_mode"] == "default"
