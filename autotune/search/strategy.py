@@ -8,7 +8,8 @@ them within a small budget. So a study run with ``strategy="staged"`` goes throu
 * **Recipe.** Right after the baseline, the levers the machine and the data already vouch for
   are measured together, as an engineer would start: padding trimmed with length grouping
   (token sequences), images padded to fewer shapes (images of many sizes), autocast (offered
-  only where the device has 16-bit units) and, for throughput, a larger batch. Their effects
+  only where the device has 16-bit units) and, for throughput, a larger batch (on a CUDA
+  device, or for data other than token sequences). Their effects
   multiply, so together they are the predicted best of those levers; when it pays, the search
   builds on it at once instead of measuring each alone first. On a measured table of real
   MiniLM text (108 configurations with compile and ONNX Runtime) it reaches 95% of the optimum
@@ -16,7 +17,9 @@ them within a small budget. So a study run with ``strategy="staged"`` goes throu
 * **Screen.** Each *lever* (the knobs that form one idea: autocast, trimmed padding with
   length grouping, ``torch.compile``, ONNX Runtime int8, a larger batch, fewer threads, ...)
   is measured alone at its most promising value. A lever whose first value cannot run or
-  fails the guard is screened at its next value.
+  fails the guard is screened at its next value. The costly ones (a compile, an export, int8)
+  wait for the cheap ones, and when one of those paid they are built once, last, on the best
+  cheap composition instead.
 * **Compose.** The levers that paid are combined greedily onto the best start (the recipe
   when it paid and beats every lever alone, else the largest lever), largest measured effect
   first, keeping each addition only if measured better. Combinations the space knows cannot
