@@ -24,6 +24,11 @@ __all__ = ["Result", "baseline_and_best", "claim_speedup", "confirm", "select", 
 
 # Seconds of confirmation rounds a run without a timeout gives its pick, besides the builds.
 CONFIRM_S = 90.0
+# Seconds of selection rounds a run without a timeout gives its finalists, besides the builds
+# (two rounds at least): the finalists are within a few % of each other (see
+# autotune.search.select.FINALIST_SHARE), and the claim comes from the confirmation. Five
+# rounds of three compiled MiniLM finalists and the baseline took 225 s of a 469-s finish.
+SELECT_S = 45.0
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
@@ -103,8 +108,10 @@ def confirm(
     target: float | None = None,
     max_s: float = CONFIRM_S,
     diagnose: bool = True,
+    n_processes: int | None = None,
 ) -> dict[str, Any]:
-    """Fresh interleaved rounds of the baseline and the pick alone: the claim.
+    """Fresh interleaved rounds of the baseline and the pick alone: the claim, over
+    ``n_processes`` fresh worker processes (default :data:`~autotune.search.claims.CONFIRM_PROCESSES`).
 
     Rounds continue until the ratio's 95% interval is within +-``target`` or ``n_max`` rounds
     (or ``max_s`` seconds) are spent. With ``diagnose``, the loader alone and the model alone are
@@ -118,7 +125,8 @@ def confirm(
     from autotune.trial.intervals import geomean
 
     target = TARGET_HALF_WIDTH if target is None else target
-    groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max, CONFIRM_PROCESSES,
+    groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max,
+                                        n_processes or CONFIRM_PROCESSES,
                                         target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS)  # fmt: skip
     rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -195,6 +203,19 @@ def _process_rounds(
     return groups, pids, why
 
 
+def select_s(baseline: dict[str, Any], finalists: list[dict[str, Any]]) -> float:
+    """The selection's time limit without a run timeout: :data:`SELECT_S` of rounds plus the
+    baseline's and each finalist's build (their trials' ``compile_s``).
+
+    Example:
+        >>> select_s({"compile_s": 1.0}, [{"compile_s": 30.0}, {"compile_s": 12.0}])
+        88.0
+    """
+    from autotune.search.cost import build_s
+
+    return SELECT_S + build_s(baseline) + sum(build_s(f) for f in finalists)
+
+
 def confirm_s(baseline: dict[str, Any], pick: dict[str, Any]) -> float:
     """The confirmation's time limit without a run timeout: :data:`CONFIRM_S` of rounds plus the
     baseline's and the pick's builds in each fresh worker process (their trials' ``compile_s``).
@@ -245,14 +266,20 @@ def claim_speedup(
     try:
         # Selection and confirmation share the budget; with one finalist nothing is selected.
         half = None if budget_s is None else budget_s / (1 if len(finalists) == 1 else 2)
-        pick, table = select(runner, baseline, finalists, n_rounds, max_s=half)
+        pick, table = select(
+            runner, baseline, finalists, n_rounds, max_s=select_s(baseline, finalists) if half is None else half
+        )
         if pick is None:
             if speed_only:
                 return baseline, None, table
             pick = finalists[0]
         n_min = n_rounds if half is None else min(3, n_rounds)
+        # A budget that holds the least confirmation once but not twice confirms in one process:
+        # split in two, a 3-minute budget's first process had 8 s for its rounds, and none ended.
+        one = half is not None and half < 2 * need_s
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
-                            max_s=confirm_s(baseline, pick) if half is None else half)  # fmt: skip
+                            max_s=confirm_s(baseline, pick) if half is None else half,
+                            n_processes=1 if one else None)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed
             return finalists[0], None, [{"error": str(exc), "deadline": True}]

@@ -236,3 +236,25 @@ def test_a_finalist_costly_to_build_keeps_its_trial_figure_and_is_not_built_agai
     # The fastest is the pick's candidate whatever its build costs; a short run keeps 20 s for each.
     kept, left = worth_selecting([{"number": 1, "compile_s": 300.0}, {"number": 2, "compile_s": 15.0}], 30.0)
     assert [f["number"] for f in kept] == [1, 2] and not left
+
+
+def test_a_budget_that_holds_one_least_confirmation_but_not_two_confirms_in_one_process(monkeypatch):
+    """A 3-minute budget split its confirmation over two processes: the first had 8 s for its
+    rounds, none ended, and the claim was "unconfirmed". Under twice the least confirmation's
+    cost the rounds run in one process; with room for two, in two."""
+    import autotune.search.result as result
+
+    asked = []
+    real = result._process_rounds
+
+    def counting(runner, configs, n_min, n_max, n_processes, **kw):
+        asked.append(n_processes)
+        return real(runner, configs, n_min, n_max, n_processes, **kw)
+
+    monkeypatch.setattr(result, "_process_rounds", counting)
+    baseline = {"number": 0, "key": "a", "samples_per_s": 100.0, "config": dict(Config({"batch_size": 8}))}
+    pick = {"number": 3, "key": "b", "samples_per_s": 180.0, "config": dict(Config({"batch_size": 32}))}
+    runner = InProcessRunner(_spec())
+    result.claim_speedup(runner, baseline, [pick], 2, True, FAST, budget_s=30.0, need_s=20.0)
+    result.claim_speedup(runner, baseline, [pick], 2, True, FAST, budget_s=30.0, need_s=10.0)
+    assert asked == [1, 2]
