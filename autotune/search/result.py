@@ -109,6 +109,7 @@ def confirm(
     max_s: float = CONFIRM_S,
     diagnose: bool = True,
     n_processes: int | None = None,
+    fresh: bool = True,
 ) -> dict[str, Any]:
     """Fresh interleaved rounds of the baseline and the pick alone: the claim, over
     ``n_processes`` fresh worker processes (default :data:`~autotune.search.claims.CONFIRM_PROCESSES`).
@@ -126,7 +127,7 @@ def confirm(
 
     target = TARGET_HALF_WIDTH if target is None else target
     groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max,
-                                        n_processes or CONFIRM_PROCESSES,
+                                        n_processes or CONFIRM_PROCESSES, fresh=fresh,
                                         target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS)  # fmt: skip
     rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -169,6 +170,11 @@ def _process_rounds(
 
     max_s = kw.pop("max_s", None)
     why = None if runner.restarts else "isolation='inprocess' starts no worker process"
+    fresh = kw.pop("fresh", True)
+    if not fresh and runner.restarts:
+        # A budget with no room for a fresh worker's start (a real MiniLM worker's took most of
+        # a 3-minute budget's 60-s confirmation): the search's own worker times the rounds.
+        why = "the budget left no time to start a fresh worker: the search's worker timed them"
     n_processes = n_processes if runner.restarts else 1
     # Confirmation rounds draw from a range of their own: a fresh process counts rounds from
     # zero, and would otherwise re-read the batches the selection rounds drew.
@@ -181,7 +187,7 @@ def _process_rounds(
                 why = f"{max(left, 0.0):.3g} s of the confirmation's {max_s:.3g} s were left, too little for another"
                 break
         try:
-            if not runner.restart() and k:
+            if (k or fresh) and not runner.restart() and k:
                 why = "a fresh worker process could not be started"
                 break
             # The share is what is left after the new process started: its start counts too.
@@ -279,7 +285,7 @@ def claim_speedup(
         one = half is not None and half < 2 * need_s
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
                             max_s=confirm_s(baseline, pick) if half is None else half,
-                            n_processes=1 if one else None)  # fmt: skip
+                            n_processes=1 if one else None, fresh=not one)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed
             return finalists[0], None, [{"error": str(exc), "deadline": True}]

@@ -240,15 +240,16 @@ def test_a_finalist_costly_to_build_keeps_its_trial_figure_and_is_not_built_agai
 
 def test_a_budget_that_holds_one_least_confirmation_but_not_two_confirms_in_one_process(monkeypatch):
     """A 3-minute budget split its confirmation over two processes: the first had 8 s for its
-    rounds, none ended, and the claim was "unconfirmed". Under twice the least confirmation's
-    cost the rounds run in one process; with room for two, in two."""
+    rounds, none ended, and the claim was "unconfirmed"; in one fresh process, the worker's start
+    took most of the 60 s. Under twice the least confirmation's cost the rounds run in the
+    search's own worker; with room for two, in two fresh ones."""
     import autotune.search.result as result
 
     asked = []
     real = result._process_rounds
 
     def counting(runner, configs, n_min, n_max, n_processes, **kw):
-        asked.append(n_processes)
+        asked.append((n_processes, kw.get("fresh", True)))
         return real(runner, configs, n_min, n_max, n_processes, **kw)
 
     monkeypatch.setattr(result, "_process_rounds", counting)
@@ -257,4 +258,4 @@ def test_a_budget_that_holds_one_least_confirmation_but_not_two_confirms_in_one_
     runner = InProcessRunner(_spec())
     result.claim_speedup(runner, baseline, [pick], 2, True, FAST, budget_s=30.0, need_s=20.0)
     result.claim_speedup(runner, baseline, [pick], 2, True, FAST, budget_s=30.0, need_s=10.0)
-    assert asked == [1, 2]
+    assert asked == [(1, False), (2, True)]
