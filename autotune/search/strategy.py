@@ -110,7 +110,10 @@ class Staged(Screening):
         if not scored:
             return {}
         config = dict(_quickest_best(scored, scores)["config"])
-        return {n: config[n] for n in self.space.searched if n in HELD and REGISTRY[n].applies(config)}
+        # Only a kind of build the staged phases tried is held: one they never measured (pruning,
+        # with throughput first) is left to the sampler, or it could never be tried.
+        tried = {n for r in records if "config" in r for n in HELD if r["config"].get(n) != self.baseline.get(n)}
+        return {n: config[n] for n in self.space.searched if n in tried and REGISTRY[n].applies(config)}
 
     def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
         """Why ``config`` is not run (it holds a value left out after screening), or ``None``."""

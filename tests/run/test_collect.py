@@ -67,8 +67,13 @@ def test_collect_writes_the_one_winner_of_the_workers_trials_and_measures_none(s
     # The finalists it re-measured are the study's best trials, whichever worker measured them.
     finalists = [row["trial"] for row in saved["finalists"] if not by_number[row["trial"]].get("baseline")]
     ok = [n for n, a in by_number.items() if a.get("status") == "ok" and a.get("ran") and not a.get("baseline")]
-    # Worker a measured the baseline and one trial, worker b the other two: all three are finalists.
-    assert len(ok) == 3 and sorted(finalists) == sorted(ok)
+    # Worker a measured the baseline and one trial, worker b the other two: whichever of the three
+    # run within 8% of the fastest are finalists (FINALIST_SHARE), the fastest first of all.
+    from autotune.search.select import FINALIST_SHARE
+
+    speed = {n: by_number[n]["samples_per_s"] for n in ok}
+    near = [n for n in ok if speed[n] >= FINALIST_SHARE * max(speed.values())]
+    assert len(ok) == 3 and sorted(finalists) == sorted(near)
     assert saved["config"] == by_number[saved["trial"]]["config"]
     assert saved["n_trials"] == len(before) and (out / "model.pt").is_file()
     assert saved["artifacts"]["torchscript"]["status"] == "ok"
