@@ -238,6 +238,7 @@ def test_a_finalist_costly_to_build_keeps_its_trial_figure_and_is_not_built_agai
     assert [f["number"] for f in kept] == [1, 2] and not left
 
 
+@pytest.mark.slow  # CI time: two confirmations of 30 s budgets
 def test_a_budget_that_holds_one_least_confirmation_but_not_two_confirms_in_one_process(monkeypatch):
     """A 3-minute budget split its confirmation over two processes: the first had 8 s for its
     rounds, none ended, and the claim was "unconfirmed"; in one fresh process, the worker's start

@@ -30,6 +30,7 @@ class IgnoresMask(TextEncoder):
         return super().forward(input_ids, torch.ones_like(attention_mask))
 
 
+@pytest.mark.slow  # CI time: test_pre_padded_text_trims_and_groups_with_the_guard_holding tunes real-length text too
 def test_samples_of_natural_length_tune_and_predict_in_dataset_order(tmp_path):
     data = text_data(72)
     result = autotune.optimize(

@@ -146,6 +146,7 @@ def _record(number: int, config: dict, sps: float) -> dict:
     return {"number": number, "config": config, "key": Config(config).key(), "samples_per_s": sps}
 
 
+@pytest.mark.slow  # CI time: test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_holds_both checks fresh rounds
 def test_the_claim_comes_from_fresh_rounds_of_the_pick_not_the_selection():
     ctx = _context(MLP())
     runner = InProcessRunner.__new__(InProcessRunner)

@@ -81,6 +81,7 @@ def test_inprocess_isolation_runs_without_a_worker(tmp_path):
     assert result.speedup > 0
 
 
+@pytest.mark.slow  # CI time: tests/run/test_deadline.py bounds a run by its timeout
 def test_the_study_timeout_stops_a_hanging_trial_on_time(tmp_path):
     """No trial_timeout: the adaptive limit (at least 30 s) would outlive a 12 s study, so the
     deadline stops the hanging trial, which is recorded, and the run still names a winner."""
