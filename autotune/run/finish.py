@@ -133,8 +133,8 @@ def finalize(run: Run) -> None:
         elif run.confirmed is None and left is not None:
             # Measuring it apart takes a worker and two builds: under a deadline the export comes
             # first (a 3-minute budget's diagnosis took 26 s and left the export 9 s: no files).
-            run.summary["diagnosis"] = {"error": f"not measured: the confirmation did not end, and {left:.0f} s "
-                                        "were left before the deadline for the export and the reports"}  # fmt: skip
+            run.summary["diagnosis"] = {"error": "not measured apart under the run's deadline: the export and the "
+                                        f"reports come first ({left:.0f} s were left)"}  # fmt: skip
         else:
             run.summary["diagnosis"] = diagnose_run(runner, run.baseline, run.best, run.confirmed)
     if opts.test_dataset is not None:

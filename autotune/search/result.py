@@ -187,7 +187,9 @@ def _process_rounds(
                 why = f"{max(left, 0.0):.3g} s of the confirmation's {max_s:.3g} s were left, too little for another"
                 break
         try:
-            if (k or fresh) and not runner.restart() and k:
+            # Each process is a fresh one, but the first where the budget left no time to start it.
+            restarted = runner.restart() if k or fresh else True
+            if not restarted and k:
                 why = "a fresh worker process could not be started"
                 break
             # The share is what is left after the new process started: its start counts too.

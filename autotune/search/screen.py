@@ -26,12 +26,12 @@ TIER1 = ("padding", "image_shape", "amp_dtype", "openvino", "int8", "compile_mod
 # offers at least two of them: what the data (padding, image sizes) and the device (16-bit units,
 # since autocast is offered only there) already vouch for. The batch joins only for throughput.
 RECIPE = ("padding", "image_shape", "amp_dtype", "batch_size")
-# On a CPU, the recipe for token sequences keeps the user's batch: a batch's longest row sets its
-# trimmed width, so a larger batch pads more, and a CPU's cores gain nothing from it that a GPU's
-# would. Pre-padded real MiniLM text on 2 AVX2 cores: trimmed and
-# grouped at batch 128 ran 0.52x of the same at the user's 32, and 4 of 16 trials climbed back
-# down; a 3-minute budget ended on the batch-128 recipe at 0.63 of the 16-trial winner. The
-# batch is still climbed around the recipe, a step at a time.
+# On a CPU, the recipe for token sequences keeps the user's batch (RECIPE without "batch_size"):
+# a batch's longest row sets its trimmed width, so a larger batch pads more, and a CPU's cores
+# gain nothing from it that a GPU's would. Pre-padded real MiniLM text on 2 AVX2 cores: trimmed
+# and grouped at batch 128 ran 0.52x of the same at the user's 32, and 4 of 16 trials climbed
+# back down; a 3-minute budget ended on the batch-128 recipe at 0.63 of the 16-trial winner.
+# The batch is still climbed around the recipe, a step at a time.
 # Of the data path's levers (:data:`autotune.search.levers.FEED`), what the recipe takes on
 # CUDA: nothing there is worse off for them.
 FEED_RECIPE = ("gather", "pin_memory")
@@ -47,9 +47,9 @@ PARTNERS = {"num_threads": "num_workers", "num_workers": "num_threads"}
 _PRECISION_OF = {"onnxruntime": "ort_precision", "openvino": "ov_precision"}
 
 
-def _is_heavy(lever: Lever) -> bool:
+def is_heavy(variants: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a lever's variants cost a build of their own (:data:`HEAVY_KNOBS`: a compile, an export, int8)."""
-    return any(k in HEAVY_KNOBS for v in lever.variants for k in v)
+    return any(k in HEAVY_KNOBS for v in variants for k in v)
 
 
 def _beside(changes: Mapping[str, Any], config: Mapping[str, Any]) -> dict[str, Any]:
@@ -102,7 +102,7 @@ class Screening:
         self.baseline_key = Config(self.baseline).key()
         names = RECIPE if objectives[0] == "throughput" else tuple(n for n in RECIPE if n != "batch_size")
         if not cuda and any(lever.name == "padding" for lever in found):
-            names = tuple(n for n in names if n != "batch_size")  # see the note above FEED_RECIPE
+            names = tuple(n for n in names if n != "batch_size")  # see the note below RECIPE
         names += FEED_RECIPE if cuda else ()
         self.recipe_levers = [lever for lever in self.levers if lever.name in names] if speed else []
         # Each recipe lever's first variant: the changes the recipe holds.
@@ -268,7 +268,7 @@ class Screening:
                 config = self._full(changes)
                 score = scores.get(Config(config).key(), "untried")
                 if score == "untried":
-                    chosen.append((_is_heavy(lever), config))
+                    chosen.append((is_heavy(lever.variants), config))
                 if score is None:
                     continue  # failed or missed the guard: its next value is screened
                 break
@@ -278,10 +278,10 @@ class Screening:
 
     def _cheap_paid(self, records: Sequence[Mapping[str, Any]]) -> bool:
         """Whether a cheap first-tier lever screened so far paid (:data:`MIN_GAIN`)."""
-        cheap = {lever.name for lever in self.levers if not _is_heavy(lever)}
+        cheap = {lever.name for lever in self.levers if not is_heavy(lever.variants)}
         return any(r is not None and r >= MIN_GAIN for n, (_, r) in self.screened(records).items() if n in cheap)
 
-    def deferred(self, records: Sequence[Mapping[str, Any]], skip: Sequence[str] = ()) -> list[Lever]:
+    def deferred(self, records: Sequence[Mapping[str, Any]]) -> list[Lever]:
         """The costly first-tier levers left unscreened because a cheap one paid: the
         composition tries them on its best cheap configuration."""
         if not self._cheap_paid(records):
@@ -290,7 +290,7 @@ class Screening:
         return [
             lever
             for lever in self.levers
-            if lever.name in self.tier1 and lever.name not in skip and lever.name not in screened and _is_heavy(lever)
+            if lever.name in self.tier1 and lever.name not in screened and is_heavy(lever.variants)
         ]
 
     def _keeps(self, config: Mapping[str, Any], changes: Mapping[str, Any]) -> bool:

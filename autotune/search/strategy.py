@@ -49,7 +49,7 @@ from autotune.errors import ConfigError
 from autotune.knobs import REGISTRY
 from autotune.search.cost import HEAVY_KNOBS, build_s
 from autotune.search.levers import Lever, levers, size_levers  # re-exported: their former home
-from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside
+from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
 
 __all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next", "size_levers"]
 
@@ -164,7 +164,7 @@ class Staged(Screening):
         # a costly build (compile, int8, another runtime) is tried once, on the best cheap
         # composition. Real text: the second tier tried on a compiled composition took 20-50 s a
         # trial, each a compile (from the cache at best), against 10 s eager.
-        heavy = [steps for steps in first if any(k in HEAVY_KNOBS for c in steps for k in c)]
+        heavy = [steps for steps in first if is_heavy(steps)]
         first = [steps for steps in first if steps not in heavy]
         # The recipe's own levers (its batch) are not tried again on what was built on it.
         inside = {lever.name for lever in self.recipe_levers} if recipe_ratio is not None else set()
