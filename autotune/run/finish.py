@@ -25,15 +25,20 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
 
     A fixed share cannot be right for every model: a quarter of 200 s left a compiled
     ResNet-50's confirmation worker one second to start, and is minutes too many for a small MLP.
+    The share never takes away the least finish that ends in a confirmed claim (two rounds in the
+    search's own worker, then the export): under a 40% cap, a model whose builds take seconds
+    reached its finish with too little left to confirm anything.
     """
     from autotune.search.cost import finish_s
 
     ok = [r for r in records if r.get("status") == "ok" and r.get("samples_per_s")]
     baseline = next((r for r in ok if r.get("baseline")), None)
     best = max(ok, key=lambda r: r["samples_per_s"], default=None)
-    predicted = finish_s(baseline, best, run.runners[0].start_s, diagnose=not run.options.train,
-                         exports=bool(run.options.export))  # fmt: skip
-    return min(RESERVE_SHARE * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S)
+    runner, exports = run.runners[0], bool(run.options.export)
+    processes = {} if runner.restarts else {"n_processes": 1}
+    predicted = finish_s(baseline, best, runner.start_s, diagnose=not run.options.train, exports=exports, **processes)
+    least = finish_s(baseline, best, 0.0, diagnose=False, n_rounds=2, n_processes=1, exports=exports)
+    return max(1.25 * least + REPORT_S, min(RESERVE_SHARE * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S))
 
 
 # The most of a run's time the finish may keep from the search: a prediction made from the
@@ -130,7 +135,7 @@ def finalize(run: Run) -> None:
         left = run.left_s()
         if opts.train:
             run.summary["diagnosis"] = None
-        elif run.confirmed is None and left is not None:
+        elif left is not None and (run.confirmed is None or "loader_samples_per_s" not in run.confirmed["baseline"]):
             # Measuring it apart takes a worker and two builds: under a deadline the export comes
             # first (a 3-minute budget's diagnosis took 26 s and left the export 9 s: no files).
             run.summary["diagnosis"] = {"error": "not measured apart under the run's deadline: the export and the "

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "trial_cost_s"]
+__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "measure_s", "trial_cost_s"]
 
 # Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
 # baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
@@ -81,8 +81,34 @@ def trial_cost_s(
 
 
 def build_s(record: Mapping[str, Any]) -> float:
-    """Seconds a trial spent building and warming up (compiling), before its clock started."""
-    return float(record.get("compile_s") or 0.0)
+    """Seconds a trial spent building (the model's copy, a pruning, an export: ``build_s``) and
+    warming up (compiling: ``compile_s``), before its clock started.
+
+    Example:
+        >>> build_s({"build_s": 2.0, "compile_s": 0.5}), build_s({"compile_s": 30.0})
+        (2.5, 30.0)
+    """
+    return float(record.get("build_s") or 0.0) + float(record.get("compile_s") or 0.0)
+
+
+def measure_s(record: Mapping[str, Any]) -> float:
+    """Seconds one measurement of a trial's configuration took: its timed windows, and what
+    each measurement costs around them (warm-up batches, the loader's start), so what one
+    confirmation round of it costs. Its wall time less its build and guard, over the times it
+    was measured; its timed windows alone where that is unknown.
+
+    Example:
+        >>> measure_s({"wall_s": 12.0, "timed_s": 2.0, "build_s": 1.0, "compile_s": 3.0, "guard_s": 2.0})
+        6.0
+        >>> measure_s({"wall_s": 12.0, "timed_s": 2.0, "n_measurements": 3}), measure_s({"timed_s": 2.0})
+        (4.0, 2.0)
+    """
+    timed = float(record.get("timed_s") or 0.0)
+    wall = float(record.get("wall_s") or 0.0)
+    if not wall:
+        return timed
+    around = (wall - build_s(record) - float(record.get("guard_s") or 0.0)) / max(1, int(record.get("n_measurements") or 1))
+    return max(timed, around)
 
 
 def finish_s(
@@ -98,12 +124,12 @@ def finish_s(
     """Predicted seconds of a run's finish with ``best`` as the pick: in each confirmation
     process a worker start and both builds, ``n_rounds`` rounds of both (twice as long with the
     diagnosis, which times the loader and the model apart in the same rounds), then the export
-    of the pick (its build again, and about a trial of parity checks). 0 before the baseline was
-    measured.
+    of the pick (its build again, uncompiled, and about a trial of parity checks). 0 before the
+    baseline was measured.
 
     Example:
-        >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5}
-        >>> pick = {"wall_s": 30.0, "timed_s": 2.0, "compile_s": 20.0}
+        >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5, "guard_s": 1.5}
+        >>> pick = {"wall_s": 30.0, "timed_s": 2.0, "compile_s": 20.0, "guard_s": 8.0}
         >>> finish_s(base, pick, 3.0)
         115.0
         >>> finish_s(base, pick, 3.0, diagnose=False, exports=False)
@@ -114,7 +140,9 @@ def finish_s(
     best = best or baseline
     start = float(start_s or 0.0)
     per_process = start + build_s(baseline) + build_s(best)
-    round_s = float(baseline.get("timed_s") or 0.0) + float(best.get("timed_s") or 0.0)
+    round_s = measure_s(baseline) + measure_s(best)
     rounds = n_rounds * round_s * (1.5 if diagnose else 1)  # the halves' windows are shorter
     export = build_s(best) + float(best.get("wall_s") or 0.0) if exports else 0.0
+    if exports and (best.get("config") or {}).get("compile_mode", "none") != "none":
+        export -= 2 * float(best.get("compile_s") or 0.0)  # a compiled pick is exported uncompiled
     return n_processes * per_process + rounds + export

@@ -127,6 +127,7 @@ class Context:
         max_s: float | None = None,
         diagnose: bool = False,
         drawn: int = 0,
+        until_s: float | None = None,
     ) -> dict[str, Any]:
         """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
 
@@ -136,7 +137,9 @@ class Context:
         round also times every configuration's loader alone and model alone
         (:mod:`autotune.trial.diagnose`), so the diagnosis comes from the same rounds as the
         end-to-end figures. ``drawn``: rounds an earlier worker process already drew batches
-        for; this one draws after them.
+        for; this one draws after them. ``until_s``: seconds after which the caller stops waiting
+        (the run's deadline): a round that would end past it is not begun, even short of
+        ``n_min``, so the rounds already timed come back instead of none.
 
         Returns:
             ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
@@ -151,7 +154,11 @@ class Context:
         started = time.perf_counter()
         prepared = self.prepare(configs)
         rounds: list[list[dict[str, Any]]] = []
+        slowest = 0.0
         for r in range(n_max):
+            began = time.perf_counter()
+            if rounds and until_s is not None and began - started + slowest > until_s:
+                break
             # A fresh draw of batches per round (also across calls: confirmation rounds do not
             # re-read selection's), the same for every configuration in the round, so each ratio
             # compares the same work.
@@ -162,6 +169,7 @@ class Context:
                 restore(self.pristine)
                 row[i] = self.time_round(prepared[i], diagnose, seed)
             rounds.append(row)
+            slowest = max(slowest, time.perf_counter() - began)
             if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
                 break
         return {"rounds": rounds, "drawn": self.n_rounds, "pid": os.getpid()}

@@ -176,7 +176,11 @@ class TrialContext(Context, ArtifactExport):
         """Build, measure and guard one configuration."""
         torch.manual_seed(self.spec.seed)
         mark = memory_mark(self.spec.device)  # before the build: the trial's memory is its own
+        began = time.perf_counter()
         state = self.build(config)
+        # The build before the warm-up (the model's copy, a pruning, an export, a calibration):
+        # what every later build of it costs again, in a confirmation's worker or the export.
+        result["build_s"] = time.perf_counter() - began
         # Timing first: compilation lands in its warm-up (compile_s), and the numbers of a
         # candidate the guard rejects are still recorded.
         result.update(state.info)
