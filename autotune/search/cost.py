@@ -107,7 +107,9 @@ def measure_s(record: Mapping[str, Any]) -> float:
     wall = float(record.get("wall_s") or 0.0)
     if not wall:
         return timed
-    around = (wall - build_s(record) - float(record.get("guard_s") or 0.0)) / max(1, int(record.get("n_measurements") or 1))
+    around = (wall - build_s(record) - float(record.get("guard_s") or 0.0)) / max(
+        1, int(record.get("n_measurements") or 1)
+    )
     return max(timed, around)
 
 
