@@ -62,13 +62,17 @@ def trial_fidelity(
     objectives: Sequence[str],
     finished: Sequence[FrozenTrial],
     space: SearchSpace | None = None,
+    config: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """How fully a trial is timed (multi-fidelity): a screening trial gets :data:`SCREEN_SHARE`
     of the windows; with throughput first, any trial but the baseline gets the ``best``
     samples/s measured so far, and stops early (once a few batches are timed) if it runs under the timing
     settings' ``stop_share`` of it. Only trials that can win set the best: with ``space``, those
     it contains (not the model as given where ``fix`` pins a knob elsewhere, or the one
-    candidate holding the fixed value would be stopped and none would be left).
+    candidate holding the fixed value would be stopped and none would be left). With ``config``
+    and ``space``, the best is that of trials of its kind: costly builds (a compile, another
+    runtime, int8) or not. A cheap trial far below a compiled best can still move the cheap
+    configuration the compile is applied to (see :class:`autotune.search.strategy.Staged`).
 
     Example:
         >>> trial_fidelity("screen", False, ["latency"], [])
@@ -79,10 +83,16 @@ def trial_fidelity(
     fidelity: dict[str, Any] = {"share": SCREEN_SHARE} if phase == "screen" else {}
     if baseline or not objectives or objectives[0] != "throughput":
         return fidelity
+
+    def kind(c: Mapping[str, Any]) -> bool:
+        return space is not None and any(c.get(n, space.baseline.get(n)) != space.baseline.get(n) for n in HEAVY_KNOBS)
+
     speeds = [
         t.user_attrs.get("samples_per_s")
         for t in finished
-        if t.user_attrs.get("status") == "ok" and (space is None or space.contains(t.user_attrs.get("config") or {}))
+        if t.user_attrs.get("status") == "ok"
+        and (space is None or space.contains(t.user_attrs.get("config") or {}))
+        and (config is None or kind(t.user_attrs.get("config") or {}) == kind(config))
     ]
     best = max((float(v) for v in speeds if v), default=None)
     if best:

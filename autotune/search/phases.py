@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.report.story import fidelity_line, story_lines, time_line
+from autotune.search.cost import HEAVY_KNOBS
 
 __all__ = [
     "CONVERGED_AFTER",
@@ -73,11 +74,21 @@ def converged(
     def score(r: Mapping[str, Any]) -> float:
         return float(r[key]) if maximize else -float(r[key])
 
-    best = max(score(r) for r in measured[:-k])
+    # Refinement varies the cheap knobs around the fastest cheap configuration (a costly build of
+    # the best is applied to a better one after): a cheap trial that beats the cheap ones is progress.
+    base = next((r.get("config") or {} for r in measured if r.get("baseline")), {})
+
+    def kind(r: Mapping[str, Any]) -> bool:
+        return any((r.get("config") or {}).get(n, base.get(n)) != base.get(n) for n in HEAVY_KNOBS)
+
+    best: dict[bool, float] = {}
+    for r in measured[:-k]:
+        best[kind(r)] = max(best.get(kind(r), score(r)), score(r))
     for r in measured[-k:]:
-        if score(r) > best + noise * abs(best):
+        before = best.get(kind(r), max(best.values()))  # the first of its kind: against the best
+        if score(r) > before + noise * abs(before):
             return None
-        best = max(best, score(r))
+        best[kind(r)] = max(before, score(r))
     return f"{k} refinement trials in a row improved the best by less than {noise:.0%} (the measurement noise)"
 
 

@@ -109,11 +109,25 @@ class Staged(Screening):
         scored = [r for r in records if "config" in r and scores.get(r.get("key", "")) is not None]
         if not scored:
             return {}
-        config = dict(_quickest_best(scored, scores)["config"])
+        # Around the fastest cheap configuration: its costly build is applied once more where the
+        # sampler finds a better one (see _interactions), not built into every trial it proposes.
+        config = dict(self._cheap_best(scored, scores)["config"])
         # Only a kind of build the staged phases tried is held: one they never measured (pruning,
         # with throughput first) is left to the sampler, or it could never be tried.
         tried = {n for r in records if "config" in r for n in HELD if r["config"].get(n) != self.baseline.get(n)}
         return {n: config[n] for n in self.space.searched if n in tried and REGISTRY[n].applies(config)}
+
+    def _costly(self, config: Mapping[str, Any]) -> dict[str, Any]:
+        """The kind of build ``config`` is beyond the baseline's (its :data:`HELD` knobs that
+        differ), but what ``fix`` pins: a compile fixed on is every configuration's."""
+        base = self._full({})
+        return {n: config[n] for n in HELD if n in config and config[n] != base.get(n)}
+
+    def _cheap_best(self, ranked: Sequence[Mapping[str, Any]], scores: Mapping[str, Any]) -> Mapping[str, Any]:
+        """The quickest of the fastest configurations that cost no build of their own (none of
+        :data:`~autotune.search.cost.HEAVY_KNOBS` set), or of all where none was measured."""
+        cheap = [r for r in ranked if not any(n in self._costly(r["config"]) for n in HEAVY_KNOBS)]
+        return _quickest_best(cheap or ranked, scores)
 
     def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
         """Why ``config`` is not run (it holds a value left out after screening), or ``None``."""
@@ -222,13 +236,17 @@ class Staged(Screening):
     ) -> tuple[dict[str, Any], list[Mapping[str, Any]]]:
         """``current`` moved to the fastest measured configuration that holds every change in
         ``held`` but the batch size (the batch neighbours measured around it), with the batch
-        left out of ``held``; as it was when none is faster."""
+        left out of ``held``; as it was when none is faster. Only configurations without a costly
+        build of their own: the cheap levers are tried on the cheap composition, not compiled."""
         held = [{k: v for k, v in c.items() if k != "batch_size"} for c in held]
         held = [c for c in held if c]
         best, now = current, scores.get(Config(current).key()) or 0.0
         for r in records:
             score = scores.get(r.get("key", ""))
-            if "config" in r and score is not None and score > now and all(self._keeps(r["config"], c) for c in held):
+            costly = "config" in r and any(n in self._costly(r["config"]) for n in HEAVY_KNOBS)
+            if costly or "config" not in r or score is None or score <= now:
+                continue
+            if all(self._keeps(r["config"], c) for c in held):
                 best, now = dict(r["config"]), score
         return best, held
 
@@ -244,7 +262,14 @@ class Staged(Screening):
         if not ranked:
             return None
         top = _quickest_best(ranked, scores)
-        best = dict(top["config"])
+        # The cheap knobs are varied around the fastest configuration that builds in seconds; a
+        # costly build (a compile) of the fastest is applied once more to a better one. On real
+        # text, the batch neighbours and refinement trials of a compiled best were each a compile
+        # (13-49 s, 217 s in all) and none came near it.
+        cheap = self._cheap_best(ranked, scores)
+        best = dict(cheap["config"])
+        costly = self._costly(top["config"])
+        lift = [costly] if costly and any(n in costly for n in HEAVY_KNOBS) else []
         sizes = sorted(self.space.values.get("batch_size", ()))
         larger: list[dict[str, Any]] = []
         smaller: list[dict[str, Any]] = []
@@ -264,7 +289,8 @@ class Staged(Screening):
             and ratio < MIN_GAIN
             and best.get("batch_size") != self._full(changes).get("batch_size")
         ]
-        dynamic = [{"compile_dynamic": True}] if best.get("padding", "as_given") != "as_given" else []
+        top_config = dict(top["config"])
+        dynamic = [{"compile_dynamic": True}] if top_config.get("padding", "as_given") != "as_given" else []
         # The model alone said the host's kernel launches bound it (small batches, small models):
         # CUDA graphs replay the launches, first thing around the best.
         graphs = [{"compile_mode": "reduce-overhead"}] if top.get("bound") == "launch-bound" else []
@@ -275,9 +301,12 @@ class Staged(Screening):
             for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
                 if lever.name != "batch_size" and self._keeps(best, part):
                     ablations.append(self._without(part))
-        moves = [*larger, *smaller] if batch_only else [*graphs, *larger, *again, *smaller, *ablations, *dynamic]
-        for changes in moves:
-            candidate = self._full(changes, best)
+        around = [(c, top_config) for c in graphs] + [(c, best) for c in (*larger, *again, *smaller, *ablations)]
+        moves = [(c, best) for c in (*larger, *smaller)] if batch_only else [
+            *around, *((c, top_config) for c in dynamic), *((c, best) for c in lift)
+        ]  # fmt: skip
+        for changes, base in moves:
+            candidate = self._full(changes, base)
             key = Config(candidate).key()
             if self._keeps(candidate, changes) and self.runnable(candidate) and key not in scores:
                 if self._refuse(candidate, left_out) is None:

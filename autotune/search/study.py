@@ -424,7 +424,7 @@ def _one_trial(
         result = TrialResult("timeout", "deadline", late, {"ran": False, **attrs})
     else:
         limit, at_deadline = limits.for_config(config, finished)
-        fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space)
+        fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space, config)
         result = runner.run(config, timeout=limit, fidelity=fidelity)
         result.metrics.update(attrs, ran=result.metrics.get("ran", True))
         if stop is not None and stop.is_set() and result.status == "crash":

@@ -128,3 +128,34 @@ def test_the_story_counts_short_and_stopped_trials_and_their_savings():
     story = search_story(records, "staged")
     assert story["fidelity"] == {"short": 1, "stopped": 1, "saved_s": 3.5}
     assert any(line.startswith("multi-fidelity: 1 screening trials") for line in story_lines(story))
+
+
+def test_a_cheap_trial_is_stopped_against_the_cheap_best_not_a_compiled_one():
+    """Refinement varies the cheap knobs around the fastest eager configuration, and a better one
+    gets the compile again: a cheap trial is measured against the cheap ones, a compiled trial
+    against the compiled ones, so an eager trial under a compiled best is not cut short for it."""
+    from autotune.search.phases import converged
+    from benchmarks.replay import space_of
+
+    space = space_of({"batch_size": [32, 64], "compile_mode": ["none", "default"]})
+    eager, compiled = dict(space.baseline), {**space.baseline, "compile_mode": "default"}
+
+    class Trial:
+        def __init__(self, config, sps):
+            self.user_attrs = {"status": "ok", "samples_per_s": sps, "config": config}
+
+    done = [Trial(eager, 100.0), Trial({**eager, "batch_size": 64}, 150.0), Trial(compiled, 300.0)]
+    assert trial_fidelity("refine", False, ["throughput"], done, space, {**eager, "batch_size": 32}) == {"best": 150.0}
+    assert trial_fidelity("compose", False, ["throughput"], done, space, compiled) == {"best": 300.0}
+    assert trial_fidelity("refine", False, ["throughput"], done, space) == {"best": 300.0}  # no config: all
+
+    # A refinement trial that beats the eager ones is progress, though under the compiled best.
+    def row(i, config, sps, phase="refine"):
+        return {"ran": True, "number": i, "status": "ok", "samples_per_s": sps, "cov": 0.01, "phase": phase,
+                "config": config, "baseline": i == 0}  # fmt: skip
+
+    rows = [row(0, eager, 100.0, None), row(1, compiled, 300.0, "compose")]
+    rows += [row(i, {**eager, "batch_size": 64}, v) for i, v in enumerate([110.0, 100.0, 101.0, 99.0, 100.0], 2)]
+    assert converged(rows, "samples_per_s") is None  # trial 2 beat the eager best by 10%
+    rows += [row(7, eager, 99.0)]
+    assert converged(rows, "samples_per_s") is not None  # five in a row after it did not
