@@ -14,7 +14,6 @@ import dataclasses
 import statistics
 import time
 import zlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -22,6 +21,14 @@ import torch
 from autotune.knobs.state import BuildState, unwrap
 from autotune.samples import batch_size_of, call_model, tensor_leaves, to_device
 from autotune.trial.build import make_loader, settings_active
+from autotune.trial.epochs import (  # noqa: F401  (re-exported: their former home)
+    EPOCH_WINDOW_CAP,
+    WHOLE_EPOCH_BATCHES,
+    _aligned_at,
+    _Epochs,
+    _window_done,
+    timing_batches,
+)
 from autotune.trial.interference import GpuSharing, Interference, run_pids
 from autotune.trial.memory import _peak_mib, memory_mark
 from autotune.trial.warmup import compile_counts, compiles_per_shape, fallback_note, shape_batches
@@ -76,78 +83,6 @@ class MeasureSettings:
 # A measurement stops early (``stop_below``) only once this many batches were timed: a window
 # of one or two slow batches (a loader worker's first decode, say) is no evidence.
 STOP_MIN_BATCHES = 5
-
-# An epoch of at most this many batches is timed whole, its short last batch included, as a
-# user's pass over the same samples runs it: on a small dataset that batch can be a third of the
-# work (359 samples at batch 256). A longer epoch's last batch is under 1/64 of it and dropped.
-WHOLE_EPOCH_BATCHES = 64
-
-
-def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: int = 0) -> tuple[_Epochs, int]:
-    """The endless batches a measurement of ``state`` reads, and how many to run before the clock.
-
-    An epoch of at most :data:`WHOLE_EPOCH_BATCHES` is read whole. Where its batches differ in
-    shape (a short last batch, token sequences) and the build compiles per shape (torch.compile,
-    TorchScript, cuDNN's autotuner), its first measurement warms up through whole epochs, so
-    every shape is compiled before the clock starts and the windows start at an epoch's
-    beginning; later measurements of the same build warm up ``warmup_batches`` as usual. A
-    longer epoch drops its short last batch, and ``warmup_batches`` are run (:func:`measure`
-    first runs one batch of each of its shapes, where they vary: :func:`_shapes_first`).
-
-    Example:
-        >>> import torch
-        >>> from autotune.trial.build import build
-        >>> from autotune.config import Config
-        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
-        >>> batches, n_warm = timing_batches([torch.randn(8)] * 10, state, 2)
-        >>> n_warm, [len(next(batches)) for _ in range(4)]
-        (2, [4, 4, 2, 4])
-    """
-    loader = make_loader(dataset, state, timing=True, seed=seed)
-    n_batches = len(loader)
-    if n_batches > WHOLE_EPOCH_BATCHES:
-        return _Epochs(make_loader(dataset, state, drop_last=True, timing=True, seed=seed)), warmup_batches
-    extras = state.extras
-    uneven = len(dataset) % state.batch_size != 0 or (extras is not None and extras.lengths is not None)
-    if uneven and compiles_per_shape(state) and not state.info.get("shapes_warmed"):  # measure() sets it once warmed
-        return _Epochs(loader), n_batches * -(-max(warmup_batches, 1) // n_batches)  # whole epochs
-    return _Epochs(loader), warmup_batches
-
-
-class _Epochs:
-    """The loader's batches, epoch after epoch, knowing where an epoch ends.
-
-    A new epoch re-creates the loader's iterator, and with it non-persistent workers: that cost
-    is part of the pipeline, so it is inside the timed windows. A window that ends at an epoch's
-    end holds whole epochs, each with its one restart (see :func:`measure`).
-    """
-
-    def __init__(self, loader: Any) -> None:
-        self.loader = loader
-        self.n_batches = len(loader)
-        self.at_epoch_end = False
-        self._it: Iterator[Any] | None = None
-        self._left = 0
-
-    def __iter__(self) -> _Epochs:
-        return self
-
-    def __next__(self) -> Any:
-        if self._left == 0:
-            self._it, self._left = iter(self.loader), self.n_batches
-        batch = next(self._it)  # type: ignore[arg-type]
-        self._left -= 1
-        self.at_epoch_end = self._left == 0
-        return batch
-
-    def close(self) -> None:
-        """Shut down the loader's workers (a non-persistent iterator's go with it)."""
-        self._it = None
-
-
-# A window over a short epoch runs on to the epoch's end, but never past this many times its
-# minimum length: on a long epoch it ends on the clock.
-EPOCH_WINDOW_CAP = 3.0
 
 
 def _sync(device: torch.device) -> None:
@@ -247,21 +182,17 @@ def _compiled_frames() -> int:
     return 0 if utils is None else int(utils.counters["frames"]["total"])
 
 
-def _window_done(elapsed_s: float, window_s: float, batches: _Epochs) -> bool:
-    """Whether a timed window may end: past its minimum length and, over a short epoch, at the
-    epoch's end. A window over 1,024 images at batch 128 was about one epoch, and whether it held
-    one restart of the loader's workers or two spread its windows by 6-10%."""
-    if elapsed_s < window_s:
-        return False
-    short = batches.n_batches <= WHOLE_EPOCH_BATCHES
-    return not short or batches.at_epoch_end or elapsed_s >= EPOCH_WINDOW_CAP * window_s
-
-
 def _window(
-    state: BuildState, batches: _Epochs, window_s: float, latencies: list[float], sizes: set[int]
+    state: BuildState,
+    batches: _Epochs,
+    window_s: float,
+    latencies: list[float],
+    sizes: set[int],
+    align: int | None = None,
 ) -> tuple[int, int, float]:
     """One timed window: (samples, batches, seconds), each batch's latency added to
-    ``latencies`` (device time from the copy to the outputs, in ms) and its size to ``sizes``."""
+    ``latencies`` (device time from the copy to the outputs, in ms) and its size to ``sizes``;
+    with ``align``, it ends only where the epoch is at that position (see :func:`measure`)."""
     device = torch.device(state.device)
     # A DataLoader's batches are on the CPU already: moving them there would only add a walk
     # over the batch per call, which a small model's baseline would pay and a user's loop not.
@@ -286,7 +217,7 @@ def _window(
         n_samples += size
         n_batches += 1
         n_work += _work(batch)
-        if _window_done(time.perf_counter() - w_start, window_s, batches):
+        if _window_done(time.perf_counter() - w_start, window_s, batches) and align in (None, batches.position):
             break
     _sync(device)
     w_s = time.perf_counter() - w_start
@@ -411,9 +342,11 @@ def measure(
             compiled_before = _compiled_frames()
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
             timed_start = time.perf_counter()
-            for _ in range(settings.n_windows):
+            align = _aligned_at(dataset, state, batches)
+            for i in range(settings.n_windows):
                 probe.start()
-                n_samples, n_batches, w_s, n_work = _window(state, batches, settings.window_s, latencies, sizes)
+                last = align if i == settings.n_windows - 1 else None
+                n_samples, n_batches, w_s, n_work = _window(state, batches, settings.window_s, latencies, sizes, last)
                 windows.append(n_samples / w_s)
                 work.append(n_work / w_s)
                 totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s
