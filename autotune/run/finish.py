@@ -38,7 +38,7 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
     processes = {} if runner.restarts else {"n_processes": 1}
     predicted = finish_s(baseline, best, runner.start_s, diagnose=not run.options.train, exports=exports, **processes)
     least = finish_s(baseline, best, 0.0, diagnose=False, n_rounds=2, n_processes=1, exports=exports)
-    return max(1.25 * least + REPORT_S, min(RESERVE_SHARE * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S))
+    return max(least + REPORT_S, min(RESERVE_SHARE * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S))
 
 
 # The most of a run's time the finish may keep from the search: a prediction made from the

@@ -701,5 +701,7 @@ def test_refinement_builds_around_the_quickest_of_a_tie_not_a_compile_within_the
     assert staged.held(ahead)["compile_mode"] == "none"
     larger = staged._full({"padding": "trim", "length_grouping": 16, "batch_size": 64})
     ahead.append({"key": Config(larger).key(), "config": larger, "status": "ok", "samples_per_s": 230.0})
+    tied = [*ahead[:-1], {**ahead[-1], "samples_per_s": 206.6}]
+    assert staged._interactions(tied, staged._scores(tied), []) is None  # within the noise: not built again
     lifted = staged._interactions(ahead, staged._scores(ahead), [])
     assert lifted == {**larger, "compile_mode": "default-freezing"}, lifted
