@@ -225,7 +225,10 @@ def test_busy_processes_leave_no_claim_and_the_run_says_so_quickly(tmp_path):
             hog.stop()
     assert result.verdict in ("noisy", "none"), result.claim
     saved = json.loads((tmp_path / "best_config.json").read_text())
-    assert result.best_config == saved["baseline_config"] and result.speedup == 1.0 and not result.claimed
+    assert result.best_config == saved["baseline_config"] and result.speedup == 1.0
+    # No speedup is claimed: none measured in the rounds, or (the trials' figures disturbed as much)
+    # none measured among the trials, where the baseline is best.
+    assert not result.claimed or saved["speedup"]["method"] == "baseline is best", saved["speedup"]
     noisy = [t for t in result.study.trials if t.user_attrs.get("noisy")]
     assert noisy and all("other processes used" in t.user_attrs["noise"] for t in noisy)
     assert "The machine was busy" in (tmp_path / "report.md").read_text()
@@ -332,7 +335,10 @@ def test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_
     assert trials_pid not in pids  # both fresh: not the worker whose trials left their state behind
     assert len(claim["processes"]) == 2 and claim["n_rounds"] == 4
     assert claim["low"] <= min(claim["processes"]) <= max(claim["processes"]) <= claim["high"]
-    assert claim["verdict"] == "speedup" and "in 2 worker processes" in claim["sentence"]
+    # 30x apart, the pick is a speedup; "noisy" only where another process used the CPU during
+    # the rounds (a loaded host), which the claim must then say instead.
+    assert claim["verdict"] in ("speedup", "noisy") and "in 2 worker processes" in claim["sentence"]
+    assert claim["verdict"] == "speedup" or claim["others_cpu"] > FAST.max_others_cpu
     # Confirmation draws batches of its own (after CONFIRM_DRAWS), the second process after the
     # first's two rounds: neither re-reads a batch draw that the trials worker's round read.
     assert again["drawn"] == CONFIRM_DRAWS + 5
