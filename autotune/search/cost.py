@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "measure_s", "trial_cost_s"]
+__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "is_costly", "measure_s", "trial_cost_s"]
 
 # Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
 # baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
@@ -32,6 +32,16 @@ def _heavy(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...
     """The heavy knobs ``config`` sets away from ``base``: two configurations with the same
     build the same kind of thing."""
     return tuple((k, config.get(k)) for k in HEAVY_KNOBS if k in config and config.get(k) != base.get(k))
+
+
+def is_costly(config: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
+    """Whether ``config`` costs a build of its own beyond ``base``'s (a heavy knob differs).
+
+    Example:
+        >>> is_costly({"compile_mode": "default"}, {"compile_mode": "none"}), is_costly({"batch_size": 64}, {})
+        (True, False)
+    """
+    return bool(_heavy(config, base))
 
 
 def _measured(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

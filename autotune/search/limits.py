@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import FrozenTrial
 
 from autotune.report.summary import trial_record
-from autotune.search.cost import HEAVY_KNOBS, trial_cost_s
+from autotune.search.cost import HEAVY_KNOBS, is_costly, trial_cost_s
 from autotune.search.record import _finished
 from autotune.search.space import SearchSpace
 from autotune.trial.runner import Runner
@@ -85,7 +85,7 @@ def trial_fidelity(
         return fidelity
 
     def kind(c: Mapping[str, Any]) -> bool:
-        return space is not None and any(c.get(n, space.baseline.get(n)) != space.baseline.get(n) for n in HEAVY_KNOBS)
+        return space is not None and is_costly(c, space.baseline)
 
     speeds = [
         t.user_attrs.get("samples_per_s")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.report.story import fidelity_line, story_lines, time_line
-from autotune.search.cost import HEAVY_KNOBS
+from autotune.search.cost import is_costly
 
 __all__ = [
     "CONVERGED_AFTER",
@@ -79,7 +79,7 @@ def converged(
     base = next((r.get("config") or {} for r in measured if r.get("baseline")), {})
 
     def kind(r: Mapping[str, Any]) -> bool:
-        return any((r.get("config") or {}).get(n, base.get(n)) != base.get(n) for n in HEAVY_KNOBS)
+        return is_costly(r.get("config") or {}, base)
 
     best: dict[bool, float] = {}
     for r in measured[:-k]:

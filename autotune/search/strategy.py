@@ -47,7 +47,7 @@ from typing import Any
 from autotune.config import Config
 from autotune.errors import ConfigError
 from autotune.knobs import REGISTRY
-from autotune.search.cost import HEAVY_KNOBS, build_s
+from autotune.search.cost import HEAVY_KNOBS, build_s, is_costly
 from autotune.search.levers import Lever, levers, size_levers  # re-exported: their former home
 from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
 
@@ -126,7 +126,7 @@ class Staged(Screening):
     def _cheap_best(self, ranked: Sequence[Mapping[str, Any]], scores: Mapping[str, Any]) -> Mapping[str, Any]:
         """The quickest of the fastest configurations that cost no build of their own (none of
         :data:`~autotune.search.cost.HEAVY_KNOBS` set), or of all where none was measured."""
-        cheap = [r for r in ranked if not any(n in self._costly(r["config"]) for n in HEAVY_KNOBS)]
+        cheap = [r for r in ranked if not is_costly(r["config"], self._full({}))]
         return _quickest_best(cheap or ranked, scores)
 
     def refusal(self, config: Mapping[str, Any], records: Sequence[Mapping[str, Any]]) -> str | None:
@@ -243,7 +243,7 @@ class Staged(Screening):
         best, now = current, scores.get(Config(current).key()) or 0.0
         for r in records:
             score = scores.get(r.get("key", ""))
-            costly = "config" in r and any(n in self._costly(r["config"]) for n in HEAVY_KNOBS)
+            costly = "config" in r and is_costly(r["config"], self._full({}))
             if costly or "config" not in r or score is None or score <= now:
                 continue
             if all(self._keeps(r["config"], c) for c in held):
@@ -273,7 +273,7 @@ class Staged(Screening):
         # built on (real text: a batch of 16 within 1% of 32 was compiled again, 21 s for nothing).
         under = scores.get(Config(self._full({n: self._full({})[n] for n in costly}, top["config"])).key())
         moved = under is None or (scores.get(cheap.get("key", "")) or 0.0) >= MIN_GAIN * under
-        lift = [costly] if moved and any(n in costly for n in HEAVY_KNOBS) else []
+        lift = [costly] if moved and is_costly(costly, self._full({})) else []
         sizes = sorted(self.space.values.get("batch_size", ()))
         larger: list[dict[str, Any]] = []
         smaller: list[dict[str, Any]] = []
