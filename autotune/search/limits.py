@@ -139,7 +139,7 @@ class _Limits:
         left = self._left(records)
         if left is None:
             return False
-        cheapest = float(self.baseline.get("wall_s") or 0.0) if self.baseline else 0.0
+        cheapest = trial_cost_s(self.baseline["config"], records, self.baseline) if self.baseline else 0.0
         return left <= 0 or left < cheapest
 
     def too_late(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> str | None:

@@ -21,6 +21,22 @@ def test_a_first_compile_is_priced_by_a_prior_and_later_ones_by_what_compiles_co
     assert trial_cost_s(BASE["config"], [], None) == 0.0
 
 
+def test_a_cheap_trial_is_priced_as_measured_once_and_by_the_cheap_trials_that_ran():
+    """Real MiniLM's baseline took 34 s (its windows measured twice, the reference outputs): priced
+    at that, the next cheap trial (13 s) did not fit a 3-minute budget's search."""
+    base = {"config": BASE["config"], "ran": True, "baseline": True, "status": "ok", "wall_s": 34.0,
+            "timed_s": 11.3, "compile_s": 1.4, "guard_s": 3.9, "n_measurements": 2}  # fmt: skip
+    cheap = {**BASE["config"], "batch_size": 32}
+    assert trial_cost_s(cheap, [base], base) == pytest.approx(20.3)  # one measurement of the baseline's
+    ran = {"config": cheap, "ran": True, "status": "ok", "wall_s": 13.0, "n_measurements": 1}
+    stopped = {"config": {**cheap, "batch_size": 128}, "ran": True, "status": "stopped", "wall_s": 5.0}
+    # Once a cheap trial ran its windows, cheap trials cost what those took; an early-stopped one says less.
+    assert trial_cost_s({**cheap, "batch_size": 16}, [base, stopped], base) == pytest.approx(20.3)
+    assert trial_cost_s({**cheap, "batch_size": 16}, [base, stopped, ran], base) == 13.0
+    # A compile still costs the baseline's time plus a build (a prior before any was timed).
+    assert trial_cost_s({**cheap, "compile_mode": "default"}, [base, ran], base) == pytest.approx(20.3 + 60.9)
+
+
 def test_the_finish_pays_two_fresh_workers_the_builds_the_rounds_and_the_export():
     pick = {"wall_s": 70.0, "timed_s": 2.0, "compile_s": 60.0}
     with_compile = finish_s(BASE, pick, start_s=8.0)
