@@ -51,9 +51,12 @@ def _figures(rounds: list[list[dict[str, Any]]], i: int) -> dict[str, Any]:
 
     col = [r[i] for r in rounds]
     out: dict[str, Any] = {"samples_per_s": geomean([c["samples_per_s"] for c in col])}
-    for key in ("latency_ms_p50", "latency_ms_p95", "loader_samples_per_s", "model_samples_per_s"):
+    for key in ("latency_ms_p50", "latency_ms_p95"):
         if all(key in c for c in col):
             out[key] = statistics.median(c[key] for c in col)
+    for key in ("loader_samples_per_s", "model_samples_per_s"):  # timed in each process's first round
+        if any(key in c for c in col):
+            out[key] = statistics.median(c[key] for c in col if key in c)
     out["others_cpu"] = statistics.fmean(c.get("others_cpu", 0.0) for c in col)
     return out
 

@@ -133,10 +133,11 @@ class Context:
 
         After ``n_min`` rounds they stop once ``max_s`` seconds have passed or, with ``target``
         and two configurations, once the 95% interval of ``configs[1]``'s ratio to ``configs[0]``
-        is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, each
-        round also times every configuration's loader alone and model alone
+        is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, the
+        first round also times every configuration's loader alone and model alone
         (:mod:`autotune.trial.diagnose`), so the diagnosis comes from the same rounds as the
-        end-to-end figures. ``drawn``: rounds an earlier worker process already drew batches
+        end-to-end figures; in every round they made a confirmation half as long again (three
+        rounds of real MiniLM: 33 s more), for figures that explain the claim, not make it. ``drawn``: rounds an earlier worker process already drew batches
         for; this one draws after them. ``until_s``: seconds after which the caller stops waiting
         (the run's deadline): a round that would end past it is not begun, even short of
         ``n_min``, so the rounds already timed come back instead of none.
@@ -167,7 +168,7 @@ class Context:
             row: list[dict[str, Any]] = [{} for _ in prepared]
             for i in range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared))):
                 restore(self.pristine)
-                row[i] = self.time_round(prepared[i], diagnose, seed)
+                row[i] = self.time_round(prepared[i], diagnose and not rounds, seed)
             rounds.append(row)
             slowest = max(slowest, time.perf_counter() - began)
             if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):

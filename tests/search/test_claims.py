@@ -404,3 +404,20 @@ def test_a_compiled_picks_confirmation_has_time_for_its_builds_in_both_processes
 
     assert confirm_s({"compile_s": 1.0}, {"compile_s": 30.0}) == CONFIRM_S + CONFIRM_PROCESSES * 31.0
     assert confirm_s({}, {"compile_s": None}) == CONFIRM_S  # an eager pick: the rounds alone
+
+
+def test_the_loader_and_the_model_alone_are_timed_in_the_first_round_only():
+    """The diagnosis explains the claim: timed apart in every round, it made a confirmation half
+    as long again; from one round per process, the figures still come from the claim's rounds."""
+    from autotune.search.result import _figures
+
+    ctx = _context(MLP())
+    configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))]
+    rounds = ctx.rounds(configs, 3, 3, diagnose=True)["rounds"]
+    assert len(rounds) == 3
+    assert all("loader_samples_per_s" in c and "model_samples_per_s" in c for c in rounds[0])
+    assert not any("loader_samples_per_s" in c for r in rounds[1:] for c in r)
+    figures = _figures(rounds, 1)
+    assert figures["loader_samples_per_s"] == rounds[0][1]["loader_samples_per_s"]
+    assert figures["model_samples_per_s"] == rounds[0][1]["model_samples_per_s"]
+    assert "loader_samples_per_s" not in ctx.rounds(configs, 2, 2)["rounds"][0][0]  # not asked: not timed
