@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "is_costly", "measure_s", "once_s", "trial_cost_s"]
+__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "is_costly", "measure_s", "once_s", "selection_s", "trial_cost_s"]
 
 # Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
 # baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
@@ -186,3 +186,17 @@ def finish_s(
     if exports and (best.get("config") or {}).get("compile_mode", "none") != "none":
         export -= 2 * float(best.get("compile_s") or 0.0)  # a compiled pick is exported uncompiled
     return n_processes * per_process + rounds + export
+
+
+def selection_s(baseline: Mapping[str, Any], finalists: Sequence[Mapping[str, Any]], n_rounds: int = 2) -> float:
+    """Predicted seconds of selection rounds among ``finalists`` in a worker that is running:
+    every build, then ``n_rounds`` rounds of the baseline and each finalist.
+
+    Example:
+        >>> base = {"wall_s": 26.6, "timed_s": 8.0, "compile_s": 1.4, "guard_s": 4.0, "n_measurements": 2}
+        >>> fast = {"wall_s": 8.7, "timed_s": 4.1, "compile_s": 0.3, "guard_s": 1.0}
+        >>> round(selection_s(base, [fast, fast]), 1)  # builds 2.0, rounds 2 x (10.4 + 2 x 5.4)
+        44.4
+    """
+    builds = build_s(baseline) + sum(build_s(f) for f in finalists)
+    return builds + n_rounds * (measure_s(baseline) + sum(measure_s(f) for f in finalists))

@@ -7,6 +7,7 @@ defined in :mod:`autotune.report.result`; this module re-exports both, their for
 from __future__ import annotations
 
 import statistics
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -249,6 +250,22 @@ def confirm_s(baseline: dict[str, Any], pick: dict[str, Any]) -> float:
     return CONFIRM_S + CONFIRM_PROCESSES * (build_s(baseline) + build_s(pick))
 
 
+def _affordable(
+    baseline: dict[str, Any], finalists: list[dict[str, Any]], budget_s: float | None, need_s: float
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The finalists a budget of ``budget_s`` seconds selects among, and a table row for each
+    left out: where two selection rounds and the least confirmation (``need_s``) do not both
+    fit, the fastest trial is confirmed alone. A 3-minute budget's selection took 50 of its
+    61 s, and the confirmation was killed with nothing timed."""
+    from autotune.search.cost import selection_s
+
+    if budget_s is None or len(finalists) < 2 or budget_s >= need_s + selection_s(baseline, finalists):
+        return finalists, []
+    why = (f"the budget's {budget_s:.0f} s held the confirmation ({need_s:.0f} s) but not selection rounds too: "
+           "the fastest trial was confirmed")  # fmt: skip
+    return finalists[:1], [{"trial": f["number"], "not_selected": why} for f in finalists[1:]]
+
+
 def claim_speedup(
     runner: Any,
     baseline: dict[str, Any],
@@ -261,9 +278,11 @@ def claim_speedup(
     need_s: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
     """Select among the finalists, then confirm the pick on fresh rounds; with ``budget_s``
-    (a study with a timeout), each step stops after about half of it once its least rounds ran.
-    A ``budget_s`` under ``need_s`` (the least confirmation's predicted cost) runs nothing: the
-    claim is then "unconfirmed: deadline", as it is when the deadline cuts the rounds off.
+    (a study with a timeout), the selection leaves the least confirmation's predicted cost
+    (``need_s``), or half the budget, and the confirmation has what the selection left; where
+    both do not fit, the fastest trial is confirmed without a selection (:func:`_affordable`).
+    A ``budget_s`` under ``need_s`` runs nothing: the claim is then "unconfirmed: deadline", as
+    it is when the deadline cuts the rounds off.
 
     Returns:
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
@@ -280,16 +299,21 @@ def claim_speedup(
         left = f"{budget_s:.0f} s were left before the run's deadline"
         return finalists[0], None, [{"error": f"{left}, and confirming the pick needs about {need_s:.0f} s",
                                      "deadline": True}]  # fmt: skip
+    started = time.monotonic()
+    finalists, skipped = _affordable(baseline, finalists, budget_s, need_s)
     try:
         # Selection and confirmation share the budget; with one finalist nothing is selected.
-        half = None if budget_s is None else budget_s / (1 if len(finalists) == 1 else 2)
+        half = None if budget_s is None else max(budget_s - need_s, budget_s / 2) if len(finalists) > 1 else budget_s
         pick, table = select(
             runner, baseline, finalists, n_rounds, max_s=select_s(baseline, finalists) if half is None else half
         )
+        table = [*table, *skipped]
         if pick is None:
             if speed_only:
                 return baseline, None, table
             pick = finalists[0]
+        if budget_s is not None:  # the confirmation has what the selection left
+            half = max(0.0, budget_s - (time.monotonic() - started))
         # A budget that holds the least confirmation once but not twice confirms in one process:
         # split in two, a 3-minute budget's first process had 8 s for its rounds, and none ended.
         # Its rounds are the least a claim is made from (two), without the loader and the model

@@ -287,3 +287,35 @@ def _reply(runner, configs, n_min):
     from autotune.search.result import _rounds_reply
 
     return _rounds_reply(runner, configs, n_min, n_min)
+
+
+def test_a_budget_that_holds_the_confirmation_but_not_a_selection_confirms_the_fastest_trial(monkeypatch):
+    """A 3-minute budget's selection among two finalists took 50 of its 61 s: the confirmation
+    was killed with nothing timed, and the run claimed nothing. Where two selection rounds and
+    the least confirmation do not both fit, the fastest trial is confirmed alone."""
+    import autotune.search.result as result
+
+    measured = []
+    real = result._rounds_reply
+
+    def counting(runner, configs, n_min, n_max, **kw):
+        measured.append(len(configs))
+        return real(runner, configs, n_min, n_max, **kw)
+
+    monkeypatch.setattr(result, "_rounds_reply", counting)
+    # Each trial's measurement cost 5 s (its figures as the study recorded them).
+    cost = {"wall_s": 6.0, "timed_s": 4.0, "compile_s": 0.5}
+    baseline = {"number": 0, "key": "a", "samples_per_s": 100.0, "config": dict(Config({"batch_size": 8})), **cost}
+    fast = {"number": 3, "key": "b", "samples_per_s": 180.0, "config": dict(Config({"batch_size": 32})), **cost}
+    close = {"number": 5, "key": "c", "samples_per_s": 175.0, "config": dict(Config({"batch_size": 16})), **cost}
+    runner = InProcessRunner(_spec())
+    # Two rounds of three (30 s) and a confirmation (20 s) do not fit in 40 s: no selection.
+    _, confirmed, table = result.claim_speedup(runner, baseline, [fast, close], 3, True, FAST, budget_s=40.0,
+                                                  need_s=20.0)  # fmt: skip
+    assert measured and all(n == 2 for n in measured)  # the baseline and the pick, never three
+    assert confirmed is not None and confirmed["claim"]["n_rounds"] >= 2
+    assert [row["trial"] for row in table] == [3, 5] and "fastest trial was confirmed" in table[1]["not_selected"]
+    # With room for both, the finalists are selected first.
+    measured.clear()
+    result.claim_speedup(runner, baseline, [fast, close], 3, True, FAST, budget_s=60.0, need_s=20.0)
+    assert measured[0] == 3
