@@ -148,7 +148,7 @@ def trim_batch(batch: Any, multiple: int = 1) -> Any:
     it (:func:`_widen`): a collate that pads to each batch's longest (natural-length text) then
     gives a few widths rather than one per length, so a static compile builds a few graphs instead
     of running past dynamo's recompile limit. A batch without an attention mask is returned as it
-    is."""
+    is. The cut tensors are contiguous, as a batch that needed no cut is."""
     import torch
 
     inputs = sample_inputs(batch)
@@ -165,7 +165,10 @@ def trim_batch(batch: Any, multiple: int = 1) -> Any:
     if (lo, hi) == (0, width):
         return batch
 
-    return _map_columns(batch, n, width, lambda t: t[:, lo:hi])
+    # Copied, not viewed: a view's row stride is the padded width, a full batch's its own, and
+    # dynamo guards on strides: a compile with shapes as symbols compiled real MiniLM twice
+    # (11 s more per build, in every trial, confirmation worker and user's process).
+    return _map_columns(batch, n, width, lambda t: t[:, lo:hi].contiguous())
 
 
 def _map_columns(batch: Any, n: int, width: int, fn: Callable[[Any], Any]) -> Any:
