@@ -23,7 +23,8 @@ from autotune.search.output import (  # noqa: F401  (re-exported: tests import _
 __all__ = ["Result", "baseline_and_best", "claim_speedup", "confirm", "select", "write_best", "write_pareto"]
 
 
-# Seconds of confirmation rounds a run without a timeout gives its pick, besides the builds.
+# Seconds of confirmation rounds a run without a timeout gives its pick, besides the workers'
+# starts and builds (see confirm's builds_free).
 CONFIRM_S = 90.0
 # Seconds of selection rounds a run without a timeout gives its finalists, besides the builds
 # (two rounds at least): the finalists are within a few % of each other (see
@@ -77,7 +78,8 @@ def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max:
     until_s = None if left is None else max(0.0, 0.98 * left - 0.2)
     # Each round is at most one trial's work per configuration.
     return runner.call("rounds", configs, n_min, n_max, kw.get("target"), kw.get("max_s"), kw.get("diagnose", False),
-                       kw.get("drawn", 0), until_s, n_trials=len(configs) * n_max)  # fmt: skip
+                       kw.get("drawn", 0), until_s, kw.get("builds_free", False),
+                       n_trials=len(configs) * n_max)  # fmt: skip
 
 
 def select(
@@ -120,13 +122,15 @@ def confirm(
     diagnose: bool = True,
     n_processes: int | None = None,
     fresh: bool = True,
+    builds_free: bool = False,
 ) -> dict[str, Any]:
     """Fresh interleaved rounds of the baseline and the pick alone: the claim, over
     ``n_processes`` fresh worker processes (default :data:`~autotune.search.claims.CONFIRM_PROCESSES`).
 
     Rounds continue until the ratio's 95% interval is within +-``target`` or ``n_max`` rounds
     (or ``max_s`` seconds) are spent. With ``diagnose``, the loader alone and the model alone are
-    timed in the same rounds.
+    timed in each process's first round. With ``builds_free`` (a run without a time limit),
+    ``max_s`` counts the rounds, not the workers' starts and builds.
 
     Returns:
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
@@ -137,7 +141,7 @@ def confirm(
 
     target = TARGET_HALF_WIDTH if target is None else target
     groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max,
-                                        n_processes or CONFIRM_PROCESSES, fresh=fresh,
+                                        n_processes or CONFIRM_PROCESSES, fresh=fresh, builds_free=builds_free,
                                         target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS)  # fmt: skip
     rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -174,11 +178,13 @@ def _process_rounds(
     process gets its share of ``max_s``; a later one starts only while at least half a share is
     left, so a run's timeout still bounds the claim."""
     import math
-    import time
 
     from autotune.errors import TrialError
 
     max_s = kw.pop("max_s", None)
+    # With builds_free, max_s is the rounds' time: what each process spent starting and building
+    # is not counted (a compiled pick's builds took most of a 167-s confirmation: 3 rounds, 1 process).
+    builds_free = kw.get("builds_free", False)
     why = None if runner.restarts else "isolation='inprocess' starts no worker process"
     fresh = kw.pop("fresh", True)
     if not fresh and runner.restarts:
@@ -189,21 +195,28 @@ def _process_rounds(
     # Confirmation rounds draw from a range of their own: a fresh process counts rounds from
     # zero, and would otherwise re-read the batches the selection rounds drew.
     started, groups, pids, drawn = time.monotonic(), [], [], kw.pop("drawn", 0)
+    unpaid = 0.0  # starts and builds, where max_s does not count them
+
+    def left_s() -> float | None:
+        return None if max_s is None else max_s - (time.monotonic() - started - unpaid)
+
     for k in range(n_processes):
         if k:
-            left = None if max_s is None else max_s - (time.monotonic() - started)
+            left = left_s()
             if left is not None and left / (n_processes - k) < 0.5 * max_s / n_processes:
                 # Too little time left for another process's rounds (its start and builds too).
                 why = f"{max(left, 0.0):.3g} s of the confirmation's {max_s:.3g} s were left, too little for another"
                 break
         try:
             # Each process is a fresh one, but the first where the budget left no time to start it.
+            begun = time.monotonic()
             restarted = runner.restart() if k or fresh else True
             if not restarted and k:
                 why = "a fresh worker process could not be started"
                 break
+            unpaid += time.monotonic() - begun if builds_free else 0.0
             # The share is what is left after the new process started: its start counts too.
-            left = None if max_s is None else max_s - (time.monotonic() - started)
+            left = left_s()
             share = None if left is None else max(left, 0.0) / (n_processes - k)
             n_lo = max(2, math.ceil(n_min / n_processes))
             n_hi = max(n_lo, math.ceil(n_max / n_processes))
@@ -217,6 +230,7 @@ def _process_rounds(
             break
         groups.append(reply["rounds"])
         pids.append(reply.get("pid"))
+        unpaid += float(reply.get("built_s") or 0.0) if builds_free else 0.0
         drawn = reply.get("drawn", drawn)
     return groups, pids, why
 
@@ -232,22 +246,6 @@ def select_s(baseline: dict[str, Any], finalists: list[dict[str, Any]]) -> float
     from autotune.search.cost import build_s
 
     return SELECT_S + build_s(baseline) + sum(build_s(f) for f in finalists)
-
-
-def confirm_s(baseline: dict[str, Any], pick: dict[str, Any]) -> float:
-    """The confirmation's time limit without a run timeout: :data:`CONFIRM_S` of rounds plus the
-    baseline's and the pick's builds in each fresh worker process (their trials' ``compile_s``).
-    With 90 s in all, a compiled pick's first worker spent them building and rounding, and the
-    second process promised to the claim never started.
-
-    Example:
-        >>> confirm_s({"compile_s": 1.0}, {"compile_s": 30.0})
-        152.0
-    """
-    from autotune.search.claims import CONFIRM_PROCESSES
-    from autotune.search.cost import build_s
-
-    return CONFIRM_S + CONFIRM_PROCESSES * (build_s(baseline) + build_s(pick))
 
 
 def _affordable(
@@ -322,7 +320,7 @@ def claim_speedup(
         n_min = n_rounds if half is None else min(2 if one else 3, n_rounds)
         diagnose = diagnose and not one
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
-                            max_s=confirm_s(baseline, pick) if half is None else half,
+                            max_s=CONFIRM_S if half is None else half, builds_free=half is None,
                             n_processes=1 if one else None, fresh=not one)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed

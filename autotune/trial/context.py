@@ -128,6 +128,7 @@ class Context:
         diagnose: bool = False,
         drawn: int = 0,
         until_s: float | None = None,
+        builds_free: bool = False,
     ) -> dict[str, Any]:
         """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
 
@@ -137,15 +138,19 @@ class Context:
         first round also times every configuration's loader alone and model alone
         (:mod:`autotune.trial.diagnose`), so the diagnosis comes from the same rounds as the
         end-to-end figures; in every round they made a confirmation half as long again (three
-        rounds of real MiniLM: 33 s more), for figures that explain the claim, not make it. ``drawn``: rounds an earlier worker process already drew batches
-        for; this one draws after them. ``until_s``: seconds after which the caller stops waiting
-        (the run's deadline): a round that would end past it is not begun, even short of
-        ``n_min``, so the rounds already timed come back instead of none.
+        rounds of real MiniLM: 33 s more), for figures that explain the claim, not make it.
+        ``drawn``: rounds an earlier worker process already drew batches for; this one draws
+        after them. ``until_s``: seconds after which the caller stops waiting (the run's
+        deadline): a round that would end past it is not begun, even short of ``n_min``, so the
+        rounds already timed come back instead of none. With ``builds_free``, ``max_s`` counts
+        the rounds' time and not the builds' (each configuration's build and its first warm-up,
+        a compile from the run's cache): a run without a time limit gives its claim the same
+        rounds whatever its pick costs to build.
 
         Returns:
             ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
             "others_cpu", ...}, ...per config], ...per round], "drawn": rounds drawn so far,
-            "pid": this process}``.
+            "pid": this process, "built_s": seconds of the builds and first warm-ups}``.
         """
         import os
 
@@ -154,6 +159,7 @@ class Context:
         # deadline is given in wall time.
         started = time.perf_counter()
         prepared = self.prepare(configs)
+        built = time.perf_counter() - started
         rounds: list[list[dict[str, Any]]] = []
         slowest = 0.0
         for r in range(n_max):
@@ -169,8 +175,14 @@ class Context:
             for i in range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared))):
                 restore(self.pristine)
                 row[i] = self.time_round(prepared[i], diagnose and not rounds, seed)
+            if not rounds:  # the first warm-up of each build: its compile, where it has one
+                built += sum(float(c.pop("warmup_s", 0.0)) for c in row)
             rounds.append(row)
             slowest = max(slowest, time.perf_counter() - began)
-            if enough_rounds(rounds, n_min, target, max_s, time.perf_counter() - started):
+            spent = time.perf_counter() - started - (built if builds_free else 0.0)
+            if enough_rounds(rounds, n_min, target, max_s, spent):
                 break
-        return {"rounds": rounds, "drawn": self.n_rounds, "pid": os.getpid()}
+        for row in rounds:
+            for c in row:
+                c.pop("warmup_s", None)
+        return {"rounds": rounds, "drawn": self.n_rounds, "pid": os.getpid(), "built_s": built}

@@ -281,6 +281,7 @@ class TrialContext(Context, ArtifactExport):
     def time_round(self, prepared: BuildState, diagnose: bool, seed: int = 0) -> dict[str, Any]:
         m = measure(prepared, self.spec.dataset, self.spec.measure, seed=seed)
         row = {k: m[k] for k in _ROUND_KEYS}
+        row["warmup_s"] = m["compile_s"]  # the build's compile, in its first round
         if diagnose:
             restore(self.pristine)
             row.update(_halves(prepared, self.spec.dataset, self.spec.measure, seed))
