@@ -218,7 +218,10 @@ def _process_rounds(
             # The share is what is left after the new process started: its start counts too.
             left = left_s()
             share = None if left is None else max(left, 0.0) / (n_processes - k)
-            n_lo = max(2, math.ceil(n_min / n_processes))
+            # The least rounds still owed, over the processes still to run (two each at least):
+            # at ceil(5 / 2) each, five asked for were six, a round of the slow baseline more.
+            done = sum(len(g) for g in groups)
+            n_lo = max(2, math.ceil((n_min - done) / (n_processes - k)))
             n_hi = max(n_lo, math.ceil(n_max / n_processes))
             # Each process draws batches after the earlier ones': no round re-reads another's.
             reply = _rounds_reply(runner, configs, n_lo, n_hi, max_s=share, drawn=drawn, **kw)

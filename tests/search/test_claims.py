@@ -439,3 +439,24 @@ def test_the_loader_and_the_model_alone_are_timed_in_the_first_round_only():
     assert figures["loader_samples_per_s"] == rounds[0][1]["loader_samples_per_s"]
     assert figures["model_samples_per_s"] == rounds[0][1]["model_samples_per_s"]
     assert "loader_samples_per_s" not in ctx.rounds(configs, 2, 2)["rounds"][0][0]  # not asked: not timed
+
+
+def test_the_least_rounds_of_a_confirmation_are_split_over_its_processes_not_rounded_up_in_each():
+    """Five rounds asked for over two processes were three in each: six rounds, one of them a
+    whole round of the slow baseline more than asked for."""
+    from autotune.search.result import confirm
+
+    class TwoProcesses(InProcessRunner):
+        restarts = True
+
+        def restart(self) -> bool:
+            return True
+
+    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
+                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                                     measure=FAST))  # fmt: skip
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
+    # A target any two rounds meet: each process stops at the least it owes.
+    claim = confirm(runner, baseline, pick, FAST, n_min=5, n_max=15, target=10.0, diagnose=False)["claim"]
+    assert claim["n_processes"] == 2 and claim["n_rounds"] == 5
