@@ -266,3 +266,39 @@ def test_only_outputs_whose_width_follows_the_batch_are_per_token():
 
     with torch.inference_mode():
         assert token_outputs(both, batch) == (0, 2)
+
+
+def test_the_guard_runs_every_batch_at_the_configurations_size_so_a_compile_builds_once():
+    """225 validation sentences in batches of 32 left one of 1: a compile with shapes as symbols
+    built again for it (a size of 1 is never a symbol), 20 s of a guard a user never pays. A
+    short batch is padded to full size and its outputs cut back, sample by sample the same."""
+    from autotune.batching import pad_collate
+    from autotune.config import Config
+    from autotune.knobs.state import BuildExtras
+    from autotune.trial.build import build
+    from autotune.trial.guard import collect_per_sample
+
+    class Recorder(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.sizes = torch.nn.Embedding(50, 3), []
+
+        def forward(self, input_ids, attention_mask):
+            self.sizes.append(input_ids.shape[0])
+            return self.embed(input_ids) * attention_mask.unsqueeze(-1)
+
+    samples = []
+    for n in [3, 7, 2, 5, 6, 1, 4, 7, 3]:  # 9 samples in batches of 4: one of 1
+        ids = torch.zeros(8, dtype=torch.long)
+        ids[:n] = torch.arange(1, n + 1)
+        samples.append({"input_ids": ids, "attention_mask": (ids > 0).long()})
+    extras = BuildExtras(example=pad_collate(samples[:4]), collate_fn=pad_collate, lengths=[3, 7, 2, 5, 6, 1, 4, 7, 3])
+    config = Config({"batch_size": 4, "padding": "trim", "length_grouping": 4})
+    model = Recorder()
+    state = build(model, config, "cpu", extras=extras, copy_model=False)
+    outputs, _ = collect_per_sample(state, samples)
+    assert model.sizes and set(model.sizes) == {4}
+    # Each sample's outputs are its own, whatever it was batched with.
+    for i, sample in enumerate(samples):
+        n = int(sample["attention_mask"].sum())
+        assert torch.equal(outputs[i, :n], model.embed(sample["input_ids"][:n]))
