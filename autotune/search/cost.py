@@ -161,9 +161,12 @@ def finish_s(
     """Predicted seconds of a run's finish with ``best`` as the pick: in each confirmation
     process a worker start and both builds, ``n_rounds`` rounds of both (with the diagnosis,
     which times the loader and the model apart in each process's first round, half a round
-    more per process), then the export
-    of the pick (its build again, uncompiled, and about a trial of parity checks). 0 before the
-    baseline was measured.
+    more per process), then the export of the pick (its build again, uncompiled, and about a
+    trial of parity checks). 0 before the baseline was measured. A round is priced as one
+    trial measurement (:func:`measure_s`), though rounds now time
+    :data:`autotune.trial.inference.ROUND_WINDOWS` windows of a trial's five: the price is
+    high, which keeps a budget's reserve on the safe side (pre-padded budgets ended 6-29 s
+    early).
 
     Example:
         >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5, "guard_s": 1.5}
