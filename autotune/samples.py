@@ -39,6 +39,7 @@ __all__ = [
     "sample_inputs",
     "sequence_info",
     "slice_batch",
+    "stored_width",
     "tensor_leaves",
     "to_device",
     "token_length",
@@ -362,6 +363,13 @@ def token_length(inputs: Mapping[str, Any], keys: Sequence[str] = ()) -> int:
         keys[0] if keys else next((k for k, v in inputs.items() if k not in TARGET_KEYS and is_token_sequence(v)), None)
     )
     return 0 if key is None else len(inputs[key])
+
+
+def stored_width(inputs: Mapping[str, Any]) -> int | None:
+    """The width one sample's token sequences are stored at (its real tokens and its padding),
+    or ``None`` when it holds none."""
+    key = next((k for k, v in inputs.items() if k not in TARGET_KEYS and is_token_sequence(v)), None)
+    return None if key is None else len(inputs[key])
 
 
 @dataclasses.dataclass(frozen=True)

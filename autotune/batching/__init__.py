@@ -34,6 +34,7 @@ from autotune.samples import (
     is_token_sequence,
     sample_inputs,
     sequence_info,
+    stored_width,
     token_length,
 )
 
@@ -48,6 +49,7 @@ __all__ = [
     "gather_outputs",
     "inverse_order",
     "join_samples",
+    "lengths_and_width",
     "lengths_of",
     "pad_collate",
     "sequence_info",
@@ -65,11 +67,28 @@ GROUPINGS = (0, 4, 16, 64)
 
 def lengths_of(dataset: Any) -> list[int]:
     """The real length of every sample of ``dataset``, in order."""
-    out = []
+    return lengths_and_width(dataset)[0]
+
+
+def lengths_and_width(dataset: Any) -> tuple[list[int], int | None]:
+    """The real length of every sample of ``dataset``, in order, and the one width every
+    sample is stored at (pre-padded text: batched as given, every batch has one shape), or
+    ``None`` where stored widths differ.
+
+    Example:
+        >>> import torch
+        >>> ids, mask = torch.ones(4, dtype=torch.long), torch.tensor([1, 1, 0, 0])
+        >>> lengths_and_width([{"input_ids": ids, "attention_mask": mask}] * 2)
+        ([2, 2], 4)
+        >>> lengths_and_width([{"input_ids": ids}, {"input_ids": ids[:3]}])
+        ([4, 3], None)
+    """
+    out, widths = [], set()
     for i in range(len(dataset)):
         inputs = sample_inputs(dataset[i])
         out.append(token_length(inputs) if inputs is not None else 0)
-    return out
+        widths.add(stored_width(inputs) if inputs is not None else None)
+    return out, widths.pop() if len(widths) == 1 else None
 
 
 def fit_width(outputs: Any, width: int, like: Any, tokens: Sequence[int] = ()) -> Any:

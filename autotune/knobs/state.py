@@ -108,6 +108,8 @@ class BuildExtras:
             from batch to batch (:class:`autotune.shapes.Batches`); 0 when they join.
         images: The samples are images whose size varies; ``lengths`` then holds their sort
             keys (:func:`autotune.shapes.size_keys`), for ``size_grouping``.
+        width: The one width every token sequence is stored at (pre-padded text), or ``None``
+            where widths differ: batched as given, such samples make batches of one shape.
     """
 
     example: Any = None
@@ -124,6 +126,7 @@ class BuildExtras:
     token_outputs: tuple[int, ...] = ()
     ragged: int = 0
     images: bool = False
+    width: int | None = None
 
     def example_on(self, device: str) -> Any:
         """The example batch on ``device``."""

@@ -159,7 +159,7 @@ def profile(
 def _profile_inference(
     model: Any, dataset: Any, config: Any, trace: Path, device: str, collate_fn: Any, pad_values: Any
 ) -> dict[str, Any]:
-    from autotune.batching import lengths_of
+    from autotune.batching import lengths_and_width
     from autotune.data import describe
     from autotune.env import resolve_device
     from autotune.run.apply import _extras, _read_config, _rebuild_of, _unloaded, base_collate
@@ -177,7 +177,7 @@ def _profile_inference(
     extras = _extras(dataset, cfg, _rebuild_of(config), collate)
     extras.collate_fn = collate
     if describe(dataset, collate_fn, pad_values).sequence is not None:
-        extras.lengths = lengths_of(dataset)
+        extras.lengths, extras.width = lengths_and_width(dataset)
     state = build(model, cfg, where, extras=extras)
     return profile_state(state, dataset, trace)
 

@@ -20,6 +20,7 @@ import torch
 from autotune.knobs.state import BuildState
 from autotune.samples import batch_size_of, tensor_leaves, to_device
 from autotune.trial.build import settings_active
+from autotune.trial.epochs import batches_vary
 from autotune.trial.measure import WHOLE_EPOCH_BATCHES, MeasureSettings, _sync, call_model, timing_batches
 
 __all__ = [
@@ -225,7 +226,9 @@ def _epoch_batches(dataset: Any, state: BuildState, seed: int) -> list[Any]:
     grouping): the whole epoch the timing reads (at most WHOLE_EPOCH_BATCHES batches and
     MODEL_BYTES of them, at least one). A sample of them costs what its batches cost: 8 of
     CRAFT's 32 pages of different sizes made its model 20 pages/s against 22 end to end."""
-    n_epoch = min(WHOLE_EPOCH_BATCHES, -(-len(dataset) // state.batch_size))
+    # Batches of one shape cost the same: one of them is the epoch's model (whole cycles of a
+    # pre-padded real-text epoch of 12 made its half 4 s of a 10-s diagnosis).
+    n_epoch = min(WHOLE_EPOCH_BATCHES, -(-len(dataset) // state.batch_size)) if batches_vary(dataset, state) else 1
     batches, _ = timing_batches(dataset, state, 0, seed)
     taken: list[Any] = []
     held = 0

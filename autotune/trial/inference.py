@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore
-from autotune.batching import lengths_of
+from autotune.batching import lengths_and_width
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
 from autotune.errors import AutotuneError, InputError
@@ -132,6 +132,7 @@ class TrialContext(Context, ArtifactExport):
         )
         source = spec.train_dataset if from_train else spec.dataset
         calibration = [collate([source[i] for i in ids]) for ids in picked]
+        keys, width = _sort_keys(spec)
         return BuildExtras(
             # At least two samples: an export traced at batch 1 would specialise the batch size.
             example=collate([spec.dataset[i] for i in example]),
@@ -142,8 +143,9 @@ class TrialContext(Context, ArtifactExport):
             prune_ignore=tuple(spec.prune_ignore),
             seed=spec.seed,
             collate_fn=spec.collate_fn,
-            lengths=_sort_keys(spec),
+            lengths=keys,
             images=spec.images,
+            width=width,
         )
 
     def collate(self, samples: list[Any]) -> Any:
@@ -362,16 +364,17 @@ def _describe_output(out: Any) -> str:
     return f"a {type(out).__name__}"
 
 
-def _sort_keys(spec: WorkerSpec) -> list[Any] | None:
+def _sort_keys(spec: WorkerSpec) -> tuple[list[Any] | None, int | None]:
     """What ``length_grouping`` or ``size_grouping`` sorts samples by: token sequences' lengths,
-    images' shapes and sizes; ``None`` for other samples."""
+    images' shapes and sizes; ``None`` for other samples. And the one width token sequences
+    are stored at, if they share one."""
     if spec.sequence:
-        return lengths_of(spec.dataset)
+        return lengths_and_width(spec.dataset)
     if spec.images:
         from autotune.shapes import image_sizes, size_keys
 
-        return size_keys(image_sizes(spec.dataset))
-    return None
+        return size_keys(image_sizes(spec.dataset)), None
+    return None, None
 
 
 def finetune_dataset(spec: WorkerSpec) -> Any:

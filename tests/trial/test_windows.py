@@ -67,3 +67,51 @@ def test_the_windows_of_batches_unequal_in_cost_time_whole_epochs(monkeypatch):
     assert abs(aligned / whole - 1) < 0.05, (aligned, whole)
     monkeypatch.setattr(m, "_aligned_at", lambda *a: None)  # as before: windows end on the clock
     assert abs(m.measure(state, data, settings)["samples_per_s"] / whole - 1) > 0.1
+
+
+class _CountedTokens(torch.nn.Module):
+    """10 ms a call over token sequences, counting its calls (in the class: a build copies it)."""
+
+    calls = 0
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(8, 2)
+
+    def forward(self, input_ids, attention_mask):
+        import time
+
+        _CountedTokens.calls += 1
+        time.sleep(0.01)
+        return self.emb(input_ids).mean(1)
+
+
+def test_windows_over_batches_of_one_shape_end_on_the_clock_not_at_whole_epochs():
+    """Pre-padded text batched as given makes batches of one shape, equal in cost: whole
+    epochs add nothing but time. The baseline of pre-padded real MiniLM ran its two windows to
+    an epoch's end every round (4 s where 2.7 s timed as many batches, in every selection and
+    confirmation round). Trimmed to each batch's longest, the same samples differ in cost, and
+    their windows still time whole epochs."""
+    import autotune.trial.measure as m
+    from autotune.batching import lengths_and_width
+    from autotune.knobs.state import BuildExtras
+
+    data = []
+    for i in range(64):
+        n = 4 + i % 12
+        mask = torch.zeros(16, dtype=torch.long)
+        mask[:n] = 1
+        data.append({"input_ids": torch.ones(16, dtype=torch.long) * mask, "attention_mask": mask})
+    lengths, width = lengths_and_width(data)
+    assert width == 16
+    settings = m.MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1, n_remeasure=0)
+    timed = {}
+    for padding in ("as_given", "trim"):
+        model = _CountedTokens()
+        extras = BuildExtras(lengths=lengths, width=width)
+        state = build(model, Config({"batch_size": 4, "padding": padding}), "cpu", extras=extras)
+        calls = _CountedTokens.calls
+        m.measure(state, data, settings)
+        timed[padding] = _CountedTokens.calls - calls - settings.warmup_batches
+    assert timed["as_given"] < 16, timed  # two windows of about 3 batches, not an epoch of 16
+    assert timed["trim"] % 16 == 0, timed  # whole epochs
