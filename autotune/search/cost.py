@@ -160,8 +160,8 @@ def finish_s(
 ) -> float:
     """Predicted seconds of a run's finish with ``best`` as the pick: in each confirmation
     process a worker start and both builds, ``n_rounds`` rounds of both (with the diagnosis,
-    which times the loader and the model apart in each process's first round, half a round
-    more per process), then the export of the pick (its build again, uncompiled, and about a
+    which times the loader and the model apart in the first process's first round, half a
+    round more), then the export of the pick (its build again, uncompiled, and about a
     trial of parity checks). 0 before the baseline was measured. A round is priced as one
     trial measurement (:func:`measure_s`), though rounds now time
     :data:`autotune.trial.inference.ROUND_WINDOWS` windows of a trial's five: the price is
@@ -172,7 +172,7 @@ def finish_s(
         >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5, "guard_s": 1.5}
         >>> pick = {"wall_s": 30.0, "timed_s": 2.0, "compile_s": 20.0, "guard_s": 8.0}
         >>> finish_s(base, pick, 3.0)
-        113.0
+        111.0
         >>> finish_s(base, pick, 3.0, diagnose=False, exports=False)
         59.0
     """
@@ -182,9 +182,9 @@ def finish_s(
     start = float(start_s or 0.0)
     per_process = start + build_s(baseline) + build_s(best)
     round_s = measure_s(baseline) + measure_s(best)
-    # The diagnosis times the loader and the model apart in each process's first round: their
-    # windows are shorter, about half a round.
-    rounds = n_rounds * round_s + (0.5 * round_s * n_processes if diagnose else 0.0)
+    # The diagnosis times the loader and the model apart in the first process's first round:
+    # their windows are shorter, about half a round.
+    rounds = n_rounds * round_s + (0.5 * round_s if diagnose else 0.0)
     export = build_s(best) + float(best.get("wall_s") or 0.0) if exports else 0.0
     if exports and (best.get("config") or {}).get("compile_mode", "none") != "none":
         export -= 2 * float(best.get("compile_s") or 0.0)  # a compiled pick is exported uncompiled

@@ -129,7 +129,7 @@ def confirm(
 
     Rounds continue until the ratio's 95% interval is within +-``target`` or ``n_max`` rounds
     (or ``max_s`` seconds) are spent. With ``diagnose``, the loader alone and the model alone are
-    timed in each process's first round. With ``builds_free`` (a run without a time limit),
+    timed in the first process's first round. With ``builds_free`` (a run without a time limit),
     ``max_s`` counts the rounds, not the workers' starts and builds.
 
     Returns:
@@ -192,6 +192,9 @@ def _process_rounds(
         # a 3-minute budget's 60-s confirmation): the search's own worker times the rounds.
         why = "the budget left no time to start a fresh worker: the search's worker timed them"
     n_processes = n_processes if runner.restarts else 1
+    # The loader and the model alone explain the claim: timed in the first process's first round
+    # only (in each process's, they took 10 s a configuration of a second process's rounds).
+    diagnose = kw.pop("diagnose", False)
     # Confirmation rounds draw from a range of their own: a fresh process counts rounds from
     # zero, and would otherwise re-read the batches the selection rounds drew.
     started, groups, pids, drawn = time.monotonic(), [], [], kw.pop("drawn", 0)
@@ -224,7 +227,8 @@ def _process_rounds(
             n_lo = max(2, math.ceil((n_min - done) / (n_processes - k)))
             n_hi = max(n_lo, math.ceil(n_max / n_processes))
             # Each process draws batches after the earlier ones': no round re-reads another's.
-            reply = _rounds_reply(runner, configs, n_lo, n_hi, max_s=share, drawn=drawn, **kw)
+            reply = _rounds_reply(runner, configs, n_lo, n_hi, max_s=share, drawn=drawn, diagnose=diagnose and not k,
+                                  **kw)  # fmt: skip
         except TrialError as exc:
             if not k or exc.kind != "deadline":
                 raise

@@ -443,6 +443,37 @@ def test_the_loader_and_the_model_alone_are_timed_in_the_first_round_only():
     assert "loader_samples_per_s" not in ctx.rounds(configs, 2, 2)["rounds"][0][0]  # not asked: not timed
 
 
+def test_a_confirmation_times_the_loader_and_the_model_alone_in_its_first_process_only():
+    """Timed apart in each process's first round, the halves took 10 s a configuration of a
+    second process's rounds of real MiniLM: one process's explain the claim as well."""
+    from autotune.search.result import confirm
+
+    class TwoProcesses(InProcessRunner):
+        restarts = True
+        replies: list = []
+
+        def restart(self) -> bool:
+            return True
+
+        def call(self, name, *args, n_trials=1):
+            reply = super().call(name, *args, n_trials=n_trials)
+            if name == "rounds":
+                self.replies.append(reply["rounds"])
+            return reply
+
+    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
+                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                                     measure=FAST))  # fmt: skip
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
+    out = confirm(runner, baseline, pick, FAST, n_min=4, n_max=4, diagnose=True)
+    first, second = runner.replies
+    assert all("loader_samples_per_s" in c and "model_samples_per_s" in c for c in first[0])
+    assert not any("loader_samples_per_s" in c for r in [*first[1:], *second] for c in r)
+    assert out["claim"]["n_processes"] == 2
+    assert out["best"]["loader_samples_per_s"] == first[0][1]["loader_samples_per_s"]
+
+
 def test_the_least_rounds_of_a_confirmation_are_split_over_its_processes_not_rounded_up_in_each():
     """Five rounds asked for over two processes were three in each: six rounds, one of them a
     whole round of the slow baseline more than asked for."""
