@@ -215,7 +215,7 @@ def _confirm(run: Run, runner: Any) -> None:
     try:
         run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
             runner, run.baseline, finalists, opts.n_verify_pairs, speed_only, run.timing,
-            diagnose=not opts.train, budget_s=budget_s, need_s=need_s,
+            diagnose=not opts.train, budget_s=budget_s, need_s=need_s, spent_s=spent,
         )  # fmt: skip
     finally:
         runner.deadline = kept

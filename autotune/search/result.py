@@ -31,6 +31,13 @@ CONFIRM_S = 90.0
 # autotune.search.select.FINALIST_SHARE), and the claim comes from the confirmation. Five
 # rounds of three compiled MiniLM finalists and the baseline took 225 s of a 469-s finish.
 SELECT_S = 45.0
+# Without a time limit, the selection and confirmation rounds take this share of the run's time
+# before them, ROUNDS_FLOOR_S at least and SELECT_S + CONFIRM_S at most (the least rounds a claim
+# is made from are run whatever the limit). At 45 + 90 s whatever the run, rounds took 160 s of
+# a 260-s finish after a 173-s search of real MiniLM, for an interval the processes' spread
+# kept wider than +-5% anyway.
+ROUNDS_SHARE = 0.25
+ROUNDS_FLOOR_S = 30.0
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
@@ -242,8 +249,26 @@ def _process_rounds(
     return groups, pids, why
 
 
-def select_s(baseline: dict[str, Any], finalists: list[dict[str, Any]]) -> float:
-    """The selection's time limit without a run timeout: :data:`SELECT_S` of rounds plus the
+def rounds_s(spent_s: float | None) -> tuple[float, float]:
+    """Seconds of selection rounds and of confirmation rounds (builds not counted) that a run
+    without a time limit gives its finalists and its pick, after ``spent_s`` seconds of
+    preparing and searching: :data:`ROUNDS_SHARE` of them, split as :data:`SELECT_S` and
+    :data:`CONFIRM_S` are (those with ``None``).
+
+    Example:
+        >>> rounds_s(None), rounds_s(1000.0)
+        ((45.0, 90.0), (45.0, 90.0))
+        >>> [round(s, 1) for s in rounds_s(180.0)], rounds_s(60.0)
+        ([15.0, 30.0], (10.0, 20.0))
+    """
+    if spent_s is None:
+        return SELECT_S, CONFIRM_S
+    total = min(SELECT_S + CONFIRM_S, max(ROUNDS_FLOOR_S, ROUNDS_SHARE * spent_s))
+    return SELECT_S * total / (SELECT_S + CONFIRM_S), CONFIRM_S * total / (SELECT_S + CONFIRM_S)
+
+
+def select_s(baseline: dict[str, Any], finalists: list[dict[str, Any]], rounds: float = SELECT_S) -> float:
+    """The selection's time limit without a run timeout: ``rounds`` seconds of rounds plus the
     baseline's and each finalist's build (their trials' ``compile_s``).
 
     Example:
@@ -252,7 +277,7 @@ def select_s(baseline: dict[str, Any], finalists: list[dict[str, Any]]) -> float
     """
     from autotune.search.cost import build_s
 
-    return SELECT_S + build_s(baseline) + sum(build_s(f) for f in finalists)
+    return rounds + build_s(baseline) + sum(build_s(f) for f in finalists)
 
 
 def _affordable(
@@ -281,13 +306,15 @@ def claim_speedup(
     diagnose: bool = True,
     budget_s: float | None = None,
     need_s: float = 0.0,
+    spent_s: float | None = None,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
     """Select among the finalists, then confirm the pick on fresh rounds; with ``budget_s``
     (a study with a timeout), the selection leaves the least confirmation's predicted cost
     (``need_s``), or half the budget, and the confirmation has what the selection left; where
     both do not fit, the fastest trial is confirmed without a selection (:func:`_affordable`).
     A ``budget_s`` under ``need_s`` runs nothing: the claim is then "unconfirmed: deadline", as
-    it is when the deadline cuts the rounds off.
+    it is when the deadline cuts the rounds off. Without ``budget_s``, the rounds take a share
+    of the ``spent_s`` seconds the run took before them (:func:`rounds_s`).
 
     Returns:
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
@@ -309,8 +336,13 @@ def claim_speedup(
     try:
         # Selection and confirmation share the budget; with one finalist nothing is selected.
         half = None if budget_s is None else max(budget_s - need_s, budget_s / 2) if len(finalists) > 1 else budget_s
+        select_max, confirm_max = rounds_s(spent_s)
         pick, table = select(
-            runner, baseline, finalists, n_rounds, max_s=select_s(baseline, finalists) if half is None else half
+            runner,
+            baseline,
+            finalists,
+            n_rounds,
+            max_s=select_s(baseline, finalists, select_max) if half is None else half,
         )
         table = [*table, *skipped]
         if pick is None:
@@ -327,7 +359,7 @@ def claim_speedup(
         n_min = n_rounds if half is None else min(2 if one else 3, n_rounds)
         diagnose = diagnose and not one
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
-                            max_s=CONFIRM_S if half is None else half, builds_free=half is None,
+                            max_s=confirm_max if half is None else half, builds_free=half is None,
                             n_processes=1 if one else None, fresh=not one)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed

@@ -494,3 +494,34 @@ def test_the_least_rounds_of_a_confirmation_are_split_over_its_processes_not_rou
     # (rounded up in each, it was 3 and 3).
     claim = confirm(runner, baseline, pick, FAST, n_min=5, n_max=4, diagnose=False)["claim"]
     assert claim["n_processes"] == 2 and claim["n_rounds"] == 5
+
+
+def test_without_a_time_limit_the_rounds_take_a_share_of_the_run_not_a_fixed_time():
+    """45 s of selection and 90 s of confirmation rounds, whatever the run, took 160 s of a
+    260-s finish after a 173-s search of real MiniLM: the rounds take a quarter of the run
+    before them, split as before, and never more than before."""
+    from autotune.search.result import CONFIRM_S, SELECT_S
+
+    class Spy(InProcessRunner):
+        limits: list = []
+
+        def call(self, name, *args, n_trials=1):
+            if name == "rounds":
+                self.limits.append((len(args[0]), args[4]))
+            return super().call(name, *args, n_trials=n_trials)
+
+    runner = Spy(WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+                            baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=FAST))  # fmt: skip
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    finalists = [
+        _record(1, dict(Config({"batch_size": 32})), 300.0),
+        _record(2, dict(Config({"batch_size": 16})), 290.0),
+    ]
+    for spent, (select_max, confirm_max) in ((60.0, (10.0, 20.0)), (None, (SELECT_S, CONFIRM_S))):
+        Spy.limits.clear()
+        _, confirmed, _ = claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, spent_s=spent)
+        (n_select, select_s), (n_confirm, confirm_s) = Spy.limits
+        assert n_select == 3 and n_confirm == 2
+        assert select_max <= select_s <= select_max + 1.0  # the builds' seconds (the trials' compile_s) on top
+        assert confirm_max - 5.0 <= confirm_s <= confirm_max  # less the selection's seconds at most
+        assert confirmed["claim"]["n_rounds"] >= 2
