@@ -130,6 +130,7 @@ def confirm(
     n_processes: int | None = None,
     fresh: bool = True,
     builds_free: bool = False,
+    ready: bool = False,
 ) -> dict[str, Any]:
     """Fresh interleaved rounds of the baseline and the pick alone: the claim, over
     ``n_processes`` fresh worker processes (default :data:`~autotune.search.claims.CONFIRM_PROCESSES`).
@@ -137,7 +138,9 @@ def confirm(
     Rounds continue until the ratio's 95% interval is within +-``target`` or ``n_max`` rounds
     (or ``max_s`` seconds) are spent. With ``diagnose``, the loader alone and the model alone are
     timed in the first process's first round. With ``builds_free`` (a run without a time limit),
-    ``max_s`` counts the rounds, not the workers' starts and builds.
+    ``max_s`` counts the rounds, not the workers' starts and builds. With ``ready``, the
+    runner's worker is a fresh one already (the selection's): the first process's rounds run
+    in it, on the builds its selection rounds made.
 
     Returns:
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
@@ -149,7 +152,8 @@ def confirm(
     target = TARGET_HALF_WIDTH if target is None else target
     groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max,
                                         n_processes or CONFIRM_PROCESSES, fresh=fresh, builds_free=builds_free,
-                                        target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS)  # fmt: skip
+                                        target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS,
+                                        ready=ready)  # fmt: skip
     rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
     processes = [geomean([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in g]) for g in groups]
@@ -193,7 +197,7 @@ def _process_rounds(
     # is not counted (a compiled pick's builds took most of a 167-s confirmation: 3 rounds, 1 process).
     builds_free = kw.get("builds_free", False)
     why = None if runner.restarts else "isolation='inprocess' starts no worker process"
-    fresh = kw.pop("fresh", True)
+    fresh, ready = kw.pop("fresh", True), kw.pop("ready", False)
     if not fresh and runner.restarts:
         # A budget with no room for a fresh worker's start (a real MiniLM worker's took most of
         # a 3-minute budget's 60-s confirmation): the search's own worker times the rounds.
@@ -212,15 +216,17 @@ def _process_rounds(
 
     for k in range(n_processes):
         if k:
-            left = left_s()
-            if left is not None and left / (n_processes - k) < 0.5 * max_s / n_processes:
+            left, owed = left_s(), builds_free and sum(len(g) for g in groups) < n_min
+            # Without a deadline (builds_free), the least rounds are run in every process whatever
+            # their time: at 20 s, a claim came from 3 rounds in 1 process.
+            if left is not None and not owed and left / (n_processes - k) < 0.5 * max_s / n_processes:
                 # Too little time left for another process's rounds (its start and builds too).
                 why = f"{max(left, 0.0):.3g} s of the confirmation's {max_s:.3g} s were left, too little for another"
                 break
         try:
             # Each process is a fresh one, but the first where the budget left no time to start it.
             begun = time.monotonic()
-            restarted = runner.restart() if k or fresh else True
+            restarted = runner.restart() if k or (fresh and not ready) else True
             if not restarted and k:
                 why = "a fresh worker process could not be started"
                 break
@@ -337,13 +343,11 @@ def claim_speedup(
         # Selection and confirmation share the budget; with one finalist nothing is selected.
         half = None if budget_s is None else max(budget_s - need_s, budget_s / 2) if len(finalists) > 1 else budget_s
         select_max, confirm_max = rounds_s(spent_s)
-        pick, table = select(
-            runner,
-            baseline,
-            finalists,
-            n_rounds,
-            max_s=select_s(baseline, finalists, select_max) if half is None else half,
-        )
+        # Without a deadline the selection runs in a fresh worker, the confirmation's first process:
+        # its builds are timed again, not rebuilt (a compiled pick's build and warm-up took 8-9 s).
+        ready = half is None and len(finalists) > 1 and bool(runner.restarts) and runner.restart()
+        pick, table = select(runner, baseline, finalists, n_rounds,
+                             max_s=select_s(baseline, finalists, select_max) if half is None else half)  # fmt: skip
         table = [*table, *skipped]
         if pick is None:
             if speed_only:
@@ -360,7 +364,7 @@ def claim_speedup(
         diagnose = diagnose and not one
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
                             max_s=confirm_max if half is None else half, builds_free=half is None,
-                            n_processes=1 if one else None, fresh=not one)  # fmt: skip
+                            n_processes=1 if one else None, fresh=not one, ready=bool(ready))  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed
             return finalists[0], None, [{"error": str(exc), "deadline": True}]

@@ -90,6 +90,7 @@ class TrialContext(Context, ArtifactExport):
     def __init__(self, spec: WorkerSpec) -> None:
         super().__init__(spec)
         self.model.eval()
+        self._kept: list[tuple[dict[str, Any], BuildState]] = []  # the last rounds' builds (see prepare)
         self._guard_s = 0.0  # the last guard's seconds: what a stopped trial saves of it
         with _step("Collating the example and calibration batches", _COLLATE_HINT):
             self.extras = self._extras()
@@ -174,11 +175,14 @@ class TrialContext(Context, ArtifactExport):
 
     def build(self, config: dict[str, Any]) -> BuildState:
         """``config`` built on a fresh copy of the model, from stock process state."""
+        if _compiled(config):  # its dynamo reset drops the compiled code of the builds kept
+            self._kept = [(c, state) for c, state in self._kept if not _compiled(c)]
         self.reset(config)
         return build(self.fresh_model(), Config(config), self.spec.device, extras=self.extras, copy_model=False)
 
     def trial(self, config: dict[str, Any], result: dict[str, Any]) -> None:
         """Build, measure and guard one configuration."""
+        self._kept = []  # a compiled trial resets dynamo: what the rounds built is stale after it
         torch.manual_seed(self.spec.seed)
         mark = memory_mark(self.spec.device)  # before the build: the trial's memory is its own
         began = time.perf_counter()
@@ -280,8 +284,16 @@ class TrialContext(Context, ArtifactExport):
 
     def prepare(self, configs: list[dict[str, Any]]) -> list[BuildState]:
         # Builds are lazy (compilation happens in the first measurement), so building them all
-        # first, each after a dynamo reset, is safe.
-        return [self.build(c) for c in configs]
+        # first, each after a dynamo reset, is safe. Later rounds of the same configurations in
+        # this worker (a confirmation in the selection's worker) time the builds the last rounds
+        # made, warmed up: a compiled MiniLM pick's build and first warm-up took 8-9 s in each
+        # call. Not where a new compiled build comes between: its dynamo reset drops their code.
+        kept = {_key(c): state for c, state in self._kept}
+        if any(_compiled(c) for c in configs if _key(c) not in kept):
+            kept = {_key(c): state for c, state in self._kept if not _compiled(c)}
+        states = [kept.get(_key(c)) or self.build(c) for c in configs]
+        self._kept = list(zip(configs, states, strict=True))
+        return states
 
     def time_round(self, prepared: BuildState, diagnose: bool, seed: int = 0) -> dict[str, Any]:
         # A round is one ratio of the claim's interval, which the rounds' spread makes honest:
@@ -325,8 +337,19 @@ class TrialContext(Context, ArtifactExport):
         from autotune.trial.profile import profile_state
 
         torch.manual_seed(self.spec.seed)
-        state = self.build(config)
+        # The build the last rounds timed, where they timed this configuration (see prepare).
+        state = next((s for c, s in self._kept if _key(c) == _key(config)), None) or self.build(config)
         return profile_state(state, self.spec.dataset, trace, seed=draw_seed(self.spec.seed, "profile"))
+
+
+def _key(config: dict[str, Any]) -> str:
+    import json
+
+    return json.dumps(config, sort_keys=True, default=str)
+
+
+def _compiled(config: dict[str, Any]) -> bool:
+    return config.get("compile_mode", "none") != "none"
 
 
 def _behind(result: dict[str, Any], leader: float | None, settings: Any) -> bool:

@@ -525,3 +525,79 @@ def test_without_a_time_limit_the_rounds_take_a_share_of_the_run_not_a_fixed_tim
         assert select_max <= select_s <= select_max + 1.0  # the builds' seconds (the trials' compile_s) on top
         assert confirm_max - 5.0 <= confirm_s <= confirm_max  # less the selection's seconds at most
         assert confirmed["claim"]["n_rounds"] >= 2
+
+
+def test_without_a_time_limit_the_least_rounds_run_in_both_processes_however_short_their_time():
+    """A run without a deadline gives its rounds a share of its time; short as that may be, the
+    least confirmation (its rounds in two fresh processes) is run: at 20 s, a claim of real
+    MiniLM came from 3 rounds in 1 process."""
+    from autotune.search.result import confirm
+
+    class TwoProcesses(InProcessRunner):
+        restarts = True
+
+        def restart(self) -> bool:
+            return True
+
+    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
+                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                                     measure=FAST))  # fmt: skip
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
+    claim = confirm(runner, baseline, pick, FAST, n_min=5, n_max=15, max_s=0.01, builds_free=True)["claim"]
+    assert claim["n_processes"] == 2 and claim["n_rounds"] == 5
+    # With a deadline, time that runs out still ends the confirmation after its first process.
+    claim = confirm(runner, baseline, pick, FAST, n_min=5, n_max=15, max_s=0.01)["claim"]
+    assert claim["n_processes"] == 1 and "1 process of the 2 planned" in claim["sentence"]
+
+
+def test_a_workers_later_rounds_time_the_builds_its_last_rounds_made_unless_a_compile_came_between():
+    """A confirmation in the selection's worker rebuilt the baseline and the pick, and a
+    compiled MiniLM pick's build and first warm-up took 8-9 s again. Its builds are kept for the
+    next rounds and the profile; a new compiled build between drops them (its dynamo reset
+    drops their compiled code), and so does a trial."""
+    ctx = _context(MLP())
+    base, pick = dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32, "compile_mode": "default"}))
+    first = ctx.prepare([base, pick])
+    again = ctx.prepare([base, pick])
+    assert again[0] is first[0] and again[1] is first[1]  # builds are lazy: nothing was compiled here
+    other = dict(Config({"batch_size": 16, "compile_mode": "default"}))
+    rebuilt = ctx.prepare([base, pick, other])
+    assert rebuilt[0] is first[0] and rebuilt[1] is not first[1]  # the eager baseline's build stands
+    kept = ctx.prepare([base, dict(Config({"batch_size": 16}))])
+    assert kept[0] is first[0]
+    ctx.run_trial(dict(Config({"batch_size": 16})))
+    assert ctx.prepare([base])[0] is not first[0]
+
+
+def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_confirms():
+    """The selection's fresh worker is the confirmation's first process: a fresh worker's start
+    and both builds are paid once, not twice (17 s of each process of real MiniLM)."""
+    calls = []
+
+    class TwoProcesses(InProcessRunner):
+        restarts = True
+
+        def restart(self) -> bool:
+            calls.append("restart")
+            return True
+
+        def call(self, name, *args, n_trials=1):
+            calls.append((name, len(args[0])))
+            return super().call(name, *args, n_trials=n_trials)
+
+    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
+                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                                     measure=FAST))  # fmt: skip
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    finalists = [
+        _record(1, dict(Config({"batch_size": 32})), 300.0),
+        _record(2, dict(Config({"batch_size": 16})), 290.0),
+    ]
+    _, confirmed, _ = claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, spent_s=60.0)
+    assert calls == ["restart", ("rounds", 3), ("rounds", 2), "restart", ("rounds", 2)]
+    assert confirmed["claim"]["n_processes"] == 2
+    # Under a deadline the selection runs in the search's worker, as before.
+    calls.clear()
+    claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, budget_s=600.0, need_s=1.0)
+    assert calls[:2] == [("rounds", 3), "restart"]
