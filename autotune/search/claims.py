@@ -3,8 +3,9 @@
 Measuring the best few trials once more and reporting the best of them flatters the winner
 (the winner's curse: the pick is partly the luckiest measurement). So:
 
-1. *Selection*: the finalists and the baseline are measured in interleaved rounds whose order
-   alternates (baseline, A, B / B, A, baseline); the finalist with the best ratio is picked.
+1. *Selection*: the finalists are measured in interleaved rounds whose order alternates
+   (A, B, C / C, B, A); the finalist with the best ratio to the first (the fastest trial) is
+   picked.
 2. *Confirmation*: fresh rounds of the baseline and the pick alone, order alternating, until
    the ratio's 95% confidence interval is within the target (default +-5%) or a cap is hit.
 

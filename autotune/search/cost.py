@@ -191,15 +191,14 @@ def finish_s(
     return n_processes * per_process + rounds + export
 
 
-def selection_s(baseline: Mapping[str, Any], finalists: Sequence[Mapping[str, Any]], n_rounds: int = 2) -> float:
+def selection_s(finalists: Sequence[Mapping[str, Any]], n_rounds: int = 2) -> float:
     """Predicted seconds of selection rounds among ``finalists`` in a worker that is running:
-    every build, then ``n_rounds`` rounds of the baseline and each finalist.
+    every build, then ``n_rounds`` rounds of each finalist (the baseline is not timed in them).
 
     Example:
-        >>> base = {"wall_s": 26.6, "timed_s": 8.0, "compile_s": 1.4, "guard_s": 4.0, "n_measurements": 2}
         >>> fast = {"wall_s": 8.7, "timed_s": 4.1, "compile_s": 0.3, "guard_s": 1.0}
-        >>> round(selection_s(base, [fast, fast]), 1)  # builds 2.0, rounds 2 x (10.4 + 2 x 5.4)
-        44.4
+        >>> round(selection_s([fast, fast]), 1)  # builds 0.6, rounds 2 x (2 x 5.4)
+        22.2
     """
-    builds = build_s(baseline) + sum(build_s(f) for f in finalists)
-    return builds + n_rounds * (measure_s(baseline) + sum(measure_s(f) for f in finalists))
+    builds = sum(build_s(f) for f in finalists)
+    return builds + n_rounds * sum(measure_s(f) for f in finalists)

@@ -90,30 +90,34 @@ def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max:
 
 
 def select(
-    runner: Any, baseline: dict[str, Any], finalists: list[dict[str, Any]], n_rounds: int, max_s: float | None = None
-) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
-    """Pick one finalist on interleaved selection rounds against the baseline (``n_rounds``, or
-    as many as fit in ``max_s`` seconds, two at least).
+    runner: Any, finalists: list[dict[str, Any]], n_rounds: int, max_s: float | None = None
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Pick one finalist on interleaved selection rounds of the finalists alone (``n_rounds``,
+    or as many as fit in ``max_s`` seconds, two at least): each finalist's ratio is to the first
+    (the fastest trial) in the same round. The baseline is not timed: the claim against it
+    comes from the confirmation, and its rounds of the slow baseline of real MiniLM were a
+    third of each selection round.
 
     Returns:
-        (the pick, or ``None`` when no finalist beat the baseline in these rounds, the finalists'
-        table). With one finalist nothing needs choosing: no rounds are run.
+        (the pick, the finalists' table: each ``ratio`` to the first finalist, its trial number
+        in ``against``). With one finalist nothing needs choosing: no rounds are run.
     """
     from autotune.trial.intervals import interval
 
     if len(finalists) == 1:
         return finalists[0], [{"trial": finalists[0]["number"], "selection": "the only finalist"}]
     n_min = n_rounds if max_s is None else min(2, n_rounds)
-    rounds = _rounds(runner, [baseline["config"], *(f["config"] for f in finalists)], n_min, n_rounds, max_s=max_s)
+    rounds = _rounds(runner, [f["config"] for f in finalists], n_min, n_rounds, max_s=max_s)
     table = []
-    for i, f in enumerate(finalists, start=1):
+    for i, f in enumerate(finalists):
         ratios = [r[i]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
         mid, lo, hi = interval(ratios)
-        table.append({"trial": f["number"], "ratio": mid, "low": lo, "high": hi, "median": statistics.median(ratios),
-                      "min": min(ratios), "max": max(ratios), "n_rounds": len(ratios)})  # fmt: skip
+        table.append({"trial": f["number"], "against": finalists[0]["number"], "ratio": mid, "low": lo, "high": hi,
+                      "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios),
+                      "n_rounds": len(ratios)})  # fmt: skip
     pick = max(range(len(finalists)), key=lambda k: table[k]["ratio"])
     table[pick]["picked"] = True
-    return (finalists[pick] if table[pick]["ratio"] > 1.0 else None), table
+    return finalists[pick], table
 
 
 def confirm(
@@ -273,21 +277,21 @@ def rounds_s(spent_s: float | None) -> tuple[float, float]:
     return SELECT_S * total / (SELECT_S + CONFIRM_S), CONFIRM_S * total / (SELECT_S + CONFIRM_S)
 
 
-def select_s(baseline: dict[str, Any], finalists: list[dict[str, Any]], rounds: float = SELECT_S) -> float:
-    """The selection's time limit without a run timeout: ``rounds`` seconds of rounds plus the
-    baseline's and each finalist's build (their trials' ``compile_s``).
+def select_s(finalists: list[dict[str, Any]], rounds: float = SELECT_S) -> float:
+    """The selection's time limit without a run timeout: ``rounds`` seconds of rounds plus
+    each finalist's build (their trials' ``compile_s``).
 
     Example:
-        >>> select_s({"compile_s": 1.0}, [{"compile_s": 30.0}, {"compile_s": 12.0}])
-        88.0
+        >>> select_s([{"compile_s": 30.0}, {"compile_s": 12.0}])
+        87.0
     """
     from autotune.search.cost import build_s
 
-    return rounds + build_s(baseline) + sum(build_s(f) for f in finalists)
+    return rounds + sum(build_s(f) for f in finalists)
 
 
 def _affordable(
-    baseline: dict[str, Any], finalists: list[dict[str, Any]], budget_s: float | None, need_s: float
+    finalists: list[dict[str, Any]], budget_s: float | None, need_s: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """The finalists a budget of ``budget_s`` seconds selects among, and a table row for each
     left out: where two selection rounds and the least confirmation (``need_s``) do not both
@@ -295,7 +299,7 @@ def _affordable(
     61 s, and the confirmation was killed with nothing timed."""
     from autotune.search.cost import selection_s
 
-    if budget_s is None or len(finalists) < 2 or budget_s >= need_s + selection_s(baseline, finalists):
+    if budget_s is None or len(finalists) < 2 or budget_s >= need_s + selection_s(finalists):
         return finalists, []
     why = (f"the budget's {budget_s:.0f} s held the confirmation ({need_s:.0f} s) but not selection rounds too: "
            "the fastest trial was confirmed")  # fmt: skip
@@ -323,10 +327,9 @@ def claim_speedup(
     of the ``spent_s`` seconds the run took before them (:func:`rounds_s`).
 
     Returns:
-        (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when the
-        baseline stands, the finalists' table). When speed is the only objective, the baseline
-        stands if no finalist beats it in selection or the confirmation finds no measurable
-        speedup, finds the pick slower (``slower``), or ran beside busy processes (``noisy``); with
+        (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when
+        nothing was confirmed, the finalists' table). When speed is the only objective, the
+        baseline stands if the confirmation finds no measurable speedup, finds the pick slower (``slower``), or ran beside busy processes (``noisy``); with
         other objectives (size, say) a slower winner can still be the right one (verdict ``slower``).
         A measurement that fails in the worker leaves the search's best trial, and the table
         holds ``{"error": message, "failed": True}``: the claim is that failure (verdict ``failed``).
@@ -338,7 +341,7 @@ def claim_speedup(
         return finalists[0], None, [{"error": f"{left}, and confirming the pick needs about {need_s:.0f} s",
                                      "deadline": True}]  # fmt: skip
     started = time.monotonic()
-    finalists, skipped = _affordable(baseline, finalists, budget_s, need_s)
+    finalists, skipped = _affordable(finalists, budget_s, need_s)
     try:
         # Selection and confirmation share the budget; with one finalist nothing is selected.
         half = None if budget_s is None else max(budget_s - need_s, budget_s / 2) if len(finalists) > 1 else budget_s
@@ -346,13 +349,9 @@ def claim_speedup(
         # Without a deadline the selection runs in a fresh worker, the confirmation's first process:
         # its builds are timed again, not rebuilt (a compiled pick's build and warm-up took 8-9 s).
         ready = half is None and len(finalists) > 1 and bool(runner.restarts) and runner.restart()
-        pick, table = select(runner, baseline, finalists, n_rounds,
-                             max_s=select_s(baseline, finalists, select_max) if half is None else half)  # fmt: skip
+        pick, table = select(runner, finalists, n_rounds,
+                             max_s=select_s(finalists, select_max) if half is None else half)  # fmt: skip
         table = [*table, *skipped]
-        if pick is None:
-            if speed_only:
-                return baseline, None, table
-            pick = finalists[0]
         if budget_s is not None:  # the confirmation has what the selection left
             half = max(0.0, budget_s - (time.monotonic() - started))
         # A budget that holds the least confirmation once but not twice confirms in one process:

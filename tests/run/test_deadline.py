@@ -299,7 +299,7 @@ def test_a_budget_that_holds_the_confirmation_but_not_a_selection_confirms_the_f
     real = result._rounds_reply
 
     def counting(runner, configs, n_min, n_max, **kw):
-        measured.append(len(configs))
+        measured.append([c["batch_size"] for c in configs])
         return real(runner, configs, n_min, n_max, **kw)
 
     monkeypatch.setattr(result, "_rounds_reply", counting)
@@ -309,13 +309,14 @@ def test_a_budget_that_holds_the_confirmation_but_not_a_selection_confirms_the_f
     fast = {"number": 3, "key": "b", "samples_per_s": 180.0, "config": dict(Config({"batch_size": 32})), **cost}
     close = {"number": 5, "key": "c", "samples_per_s": 175.0, "config": dict(Config({"batch_size": 16})), **cost}
     runner = InProcessRunner(_spec())
-    # Two rounds of three (30 s) and a confirmation (20 s) do not fit in 40 s: no selection.
+    # Two rounds of the two finalists (23 s with their builds) and a confirmation (20 s) do not
+    # fit in 40 s: no selection.
     _, confirmed, table = result.claim_speedup(runner, baseline, [fast, close], 3, True, FAST, budget_s=40.0,
                                                   need_s=20.0)  # fmt: skip
-    assert measured and all(n == 2 for n in measured)  # the baseline and the pick, never three
+    assert measured and all(c == [8, 32] for c in measured)  # the baseline and the pick: no selection
     assert confirmed is not None and confirmed["claim"]["n_rounds"] >= 2
     assert [row["trial"] for row in table] == [3, 5] and "fastest trial was confirmed" in table[1]["not_selected"]
     # With room for both, the finalists are selected first.
     measured.clear()
     result.claim_speedup(runner, baseline, [fast, close], 3, True, FAST, budget_s=60.0, need_s=20.0)
-    assert measured[0] == 3
+    assert measured[0] == [32, 16]
