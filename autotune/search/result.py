@@ -90,10 +90,11 @@ def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max:
 
 
 def select(
-    runner: Any, finalists: list[dict[str, Any]], n_rounds: int, max_s: float | None = None
+    runner: Any, finalists: list[dict[str, Any]], n_rounds: int, max_s: float | None = None, builds_free: bool = False
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Pick one finalist on interleaved selection rounds of the finalists alone (``n_rounds``,
-    or as many as fit in ``max_s`` seconds, two at least): each finalist's ratio is to the first
+    or as many as fit in ``max_s`` seconds, two at least; with ``builds_free``, seconds of
+    rounds, the builds not counted): each finalist's ratio is to the first
     (the fastest trial) in the same round. The baseline is not timed: the claim against it
     comes from the confirmation, and its rounds of the slow baseline of real MiniLM were a
     third of each selection round.
@@ -107,7 +108,7 @@ def select(
     if len(finalists) == 1:
         return finalists[0], [{"trial": finalists[0]["number"], "selection": "the only finalist"}]
     n_min = n_rounds if max_s is None else min(2, n_rounds)
-    rounds = _rounds(runner, [f["config"] for f in finalists], n_min, n_rounds, max_s=max_s)
+    rounds = _rounds(runner, [f["config"] for f in finalists], n_min, n_rounds, max_s=max_s, builds_free=builds_free)
     table = []
     for i, f in enumerate(finalists):
         ratios = [r[i]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
@@ -277,19 +278,6 @@ def rounds_s(spent_s: float | None) -> tuple[float, float]:
     return SELECT_S * total / (SELECT_S + CONFIRM_S), CONFIRM_S * total / (SELECT_S + CONFIRM_S)
 
 
-def select_s(finalists: list[dict[str, Any]], rounds: float = SELECT_S) -> float:
-    """The selection's time limit without a run timeout: ``rounds`` seconds of rounds plus
-    each finalist's build (their trials' ``compile_s``).
-
-    Example:
-        >>> select_s([{"compile_s": 30.0}, {"compile_s": 12.0}])
-        87.0
-    """
-    from autotune.search.cost import build_s
-
-    return rounds + sum(build_s(f) for f in finalists)
-
-
 def _affordable(
     finalists: list[dict[str, Any]], budget_s: float | None, need_s: float
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -349,8 +337,10 @@ def claim_speedup(
         # Without a deadline the selection runs in a fresh worker, the confirmation's first process:
         # its builds are timed again, not rebuilt (a compiled pick's build and warm-up took 8-9 s).
         ready = half is None and len(finalists) > 1 and bool(runner.restarts) and runner.restart()
-        pick, table = select(runner, finalists, n_rounds,
-                             max_s=select_s(finalists, select_max) if half is None else half)  # fmt: skip
+        # Without a deadline the rounds' seconds are counted, not the builds': priced from the
+        # trials' cold compiles (23 s), a build from the cache (8 s) left time for 4 rounds, not 2.
+        pick, table = select(runner, finalists, n_rounds, max_s=select_max if half is None else half,
+                             builds_free=half is None)  # fmt: skip
         table = [*table, *skipped]
         if budget_s is not None:  # the confirmation has what the selection left
             half = max(0.0, budget_s - (time.monotonic() - started))
