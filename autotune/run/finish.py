@@ -178,7 +178,7 @@ def _confirm(run: Run, runner: Any) -> None:
     """The winner and its claim: selection rounds among the finalists, then fresh rounds of the
     pick against the baseline, in what the deadline leaves."""
     import autotune.search.select as select
-    from autotune.search.cost import build_s, finish_s
+    from autotune.search.cost import export_s, finish_s
     from autotune.search.output import write_pareto
     from autotune.search.result import baseline_and_best, claim_speedup
 
@@ -200,7 +200,7 @@ def _confirm(run: Run, runner: Any) -> None:
     left = run.left_s()
     if left is not None:  # the export and the reports come after, inside the same deadline
         pick = finalists[0]
-        left = max(0.0, left - (build_s(pick) + float(pick.get("wall_s") or 0.0) if opts.export else 0.0) - REPORT_S)
+        left = max(0.0, left - (export_s(pick) if opts.export else 0.0) - REPORT_S)
     # The least confirmation: one fresh worker, both builds, two rounds.
     need_s = finish_s(run.baseline, finalists[0], runner.start_s, diagnose=False, n_rounds=2, n_processes=1,
                       exports=False)  # fmt: skip

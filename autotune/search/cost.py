@@ -14,7 +14,17 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["HEAVY_KNOBS", "build_s", "finish_s", "is_costly", "measure_s", "once_s", "selection_s", "trial_cost_s"]
+__all__ = [
+    "HEAVY_KNOBS",
+    "build_s",
+    "export_s",
+    "finish_s",
+    "is_costly",
+    "measure_s",
+    "once_s",
+    "selection_s",
+    "trial_cost_s",
+]
 
 # Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
 # baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
@@ -161,8 +171,7 @@ def finish_s(
     """Predicted seconds of a run's finish with ``best`` as the pick: in each confirmation
     process a worker start and both builds, ``n_rounds`` rounds of both (with the diagnosis,
     which times the loader and the model apart in the first process's first round, half a
-    round more), then the export of the pick (its build again, uncompiled, and about a
-    trial of parity checks). 0 before the baseline was measured. A round is priced as one
+    round more), then the export of the pick (:func:`export_s`). 0 before the baseline was measured. A round is priced as one
     trial measurement (:func:`measure_s`), though rounds now time
     :data:`autotune.trial.inference.ROUND_WINDOWS` windows of a trial's five: the price is
     high, which keeps a budget's reserve on the safe side (pre-padded budgets ended 6-29 s
@@ -172,7 +181,7 @@ def finish_s(
         >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5, "guard_s": 1.5}
         >>> pick = {"wall_s": 30.0, "timed_s": 2.0, "compile_s": 20.0, "guard_s": 8.0}
         >>> finish_s(base, pick, 3.0)
-        111.0
+        141.0
         >>> finish_s(base, pick, 3.0, diagnose=False, exports=False)
         59.0
     """
@@ -185,10 +194,29 @@ def finish_s(
     # The diagnosis times the loader and the model apart in the first process's first round:
     # their windows are shorter, about half a round.
     rounds = n_rounds * round_s + (0.5 * round_s if diagnose else 0.0)
-    export = build_s(best) + float(best.get("wall_s") or 0.0) if exports else 0.0
-    if exports and (best.get("config") or {}).get("compile_mode", "none") != "none":
-        export -= 2 * float(best.get("compile_s") or 0.0)  # a compiled pick is exported uncompiled
-    return n_processes * per_process + rounds + export
+    return n_processes * per_process + rounds + (export_s(best) if exports else 0.0)
+
+
+# An export (ONNX, TorchScript, each with its parity check over the validation samples) costs
+# about this many of the pick's trials: a real MiniLM pick's took 20-26 s against 10-13 s for its
+# trial, and priced at one trial a 3-minute budget ended 10% past its time.
+EXPORT_TRIALS = 2.0
+
+
+def export_s(best: Mapping[str, Any]) -> float:
+    """Predicted seconds of exporting ``best``: its build again (uncompiled: no file format
+    carries a compile) and :data:`EXPORT_TRIALS` of its trial's wall time.
+
+    Example:
+        >>> export_s({"wall_s": 12.0, "build_s": 0.5, "compile_s": 0.5})
+        25.0
+        >>> export_s({"wall_s": 30.0, "compile_s": 8.0, "config": {"compile_mode": "default"}})
+        44.0
+    """
+    export = build_s(best) + EXPORT_TRIALS * float(best.get("wall_s") or 0.0)
+    if (best.get("config") or {}).get("compile_mode", "none") != "none":
+        export -= (1 + EXPORT_TRIALS) * float(best.get("compile_s") or 0.0)  # exported uncompiled
+    return max(0.0, export)
 
 
 def selection_s(finalists: Sequence[Mapping[str, Any]], n_rounds: int = 2) -> float:

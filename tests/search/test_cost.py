@@ -46,6 +46,19 @@ def test_the_finish_pays_two_fresh_workers_the_builds_the_rounds_and_the_export(
     assert finish_s(None, pick, 8.0) == 0.0
 
 
+def test_an_export_is_priced_at_two_of_the_picks_trials_and_a_compiled_pick_is_exported_uncompiled():
+    """A real MiniLM pick's export (ONNX and TorchScript, each with its parity check) took
+    20-26 s against 10-13 s for its trial: priced at one trial, a 3-minute budget ended 10%
+    past its time."""
+    from autotune.search.cost import export_s
+
+    eager = {"config": BASE["config"], "wall_s": 12.0, "build_s": 0.2, "compile_s": 0.3}
+    assert export_s(eager) == pytest.approx(0.5 + 2 * 12.0)
+    assert finish_s(BASE, eager, 8.0) - finish_s(BASE, eager, 8.0, exports=False) == pytest.approx(export_s(eager))
+    compiled = {"config": {**BASE["config"], "compile_mode": "default"}, "wall_s": 30.0, "compile_s": 18.0}
+    assert export_s(compiled) == pytest.approx(2 * (30.0 - 18.0))  # its trials without their compile
+
+
 def test_a_compile_killed_at_its_limit_raises_the_price_of_the_next():
     """A trial killed at its limit has no wall_s, only trial_s: it must not be forgotten."""
     killed = {"config": {**BASE["config"], "compile_mode": "default"}, "ran": True, "status": "timeout",
