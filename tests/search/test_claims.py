@@ -143,6 +143,31 @@ def test_tf32_off_keeps_pytorchs_defaults():
     assert torch.backends.cudnn.allow_tf32 == stock and torch.get_float32_matmul_precision() == "highest"
 
 
+class _TwoProcesses(InProcessRunner):
+    """An in-process runner that says it starts fresh workers (a restart keeps its one context),
+    logging its restarts and the rounds asked of it (their configurations' batch sizes), with
+    their replies."""
+
+    restarts = True
+
+    def __init__(self):
+        super().__init__(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
+                                    baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                                    measure=FAST))  # fmt: skip
+        self.calls, self.replies = [], []
+
+    def restart(self) -> bool:
+        self.calls.append("restart")
+        return True
+
+    def call(self, name, *args, n_trials=1):
+        reply = super().call(name, *args, n_trials=n_trials)
+        if name == "rounds":
+            self.calls.append((name, [c["batch_size"] for c in args[0]]))
+            self.replies.append(reply["rounds"])
+        return reply
+
+
 def _record(number: int, config: dict, sps: float) -> dict:
     return {"number": number, "config": config, "key": Config(config).key(), "samples_per_s": sps}
 
@@ -443,22 +468,7 @@ def test_a_confirmation_times_the_loader_and_the_model_alone_in_its_first_proces
     second process's rounds of real MiniLM: one process's explain the claim as well."""
     from autotune.search.result import confirm
 
-    class TwoProcesses(InProcessRunner):
-        restarts = True
-        replies: list = []
-
-        def restart(self) -> bool:
-            return True
-
-        def call(self, name, *args, n_trials=1):
-            reply = super().call(name, *args, n_trials=n_trials)
-            if name == "rounds":
-                self.replies.append(reply["rounds"])
-            return reply
-
-    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
-                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
-                                     measure=FAST))  # fmt: skip
+    runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
     pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
     out = confirm(runner, baseline, pick, FAST, n_min=4, n_max=4, diagnose=True)
@@ -474,15 +484,7 @@ def test_the_least_rounds_of_a_confirmation_are_split_over_its_processes_not_rou
     whole round of the slow baseline more than asked for."""
     from autotune.search.result import confirm
 
-    class TwoProcesses(InProcessRunner):
-        restarts = True
-
-        def restart(self) -> bool:
-            return True
-
-    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
-                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
-                                     measure=FAST))  # fmt: skip
+    runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
     pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
     # A cap below the least: each process runs exactly what it owes, whatever the rounds' spread
@@ -528,15 +530,7 @@ def test_without_a_time_limit_the_least_rounds_run_in_both_processes_however_sho
     MiniLM came from 3 rounds in 1 process."""
     from autotune.search.result import confirm
 
-    class TwoProcesses(InProcessRunner):
-        restarts = True
-
-        def restart(self) -> bool:
-            return True
-
-    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
-                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
-                                     measure=FAST))  # fmt: skip
+    runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
     pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
     claim = confirm(runner, baseline, pick, FAST, n_min=5, n_max=15, max_s=0.01, builds_free=True)["claim"]
@@ -568,22 +562,7 @@ def test_a_workers_later_rounds_time_the_builds_its_last_rounds_made_unless_a_co
 def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_confirms():
     """The selection's fresh worker is the confirmation's first process: a fresh worker's start
     and both builds are paid once, not twice (17 s of each process of real MiniLM)."""
-    calls = []
-
-    class TwoProcesses(InProcessRunner):
-        restarts = True
-
-        def restart(self) -> bool:
-            calls.append("restart")
-            return True
-
-        def call(self, name, *args, n_trials=1):
-            calls.append((name, [c["batch_size"] for c in args[0]]))
-            return super().call(name, *args, n_trials=n_trials)
-
-    runner = TwoProcesses(WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
-                                     baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
-                                     measure=FAST))  # fmt: skip
+    runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
     finalists = [
         _record(1, dict(Config({"batch_size": 32})), 300.0),
@@ -591,9 +570,9 @@ def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_con
     ]
     best, confirmed, _ = claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, spent_s=60.0)
     both = ("rounds", [8, best["config"]["batch_size"]])
-    assert calls == ["restart", ("rounds", [32, 16]), both, "restart", both]
+    assert runner.calls == ["restart", ("rounds", [32, 16]), both, "restart", both]
     assert confirmed["claim"]["n_processes"] == 2
     # Under a deadline the selection runs in the search's worker, as before.
-    calls.clear()
+    runner.calls.clear()
     claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, budget_s=600.0, need_s=1.0)
-    assert calls[:2] == [("rounds", [32, 16]), "restart"]
+    assert runner.calls[:2] == [("rounds", [32, 16]), "restart"]
