@@ -344,11 +344,11 @@ def claim_speedup(
         table = [*table, *skipped]
         if budget_s is not None:  # the confirmation has what the selection left
             half = max(0.0, budget_s - (time.monotonic() - started))
-        # A budget that holds the least confirmation once but not twice confirms in one process:
+        # A budget that holds the least confirmation (and a worker's start) once but not twice confirms in one process:
         # split in two, a 3-minute budget's first process had 8 s for its rounds, and none ended.
         # Its rounds are the least a claim is made from (two), without the loader and the model
         # timed apart: with them, 3 rounds of real MiniLM outran a 60-s confirmation and none came back.
-        one = half is not None and half < 2 * need_s
+        one = half is not None and half < 2 * (need_s + float(getattr(runner, "start_s", None) or 0.0))
         n_min = n_rounds if half is None else min(2 if one else 3, n_rounds)
         diagnose = diagnose and not one
         confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
