@@ -576,3 +576,18 @@ def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_con
     runner.calls.clear()
     claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, budget_s=600.0, need_s=1.0)
     assert runner.calls[:2] == [("rounds", [32, 16]), "restart"]
+
+
+def test_a_budget_weighs_a_fresh_workers_start_before_splitting_its_least_confirmation_in_two():
+    """The least confirmation is priced in the search's own worker (as the search's reserve
+    promised it); whether it fits twice, in two fresh workers, counts their starts too."""
+    runner = _TwoProcesses()
+    runner.start_s = 8.0
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
+    # 30 s hold 10 s of confirmation twice, but not with an 8-s start each: one process, no start.
+    claim_speedup(runner, baseline, [pick], 3, False, FAST, diagnose=False, budget_s=30.0, need_s=10.0)
+    assert runner.calls == [("rounds", [8, 32])]
+    runner.calls.clear()
+    claim_speedup(runner, baseline, [pick], 3, False, FAST, diagnose=False, budget_s=40.0, need_s=10.0)
+    assert runner.calls[0] == "restart" and runner.calls.count("restart") == 2
