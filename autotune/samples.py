@@ -359,15 +359,13 @@ def token_length(inputs: Mapping[str, Any], keys: Sequence[str] = ()) -> int:
     mask = inputs.get(MASK_KEY)
     if mask is not None and is_token_sequence(mask):
         return int(sum(mask) if isinstance(mask, (list, tuple)) else mask.sum())
-    key = (
-        keys[0] if keys else next((k for k, v in inputs.items() if k not in TARGET_KEYS and is_token_sequence(v)), None)
-    )
-    return 0 if key is None else len(inputs[key])
+    width = len(inputs[keys[0]]) if keys else stored_width(inputs)
+    return width or 0
 
 
 def stored_width(inputs: Mapping[str, Any]) -> int | None:
-    """The width one sample's token sequences are stored at (its real tokens and its padding),
-    or ``None`` when it holds none."""
+    """The width one sample's first token sequence is stored at (its real tokens and its
+    padding), or ``None`` when it holds none."""
     key = next((k for k, v in inputs.items() if k not in TARGET_KEYS and is_token_sequence(v)), None)
     return None if key is None else len(inputs[key])
 

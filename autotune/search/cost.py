@@ -171,8 +171,8 @@ def finish_s(
     """Predicted seconds of a run's finish with ``best`` as the pick: in each confirmation
     process a worker start and both builds, ``n_rounds`` rounds of both (with the diagnosis,
     which times the loader and the model apart in the first process's first round, half a
-    round more), then the export of the pick (:func:`export_s`). 0 before the baseline was measured. A round is priced as one
-    trial measurement (:func:`measure_s`), though rounds now time
+    round more), then the export of the pick (:func:`export_s`). 0 before the baseline was
+    measured. A round is priced as one trial measurement (:func:`measure_s`), though rounds time
     :data:`autotune.trial.inference.ROUND_WINDOWS` windows of a trial's five: the price is
     high, which keeps a budget's reserve on the safe side (pre-padded budgets ended 6-29 s
     early).

@@ -317,8 +317,9 @@ def claim_speedup(
     Returns:
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when
         nothing was confirmed, the finalists' table). When speed is the only objective, the
-        baseline stands if the confirmation finds no measurable speedup, finds the pick slower (``slower``), or ran beside busy processes (``noisy``); with
-        other objectives (size, say) a slower winner can still be the right one (verdict ``slower``).
+        baseline stands if the confirmation finds no measurable speedup, finds the pick slower
+        (``slower``), or ran beside busy processes (``noisy``); with other objectives (size,
+        say) a slower winner can still be the right one (verdict ``slower``).
         A measurement that fails in the worker leaves the search's best trial, and the table
         holds ``{"error": message, "failed": True}``: the claim is that failure (verdict ``failed``).
     """
@@ -344,8 +345,9 @@ def claim_speedup(
         table = [*table, *skipped]
         if budget_s is not None:  # the confirmation has what the selection left
             half = max(0.0, budget_s - (time.monotonic() - started))
-        # A budget that holds the least confirmation (and a worker's start) once but not twice confirms in one process:
-        # split in two, a 3-minute budget's first process had 8 s for its rounds, and none ended.
+        # A budget that holds the least confirmation (and a worker's start) once but not twice
+        # confirms in one process: split in two, a 3-minute budget's first process had 8 s for
+        # its rounds, and none ended.
         # Its rounds are the least a claim is made from (two), without the loader and the model
         # timed apart: with them, 3 rounds of real MiniLM outran a 60-s confirmation and none came back.
         one = half is not None and half < 2 * (need_s + float(getattr(runner, "start_s", None) or 0.0))

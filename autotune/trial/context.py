@@ -23,7 +23,12 @@ from autotune.trial.intervals import enough_rounds
 from autotune.trial.measure import draw_seed
 from autotune.trial.spec import TrialResult, WorkerSpec
 
-__all__ = ["Context", "instantiate_model"]
+__all__ = ["Context", "compiles", "instantiate_model"]
+
+
+def compiles(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` builds with ``torch.compile`` (and so resets dynamo before its build)."""
+    return config.get("compile_mode", "none") != "none"
 
 
 def instantiate_model(spec: WorkerSpec) -> torch.nn.Module:
@@ -80,7 +85,7 @@ class Context:
         """Stock process state before a build; a fresh compiler cache before a compiled one, so
         the recompilation limit cannot silently fall back to eager after a few trials."""
         restore(self.pristine)
-        if config.get("compile_mode", "none") != "none":
+        if compiles(config):
             torch._dynamo.reset()
 
     def run_trial(self, config: dict[str, Any], fidelity: Mapping[str, Any] | None = None) -> TrialResult:

@@ -54,7 +54,6 @@ def batches_vary(dataset: Any, state: BuildState) -> bool:
     real MiniLM ran to an epoch's end, 4 s where 2.7 s timed as many batches).
 
     Example:
-        >>> import torch
         >>> from autotune.knobs.state import BuildExtras, BuildState
         >>> state = BuildState(model=None, device="cpu", batch_size=4, extras=BuildExtras(lengths=[3] * 8, width=16))
         >>> batches_vary(range(8), state), batches_vary(range(9), state)

@@ -31,7 +31,7 @@ from autotune.trial.artifacts import (  # noqa: F401  (re-exported: tests import
     _plain,
 )
 from autotune.trial.build import build
-from autotune.trial.context import Context
+from autotune.trial.context import Context, compiles
 from autotune.trial.faults import one_line
 from autotune.trial.fidelity import attention_mask
 from autotune.trial.guard import (
@@ -175,8 +175,8 @@ class TrialContext(Context, ArtifactExport):
 
     def build(self, config: dict[str, Any]) -> BuildState:
         """``config`` built on a fresh copy of the model, from stock process state."""
-        if _compiled(config):  # its dynamo reset drops the compiled code of the builds kept
-            self._kept = [(c, state) for c, state in self._kept if not _compiled(c)]
+        if compiles(config):  # its dynamo reset drops the compiled code of the builds kept
+            self._kept = [(c, state) for c, state in self._kept if not compiles(c)]
         self.reset(config)
         return build(self.fresh_model(), Config(config), self.spec.device, extras=self.extras, copy_model=False)
 
@@ -288,10 +288,10 @@ class TrialContext(Context, ArtifactExport):
         # this worker (a confirmation in the selection's worker) time the builds the last rounds
         # made, warmed up: a compiled MiniLM pick's build and first warm-up took 8-9 s in each
         # call. Not where a new compiled build comes between: its dynamo reset drops their code.
-        kept = {_key(c): state for c, state in self._kept}
-        if any(_compiled(c) for c in configs if _key(c) not in kept):
-            kept = {_key(c): state for c, state in self._kept if not _compiled(c)}
-        states = [kept.get(_key(c)) or self.build(c) for c in configs]
+        kept = {Config(c).key(): state for c, state in self._kept}
+        if any(compiles(c) for c in configs if Config(c).key() not in kept):
+            kept = {Config(c).key(): state for c, state in self._kept if not compiles(c)}
+        states = [kept.get(Config(c).key()) or self.build(c) for c in configs]
         self._kept = list(zip(configs, states, strict=True))
         return states
 
@@ -338,18 +338,9 @@ class TrialContext(Context, ArtifactExport):
 
         torch.manual_seed(self.spec.seed)
         # The build the last rounds timed, where they timed this configuration (see prepare).
-        state = next((s for c, s in self._kept if _key(c) == _key(config)), None) or self.build(config)
+        key = Config(config).key()
+        state = next((s for c, s in self._kept if Config(c).key() == key), None) or self.build(config)
         return profile_state(state, self.spec.dataset, trace, seed=draw_seed(self.spec.seed, "profile"))
-
-
-def _key(config: dict[str, Any]) -> str:
-    import json
-
-    return json.dumps(config, sort_keys=True, default=str)
-
-
-def _compiled(config: dict[str, Any]) -> bool:
-    return config.get("compile_mode", "none") != "none"
 
 
 def _behind(result: dict[str, Any], leader: float | None, settings: Any) -> bool:
