@@ -172,13 +172,19 @@ def pad_batch(batch: Any, size: int) -> Any:
     """Repeat the last sample until the batch holds ``size`` samples.
 
     A compiled model sees only one batch shape this way, so no recompilation is triggered by a
-    short final batch; the padded rows are sliced off the outputs.
+    short final batch; the padded rows are sliced off the outputs. A padded tensor is an inference
+    tensor exactly when its source is one: under ``torch.inference_mode`` a plain tensor padded
+    there would become one, and a compiled model guards on that (a second compile, a second CUDA
+    graph, for an epoch's short last batch).
     """
     import torch
 
     def pad(t: Any) -> Any:
         missing = size - t.shape[0] if t.dim() > 0 else 0
-        return torch.cat([t, t[-1:].expand(missing, *t.shape[1:])]) if missing > 0 else t
+        if missing <= 0:
+            return t
+        with torch.inference_mode(t.is_inference()):
+            return torch.cat([t, t[-1:].expand(missing, *t.shape[1:])])
 
     return map_tensors(pad, batch)
 

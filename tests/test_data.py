@@ -25,6 +25,18 @@ def test_padding_then_slicing_restores_the_batch():
     assert torch.equal(slice_batch(padded, 3)[0], batch[0])
 
 
+def test_padding_keeps_whether_a_batch_is_an_inference_tensor():
+    # a compiled model guards on it: a short last batch padded into an inference tensor, after
+    # full batches that were not, compiled (and captured a CUDA graph) a second time
+    plain, batch = torch.randn(20, 16), torch.randn(3, 16)
+    with torch.inference_mode():
+        inference = torch.randn(3, 16)
+        assert not pad_batch(plain[16:], 8).is_inference()
+        assert pad_batch(inference, 8).is_inference()
+        assert torch.equal(pad_batch(plain[16:], 8)[4:], plain[19:].expand(4, 16))
+    assert not pad_batch(batch, 8).is_inference()
+
+
 def test_validation_subset_is_fixed():
     assert validation_indices(10_000, 64) == validation_indices(10_000, 64)
     assert len(set(validation_indices(10_000, 64))) == 64
