@@ -352,6 +352,19 @@ def test_gpu_check_summary_counts_each_file_and_fails_on_a_failed_test(tmp_path,
     assert "1 failed" in (out / "check.log").read_text()
 
 
+def test_gpu_check_reruns_only_what_an_earlier_check_left_unfinished(tmp_path, monkeypatch):
+    project, out = _project(tmp_path)
+    (project / "test_quick.py").write_text(QUICK.replace("time.sleep(30)", "pass"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    argv = ["--budget-s", "120", "--no-bench", str(project / "test_quick.py")]
+    assert gpu_check.main(["--out", str(out), *argv]) == 1
+    again = tmp_path / "again"
+    assert gpu_check.main(["--out", str(again), "--rerun", str(out / "summary.json"), *argv]) == 1
+    (rec,) = json.loads((again / "summary.json").read_text())["files"]
+    assert [(t["nodeid"].split("::")[-1], t["outcome"]) for t in rec["tests"]] == [("test_fails", "failed")]
+    assert gpu_check.main(["--out", str(again), "--rerun", str(project / "test_quick.py"), *argv]) == 2
+
+
 def _marks_gpu(path: Path) -> bool:
     """Whether the module's code (not a string in it) names ``pytest.mark.gpu``."""
     import ast

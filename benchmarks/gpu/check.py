@@ -2,6 +2,7 @@
 GPU within a budget (default 8 minutes), for a short lease on a GPU machine.
 
     python -m benchmarks.gpu.check [--out gpu-check-logs] [--budget-s 480] [--bench-s S | --no-bench] [--workloads W,...]
+    python -m benchmarks.gpu.check --rerun gpu-check-logs/summary.json --out logs2 --no-bench
 
 The ``gpu`` tests are collected first (``pytest -m gpu --collect-only``), then each file runs in a
 pytest process of its own, cheapest first (a ``slow`` test weighs as five), with a time limit per
@@ -10,7 +11,9 @@ file, after which its processes are killed: a hang costs only its own file. Each
 twice its share of the time left for the tests (:func:`file_share`), so what a quick file leaves
 goes to those after it.
 The benchmark (``python -m benchmarks.gpu``, on ``--workloads``: ResNet-50 on float images unless told) gets
-what is left then, ``--bench-s`` at least.
+what is left then, ``--bench-s`` at least. ``--rerun`` takes an earlier check's ``summary.json`` and
+runs only the tests that failed, timed out or did not run there: a second short lease finishes
+what the first left (the whole-study tests take over a minute each on an H100 machine).
 
 Everything is written under ``--out`` as it happens, so it survives a killed run: ``check.log``
 (this command's own lines), ``collected.json``, ``tests/<file>.log`` (pytest's output) and
@@ -110,6 +113,19 @@ def collect(
     return files, errors
 
 
+def unfinished(files: dict[str, list[dict[str, Any]]], summary: Path) -> dict[str, list[dict[str, Any]]]:
+    """``files`` cut to the tests that failed, timed out or did not run in the earlier check whose
+    ``summary.json`` is ``summary`` (a test it did not know is kept: it never ran)."""
+    done = {
+        t["nodeid"]
+        for rec in json.loads(summary.read_text())["files"]
+        for t in rec["tests"]
+        if t["outcome"] in ("passed", "skipped")
+    }
+    cut = {path: [t for t in tests if t["nodeid"] not in done] for path, tests in files.items()}
+    return {path: tests for path, tests in cut.items() if tests}
+
+
 def weight(tests: list[dict[str, Any]]) -> int:
     """What a file is expected to cost, in plain tests: a slow one counts :data:`SLOW_WEIGHT`."""
     return sum(SLOW_WEIGHT if t["slow"] else 1 for t in tests)
@@ -175,7 +191,7 @@ def run_file(
     events_path.unlink(missing_ok=True)
     limit_s, per_test = file_limits(share_s, len(tests))
     per_test_s = per_test if per_test_s is None else per_test_s
-    args = [path, "-m", "gpu", "-v"]
+    args = [f"{path}::{t['nodeid'].split('::', 1)[1]}" for t in tests] + ["-m", "gpu", "-v"]
     if importlib.util.find_spec("pytest_timeout") is not None:
         args += [f"--timeout={per_test_s:.0f}", "--timeout-method=signal"]
     code, wall_s = _pytest(args, events_path, log, limit_s, cwd)
@@ -310,6 +326,10 @@ def main(argv: list[str] | None = None) -> int:
         default="resnet50-float",
         help="the benchmark's workloads (default resnet50-float: one workload, so its search gets minutes, not seconds)",
     )
+    parser.add_argument(
+        "--rerun", type=Path, metavar="SUMMARY_JSON",
+        help="run only the tests that failed, timed out or did not run in this earlier check's summary.json",
+    )  # fmt: skip
     parser.add_argument("paths", nargs="*", default=["tests"], help="where to collect gpu tests (default tests)")
     args = parser.parse_args(argv)
     import torch
@@ -331,6 +351,13 @@ def main(argv: list[str] | None = None) -> int:
         )
     files, doc["collect_errors"] = collect(out, tuple(args.paths))
     log_line(out, f"collected {sum(map(len, files.values()))} gpu tests in {len(files)} files")
+    if args.rerun is not None:
+        try:
+            files = unfinished(files, args.rerun)
+        except (OSError, ValueError, KeyError) as e:
+            print(f"--rerun {args.rerun}: not an earlier check's summary.json ({e})", file=sys.stderr)
+            return 2
+        log_line(out, f"--rerun: {sum(map(len, files.values()))} tests that {args.rerun} left unfinished")
     for e in doc["collect_errors"]:
         log_line(out, f"collection error: {e['nodeid']}: {e['message']}")
     run_tests(out, files, doc, started, deadline - bench_s)
