@@ -176,6 +176,7 @@ class ArtifactExport:
         # export spent 40 s compiling for parity outputs no artifact was made from).
         compile_mode = config.get("compile_mode", "none")
         eager = {**config, "compile_mode": "none", "compile_dynamic": False} if compile_mode != "none" else config
+        reference = self.reference  # made before the extras are copied: it completes them
         extras = dc.replace(self.extras, keep_float=True)
         state = build(self.fresh_model(), Config(eager), self.spec.device, extras=extras, copy_model=False)
         # A TorchScript or ONNX Runtime winner is exported from the torch model it was made from.
@@ -183,12 +184,12 @@ class ArtifactExport:
         common = {
             "fallback": state.float_model,
             "metric": self.spec.metric,
-            "baseline_metric": self.reference.metric,
+            "baseline_metric": reference.metric,
             "max_metric_drop": self.spec.max_metric_drop,
-            "baseline_outputs": self.reference.outputs,
-            "kinds": self.reference.kinds,
-            "mask": self.reference.mask,
-            "metric_chunk": self.reference.chunk,
+            "baseline_outputs": reference.outputs,
+            "kinds": reference.kinds,
+            "mask": reference.mask,
+            "metric_chunk": reference.chunk,
             # Token sequences, or a collate of the user's: batched as the winner batches them.
             "batching": state.batching() if per_sample(state) or self.extras.collate_fn else None,
             # Outputs that change shape with the batch: images of many sizes, so the graph takes any.

@@ -252,7 +252,9 @@ class SubprocessRunner(Runner):
         self._send = Connection(to_child_w, readable=False)
         self._recv = Connection(from_child_r, writable=False)
         self.n_starts += 1
-        self._send.send(("init", self._payload))
+        # A later start is `checked`: the first worker checked the model and the data, so this one
+        # makes the baseline's reference only if something reads it (rounds never do).
+        self._send.send(("init", self._payload, self.n_starts > 1))
         cut = self.at_deadline(self._timeout)
         reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":

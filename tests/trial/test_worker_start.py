@@ -1,0 +1,68 @@
+"""A later worker of a run (a confirmation's fresh process, a restart after a fault) starts
+without the baseline's reference, which the first worker made while checking the model and the
+data, and makes it only when something reads it: rounds never do."""
+
+import functools
+
+import pytest
+import torch
+
+from autotune.batching import pad_collate
+from autotune.config import Config
+from autotune.errors import InputError
+from autotune.trial.inference import TrialContext
+from autotune.trial.measure import MeasureSettings
+from autotune.trial.spec import WorkerSpec
+from tests.models import MLP, TextEncoder, classification_data, text_data
+
+FAST = MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=2, n_remeasure=0)
+
+
+def _text_spec() -> WorkerSpec:
+    return WorkerSpec(
+        model=TextEncoder(), dataset=text_data(96), metric=None, device="cpu", baseline=dict(Config({"batch_size": 8})),
+        val_indices=list(range(24)), measure=FAST, collate_fn=functools.partial(pad_collate, pad_values={}),
+        sequence=True,
+    )  # fmt: skip
+
+
+def test_a_checked_worker_times_rounds_without_the_reference_and_guards_a_trial_as_the_first_did():
+    first, later = TrialContext(_text_spec()), TrialContext(_text_spec(), checked=True)
+    assert "baseline_metric" in first.info and "baseline_metric" not in later.info
+    configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 16, "padding": "trim"}))]
+    reply = later.rounds(configs, 1, 1)
+    assert len(reply["rounds"]) == 1 and later._reference is None  # timing never read it
+    candidate = dict(Config({"batch_size": 16, "padding": "trim", "length_grouping": 4}))
+    got, expected = later.run_trial(candidate), first.run_trial(candidate)
+    assert got.status == expected.status == "ok" and later._reference is not None
+    # The same reference, so the same judgement of the candidate's outputs.
+    assert got.metrics["metric_drop"] == pytest.approx(expected.metrics["metric_drop"], abs=1e-9)
+    assert later.extras.token_outputs == first.extras.token_outputs
+
+
+class _FailsOnTheData(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+
+def test_the_first_worker_still_checks_the_model_on_the_data_before_any_trial():
+    spec = WorkerSpec(model=_FailsOnTheData(), dataset=classification_data(32), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(8)), measure=FAST)  # fmt: skip
+    with pytest.raises(InputError, match="forward pass failed on the first batch"):
+        TrialContext(spec)
+
+
+def test_a_restarted_worker_process_starts_checked(tmp_path):
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=FAST)  # fmt: skip
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "worker.log")
+    try:
+        assert "baseline_metric" in runner.info  # the first start made the reference
+        runner.restart()
+        assert "baseline_metric" not in runner.info
+        result = runner.run(dict(Config({"batch_size": 16})))  # a trial makes it when it needs it
+    finally:
+        runner.close()
+    assert result.status == "ok" and result.metrics["metric_drop"] == pytest.approx(0.0, abs=1e-6)
