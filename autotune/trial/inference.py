@@ -113,7 +113,7 @@ class TrialContext(Context, ArtifactExport):
         if self._reference is None:
             spec, started = self.spec, time.perf_counter()
             with _step("Building the baseline", "check that the model can be deep-copied and moved to the device"):
-                baseline = self.build(spec.baseline)
+                baseline = self._build(spec.baseline)
             self._probe(baseline)
             with _step("Running the baseline on the validation samples", _COLLATE_HINT):
                 reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
@@ -189,6 +189,10 @@ class TrialContext(Context, ArtifactExport):
         """``config`` built on a fresh copy of the model, from stock process state."""
         if config.get("int8_fallback", 0) != 0:
             self.reference  # noqa: B018 (made first: int8_fallback ranks layers against it)
+        return self._build(config)
+
+    def _build(self, config: dict[str, Any]) -> BuildState:
+        """:meth:`build` without making the reference first (the reference's own baseline build)."""
         if compiles(config):  # its dynamo reset drops the compiled code of the builds kept
             self._kept = [(c, state) for c, state in self._kept if not compiles(c)]
         self.reset(config)

@@ -113,15 +113,15 @@ def collect(
     return files, errors
 
 
-def unfinished(files: dict[str, list[dict[str, Any]]], summary: Path) -> dict[str, list[dict[str, Any]]]:
-    """``files`` cut to the tests that failed, timed out or did not run in the earlier check whose
-    ``summary.json`` is ``summary`` (a test it did not know is kept: it never ran)."""
-    done = {
-        t["nodeid"]
-        for rec in json.loads(summary.read_text())["files"]
-        for t in rec["tests"]
-        if t["outcome"] in ("passed", "skipped")
-    }
+def finished(summary: Path) -> set[str]:
+    """The tests that passed or skipped in the earlier check whose ``summary.json`` is ``summary``."""
+    doc = json.loads(summary.read_text())
+    return {t["nodeid"] for rec in doc["files"] for t in rec["tests"] if t["outcome"] in ("passed", "skipped")}
+
+
+def unfinished(files: dict[str, list[dict[str, Any]]], done: set[str]) -> dict[str, list[dict[str, Any]]]:
+    """``files`` without the tests in ``done`` (:func:`finished`): those that failed, timed out or
+    did not run there, and those it did not know (they never ran)."""
     cut = {path: [t for t in tests if t["nodeid"] not in done] for path, tests in files.items()}
     return {path: tests for path, tests in cut.items() if tests}
 
@@ -337,6 +337,13 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print(f"The GPU check needs a CUDA GPU, and torch {torch.__version__} sees none here.", file=sys.stderr)
         return 2
+    done = None
+    if args.rerun is not None:  # read before anything runs (and before --out's summary is rewritten)
+        try:
+            done = finished(args.rerun)
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            print(f"--rerun {args.rerun}: not an earlier check's summary.json ({e!r})", file=sys.stderr)
+            return 2
     started = time.monotonic()
     deadline = started + args.budget_s
     bench_s = 0.0 if args.no_bench else (args.bench_s if args.bench_s is not None else BENCH_SHARE * args.budget_s)
@@ -351,12 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     files, doc["collect_errors"] = collect(out, tuple(args.paths))
     log_line(out, f"collected {sum(map(len, files.values()))} gpu tests in {len(files)} files")
-    if args.rerun is not None:
-        try:
-            files = unfinished(files, args.rerun)
-        except (OSError, ValueError, KeyError) as e:
-            print(f"--rerun {args.rerun}: not an earlier check's summary.json ({e})", file=sys.stderr)
-            return 2
+    if done is not None:
+        files = unfinished(files, done)
         log_line(out, f"--rerun: {sum(map(len, files.values()))} tests that {args.rerun} left unfinished")
     for e in doc["collect_errors"]:
         log_line(out, f"collection error: {e['nodeid']}: {e['message']}")

@@ -40,6 +40,15 @@ def test_a_checked_worker_times_rounds_without_the_reference_and_guards_a_trial_
     assert later.extras.token_outputs == first.extras.token_outputs
 
 
+def test_a_checked_worker_makes_the_reference_before_a_build_that_ranks_int8_layers_against_it():
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=FAST)  # fmt: skip
+    later = TrialContext(spec, checked=True)
+    assert later.extras.int8 is None
+    later.build(dict(Config({"batch_size": 8, "quantization": "int8_dynamic", "int8_fallback": 1})))
+    assert later._reference is not None and later.extras.int8 is not None
+
+
 class _FailsOnTheData(MLP):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
