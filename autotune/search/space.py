@@ -212,7 +212,7 @@ _INT8_SETTINGS = ("int8_fallback", "int8_per_channel")
 
 
 def _int8_searched(values: Mapping[str, list[Any]]) -> bool:
-    methods = [*values.get("quantization", ()), *values.get("ort_precision", ())]
+    methods = [*values.get("quantization", ()), *values.get("ort_precision", ()), *values.get("ov_precision", ())]
     return any(str(m).startswith("int8") for m in methods)
 
 

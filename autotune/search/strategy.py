@@ -169,7 +169,7 @@ class Staged(Screening):
         harmful: list[Any] = []
         # After a recipe that paid, the first-tier levers it can take are screened on it, not alone.
         on_recipe = self._on_recipe(scores)
-        first = [[c] for _, cs in paid[1:] for c in cs if c not in held] + [
+        first = [self._onward(c) for _, cs in paid[1:] for c in cs if c not in held] + [
             list(lever.variants) for lever in self.levers if lever.name in on_recipe
         ]
         # The costly levers screening left for the composition (a cheap lever paid).
@@ -200,7 +200,9 @@ class Staged(Screening):
             for variants in steps:
                 for changes in variants:  # the next variant only while none before it was kept
                     changes = self._symbols(changes, current)
-                    candidate = self._add(current, held, changes)
+                    candidate, taking = self._add(current, held, changes), [*held, changes]
+                    if candidate is None and tier == 2:  # a costly build may replace what it masks
+                        candidate, taking = self._replace(current, held, changes)
                     if candidate is None or Config(candidate).key() == Config(current).key():
                         continue
                     key, now = Config(candidate).key(), scores.get(Config(current).key())
@@ -209,7 +211,7 @@ class Staged(Screening):
                     if scores[key] is not None and now and scores[key] / now < HARMFUL:
                         harmful.append((_beside(changes, candidate), scores[key] / now))
                     if (scores[key] or 0.0) >= MIN_GAIN * (now or 0.0):
-                        current, held = candidate, [*held, changes]
+                        current, held = candidate, taking
                         break
                     if tier == 2 and "compile_mode" in changes and scores[key] is not None:
                         # A compile that ran and did not pay: its other modes are not built too

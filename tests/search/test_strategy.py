@@ -564,6 +564,33 @@ def test_a_runtime_slow_at_one_precision_is_still_tried_at_another():
     assert _best_config(study)["ov_precision"] == "int8_static"
 
 
+def test_a_runtime_that_replaces_autocast_is_tried_on_a_recipe_holding_it():
+    """Real MiniLM text on 2 cores with AVX-512 bf16 units and VNNI: the recipe (trimmed, grouped,
+    bf16 autocast) ran 7.1x, and 16 trials never tried OpenVINO (9.1x with its bf16 hint, 13x in
+    NNCF int8 on the same batches) nor any int8, since each masks autocast. A costly build that
+    replaces a part of the composition is tried in that part's place."""
+    values = {"padding": ["as_given", "trim"], "length_grouping": [0, 16], "batch_size": [32, 64],
+              "amp_dtype": ["float32", "bfloat16"], "runtime": ["torch", "openvino"],
+              "ov_precision": ["fp32", "bf16", "int8_static"], "int8_fallback": [0, "auto"]}  # fmt: skip
+
+    def speed(c):
+        x = 100.0 * (2.6 if c["padding"] == "trim" and c["length_grouping"] else 1.0)
+        if c["runtime"] == "openvino":
+            return x * {"fp32": 2.0, "bf16": 3.5, "int8_static": 5.0}[c["ov_precision"]]
+        return x * (2.7 if c["amp_dtype"] == "bfloat16" else 1.0)
+
+    space, table = _table(speed, values)
+    study, _ = _run(space, table, 10)
+    configs = _configs_of(study)
+    ov = [c for c in configs if c["runtime"] == "openvino"]
+    assert ov and all(c["padding"] == "trim" and c["length_grouping"] for c in ov), configs
+    # float32 composed onto the trimmed batches is the configuration screening would measure
+    # alone; the lever still goes on to its bf16, before int8 replaces it.
+    assert [c["ov_precision"] for c in ov][:3] == ["fp32", "bf16", "int8_static"], ov
+    best = _best_config(study)
+    assert (best["runtime"], best["ov_precision"], best["padding"]) == ("openvino", "int8_static", "trim"), best
+
+
 def test_a_compile_fixed_on_trims_padding_with_shapes_as_symbols():
     """fix={"compile_mode": "default"} over token sequences: a static compile of trimmed padding
     builds each width anew until dynamo's recompile limit (80 s of a 100-s trial of real MiniLM
