@@ -260,6 +260,15 @@ class CpuHog:
         )
         done = subprocess.run([sys.executable, "-c", launch], capture_output=True, text=True, check=True)
         self.pid = int(done.stdout.strip())
+        # Busy before the caller goes on: an interpreter still starting uses little CPU, and a
+        # short first trial could end before the loop began (a flaky "the run says so" test).
+        import time
+
+        import psutil
+
+        proc, deadline = psutil.Process(self.pid), time.monotonic() + 10.0
+        while time.monotonic() < deadline and sum(proc.cpu_times()[:2]) < 0.3:
+            time.sleep(0.02)
 
     def stop(self) -> None:
         try:

@@ -336,7 +336,9 @@ def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | N
     """
     ran = [r for r in records if r.get("ran") and r.get("samples_per_s") is not None]
     noisy = [r for r in ran if _flag(r.get("noisy"))]
-    busy = [r for r in noisy if _busy(r)]
+    # A trial stopped early is not measured again, so not marked noisy, but others' load during
+    # its windows is measured all the same (of two busy trials, the second was often stopped).
+    busy = [r for r in ran if (_flag(r.get("noisy")) or r.get("status") == "stopped") and _busy(r)]
     many = max(2, len(ran) / 4)  # one trial whose windows happened to disagree is not a pattern
     parts = []
     if busy and len(busy) >= many:
@@ -352,7 +354,7 @@ def busy_note(records: list[dict[str, Any]], speedup: dict[str, Any]) -> str | N
             "The machine was busy: " + "; ".join(parts) + ". Figures from such a run are unreliable: run "
             "`autotune doctor` to check the load, and tune again on a quiet machine."
         )
-    spread = len(noisy) - len(busy)
+    spread = len([r for r in noisy if not _busy(r)])
     if spread and spread >= many:
         return (
             f"{spread} of {len(ran)} trials were noisy: their timed windows disagreed although no other process was "

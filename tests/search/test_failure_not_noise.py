@@ -58,6 +58,10 @@ def test_windows_that_disagree_are_not_a_busy_machine():
         "4 of 4 trials were noisy: their timed windows disagreed"
     )
     assert busy_note([{**trial, "busy": True}] * 4, {}).startswith("The machine was busy")
+    # A trial stopped early is not measured again (so not noisy), but its others' load counts.
+    stopped = {"ran": True, "samples_per_s": 1.0, "noisy": False, "status": "stopped", "busy": True}
+    assert busy_note([{**trial, "busy": True}, stopped], {}).startswith("The machine was busy")
+    assert busy_note([{**trial, "busy": True}, {**stopped, "busy": False}], {}) is None
     # Confirmation rounds too spread to claim, on a quiet machine: the claim says so, not "busy".
     assert busy_note([], {"verdict": "noisy", "others_cpu": 0.02, "busy": False}) is None
     assert busy_note([], {"verdict": "noisy", "others_cpu": 0.5, "busy": True}).startswith("The machine was busy")
