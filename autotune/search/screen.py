@@ -318,9 +318,19 @@ class Screening:
         units) trimmed, grouped batches in bf16 autocast ran 7.5x, and neither OpenVINO (9.1x in
         bf16, 13x in NNCF int8 on the same batches) nor any int8 was tried, since each masks it."""
         merged = self._full(changes, config)
+        if not self._keeps(merged, changes):
+            return None, held  # masked by what is held (a compile under OpenVINO): it replaces nothing
         kept = [c for c in held if self._keeps(merged, c)]
         while True:
-            dropped = {k: self.baseline[k] for c in held if c not in kept for k in c if k not in changes}
+            # A dropped part's knobs go back to the baseline's, but those a kept part holds too
+            # (OpenVINO's variant carries the trimmed shape the padding part holds).
+            dropped = {
+                k: self.baseline[k]
+                for c in held
+                if c not in kept
+                for k in c
+                if k not in changes and not any(k in p for p in kept)
+            }
             candidate = self._full(changes, {**config, **dropped})
             if self.runnable(candidate) and self._keeps(candidate, changes):
                 if all(self._keeps(candidate, c) for c in kept):
