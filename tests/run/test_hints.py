@@ -1,4 +1,4 @@
-"""The note a CPU run of the default preset adds: int8 and the other runtimes are in cpu-deploy."""
+"""The note a CPU run of the default preset adds: PyTorch int8, ONNX Runtime and TorchScript are in cpu-deploy."""
 
 import pytest
 
