@@ -73,7 +73,10 @@ def search(out: Path, n: int, n_trials: int, timeout: float, space: str, natural
 def _changes(config: dict[str, Any]) -> str:
     from autotune.knobs import REGISTRY
 
-    return " ".join(f"{k}={v}" for k, v in config.items() if REGISTRY[k].default not in (None, v)) or "the baseline"
+    return (
+        " ".join(f"{k}={v}" for k, v in config.items() if k in REGISTRY and REGISTRY[k].default not in (None, v))
+        or "the baseline"
+    )
 
 
 def tuned_recipe(out: Path, samples: list[dict[str, torch.Tensor]], collate: Any = None) -> tuple[str, Any]:
