@@ -159,33 +159,39 @@ class _Layers:
         missing = [n for n in self.names if n not in ops_f]
         if missing:
             raise TrialError("unsupported", f"NNCF renamed layers of the model ({missing[:3]}); cannot rank them")
-        # Per layer: (its op in the float clone, ports quantized with a range, ports with an int8 weight).
-        self.plan: dict[str, tuple[Any, list[int], list[int]]] = {}
+        # Per layer: (its op in the float clone, ports quantized with a range, ports with an int8
+        # weight, float ports fed by the graph: a CNN's first convolution, whose input NNCF left
+        # float, read the model's own input, which its layer alone does not declare).
+        self.plan: dict[str, tuple[Any, list[int], list[int], list[int]]] = {}
         wanted: list[Any] = []
         for name in self.names:
             op, q = ops_f[name], by_name[name]
             ports = _quantized_ports(q)
             weights = [p for p in ports if _source(op, p).get_type_name() == "Constant"]
             acts = [p for p in ports if p not in weights]
-            self.plan[name] = (op, acts, weights)
-            wanted += [op.input_value(p) for p in acts] + [op.output(0)]
+            floats = [p for p in range(op.get_input_size()) if p not in ports and not _constant(_source(op, p))]
+            self.plan[name] = (op, acts, weights, floats)
+            wanted += [op.input_value(p) for p in acts + floats] + [op.output(0)]
         capture = ov.Model([ops.result(o) for o in wanted], clone.get_parameters(), "capture")
         self.capture = _compile(capture)
         self.bounds: dict[tuple[str, int], tuple[float, float]] = {}
         self._singles: dict[str, Any] = {}
 
     def captured(self, feed: dict) -> dict[str, tuple[list[np.ndarray], np.ndarray]]:
-        """Each layer's float activation inputs and float output on one batch."""
+        """Each layer's float inputs (its quantized activations, then its float ports) and float
+        output on one batch."""
         values = list(self.capture.create_infer_request().infer(feed, share_outputs=False).to_tuple())
         found, k = {}, 0
-        for name, (_, acts, _) in self.plan.items():
-            found[name] = (values[k : k + len(acts)], values[k + len(acts)])
-            k += len(acts) + 1
+        for name, (_, acts, _, floats) in self.plan.items():
+            n = len(acts) + len(floats)
+            found[name] = (values[k : k + n], values[k + n])
+            k += n + 1
         return found
 
     def observe(self, captured: dict[str, tuple[list[np.ndarray], np.ndarray]]) -> None:
         for name, (inputs, _) in captured.items():
-            for port, x in zip(self.plan[name][1], inputs, strict=True):
+            acts = self.plan[name][1]
+            for port, x in zip(acts, inputs[: len(acts)], strict=True):
                 lo, hi = self.bounds.get((name, port), (math.inf, -math.inf))
                 self.bounds[name, port] = (min(lo, float(x.min())), max(hi, float(x.max())))
 
@@ -196,20 +202,23 @@ class _Layers:
             import openvino as ov
             import openvino.opset13 as ops
 
-            op, acts, weights = self.plan[name]
-            inputs, params = [], []
+            op, acts, weights, floats = self.plan[name]
+            inputs, params = [], {}
             for port in range(op.get_input_size()):
                 value = op.input_value(port)
                 if port in weights:
                     inputs.append(ops.constant(_weight_fq(value.get_node().get_data(), op)).output(0))
-                elif port in acts:
-                    param = ops.parameter(value.get_partial_shape(), value.get_element_type())
+                elif port in acts or port in floats:
+                    params[port] = ops.parameter(value.get_partial_shape(), value.get_element_type())
+                    if port in floats:  # left float by NNCF: as it is
+                        inputs.append(params[port].output(0))
+                        continue
                     lo, hi = self.bounds[name, port]
                     lo, hi = np.float32(min(lo, 0.0)), np.float32(max(hi, 0.0))
-                    params.append(param)
-                    inputs.append(ops.fake_quantize(param, lo, hi, lo, hi, 256).output(0))
+                    inputs.append(ops.fake_quantize(params[port], lo, hi, lo, hi, 256).output(0))
                 else:
                     inputs.append(value)  # a float input of the layer's own (constant): as it is
+            params = [params[p] for p in acts + floats]  # the order captured() gives their values in
             layer = _rebuilt(op, inputs)
             self._singles[name] = None if layer is None else _compile(ov.Model([layer.output(0)], params, name))
         return self._singles[name]

@@ -189,3 +189,20 @@ def test_an_openvino_int8_winner_is_told_as_nncf_int8_on_openvino():
     draw = {"n_val": 128, "seed": 3, "calibration_batch_size": 32, "n_calibration": 8}
     assert _rebuild_record({"rebuild": draw}, best)["seed"] == 3
     assert _int8_record({"config": {**config, "ov_precision": "fp32"}}) is None
+
+
+def test_a_cnns_int8_layers_are_ranked_with_the_input_nncf_left_float():
+    """NNCF leaves a CNN's first convolution reading the model's input in float: its layer alone,
+    built for the ranking, referred to the whole model's input ("Model references undeclared
+    parameters"), and every CNN's int8_fallback trial failed (the digits CNN, a ResNet)."""
+    from autotune.compress.sensitivity_ov import rank_openvino
+    from autotune.export.openvino import convert_openvino, quantize_openvino
+    from tests.models import TinyCNN
+
+    model, example = TinyCNN().eval(), torch.randn(4, 3, 8, 8)
+    float_model, info = convert_openvino(model, example)
+    gen = torch.Generator().manual_seed(0)
+    feeds = [{info["input_names"][0]: torch.randn(8, 3, 8, 8, generator=gen).numpy()} for _ in range(2)]
+    ranking = rank_openvino(float_model, quantize_openvino(float_model, feeds), feeds)
+    conv = [n for n in ranking.layers if "Convolution" in n]
+    assert conv and ranking.cheap_error[conv[0]] > 0.0, ranking
