@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
+import re
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -88,6 +89,21 @@ def _trace(flat: nn.Module, inputs: list[torch.Tensor]) -> Any:
         return ov.convert_model(traced, example_input=tuple(inputs))
 
 
+_GENERATED = re.compile(r"^[A-Za-z]+_\d+$")
+
+
+def _stable_names(model: Any) -> Any:
+    """``model`` with each op OpenVINO named from a process-wide counter (``Multiply_26202``)
+    renamed by its place in the graph, so a conversion in another process, or a later one in
+    this process, names it alike: the layers a ranking keeps float are named, and a ResNet's
+    folded convolutions (``Multiply_4706`` in one conversion, ``Multiply_26202`` in the next)
+    failed the confirmation's rebuild ("the ranking is for another model")."""
+    for i, op in enumerate(model.get_ordered_ops()):
+        if _GENERATED.match(op.get_friendly_name()):
+            op.set_friendly_name(f"{op.get_type_name()}#{i}")
+    return model
+
+
 def convert_openvino(
     model: nn.Module, example: Any, *, spatial: bool = False, onnx_path: Path | None = None
 ) -> tuple[Any, dict[str, Any]]:
@@ -123,7 +139,7 @@ def convert_openvino(
         converted = _name_ports(
             _trace(_Flat(model, n_args, names[n_args:]), inputs), names, output_names, inputs, spatial
         )
-        return converted, {**info, "converted_from": "torch"}
+        return _stable_names(converted), {**info, "converted_from": "torch"}
     except Exception as exc:  # a trace OpenVINO cannot take: the ONNX export may convert
         reason = describe_error(exc)
         if onnx_path is None:
@@ -140,7 +156,7 @@ def convert_openvino(
             f"OpenVINO could not convert {type(model).__name__}: from a trace: {reason}; from ONNX: {describe_error(exc)}"
         ) from exc
     info.update(input_names=onnx_info["input_names"], output_names=onnx_info["output_names"])
-    return converted, {**info, "converted_from": "onnx", "fallback_reason": reason}
+    return _stable_names(converted), {**info, "converted_from": "onnx", "fallback_reason": reason}
 
 
 def save_openvino(model: Any, path: Path) -> dict[str, Any]:

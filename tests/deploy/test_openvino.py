@@ -206,3 +206,26 @@ def test_a_cnns_int8_layers_are_ranked_with_the_input_nncf_left_float():
     ranking = rank_openvino(float_model, quantize_openvino(float_model, feeds), feeds)
     conv = [n for n in ranking.layers if "Convolution" in n]
     assert conv and ranking.cheap_error[conv[0]] > 0.0, ranking
+
+
+def test_two_conversions_of_a_model_name_its_layers_alike():
+    """OpenVINO names ops it makes from a process-wide counter: a ResNet's folded convolutions
+    were Multiply_4706 in the search's conversion and Multiply_26202 in the confirmation's, whose
+    rebuild then refused the run's ranking ("the ranking is for another model") and no speedup
+    was claimed."""
+    from autotune.compress.sensitivity_ov import openvino_layers
+    from autotune.export.openvino import convert_openvino, quantize_openvino
+
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU(), nn.Conv2d(8, 8, 3), nn.BatchNorm2d(8)
+    ).eval()
+    example = torch.randn(4, 3, 12, 12)
+    first, info = convert_openvino(model, example)
+    second, _ = convert_openvino(model, example)
+    feeds = [{info["input_names"][0]: example.numpy()}]
+    names = [openvino_layers(quantize_openvino(m, feeds)) for m in (first, second)]
+    assert names[0] and names[0] == names[1]
+    assert [op.get_friendly_name() for op in first.get_ordered_ops()] == [
+        op.get_friendly_name() for op in second.get_ordered_ops()
+    ]
