@@ -257,6 +257,65 @@ def quantize_openvino(
         raise ExportError(f"NNCF could not quantize the OpenVINO model: {describe_error(exc)}") from exc
 
 
+# Where a run's workers keep the int8 models NNCF made (set in their environment by the run).
+CACHE_ENV = "AUTOTUNE_OPENVINO_CACHE"
+
+
+class Int8Cache:
+    """One int8 model in the run's cache (:func:`int8_cache`): its IR and the record of its making."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def hit(self) -> bool:
+        return (self.folder / "info.json").is_file()
+
+    def load(self, info: dict[str, Any]) -> Any:
+        """The cached model; ``info`` updated with what making it recorded."""
+        import json
+
+        import openvino as ov
+
+        info.update(json.loads((self.folder / "info.json").read_text()), int8_cached=True)
+        return ov.Core().read_model(str(self.folder / "model.xml"))
+
+    def save(self, model: Any, record: dict[str, Any]) -> None:
+        """Write ``model`` and ``record`` (what is JSON of it); a failed write only skips the cache."""
+        import json
+
+        kept = {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            save_openvino(model, self.folder / "model.xml")
+            (self.folder / "info.json").write_text(json.dumps(kept, default=str))  # last: it marks the entry whole
+        except (OSError, TypeError, ValueError):
+            pass
+
+
+def int8_cache(model: Any, feeds: Sequence[dict[str, np.ndarray]], settings: Any) -> Int8Cache | None:
+    """The cache entry of ``model`` (a float ``openvino.Model``: its ops, names and weights)
+    quantized on ``feeds`` with ``settings`` (JSON: the configuration, the guard), or ``None``
+    outside a run's workers (:data:`CACHE_ENV` unset)."""
+    import hashlib
+    import json
+    import os
+
+    root = os.environ.get(CACHE_ENV)
+    if not root:
+        return None
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode())
+    for op in model.get_ordered_ops():
+        digest.update(
+            f"{op.get_type_name()}:{op.get_friendly_name()}:{op.get_output_partial_shape(0) if op.get_output_size() else ''}".encode()
+        )
+        if op.get_type_name() == "Constant":
+            digest.update(np.ascontiguousarray(op.get_data()).tobytes())
+    for feed in feeds:
+        for name in sorted(feed):
+            digest.update(name.encode() + np.ascontiguousarray(feed[name]).tobytes())
+    return Int8Cache(Path(root) / digest.hexdigest()[:24])
+
+
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:  # numpy has no bfloat16
         tensor = tensor.float()

@@ -133,7 +133,24 @@ def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str
 
 def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
     """``model`` in NNCF static int8: every layer NNCF takes, or with ``int8_fallback`` the most
-    sensitive kept float."""
+    sensitive kept float; read from the run's cache where the same float model, configuration,
+    calibration and guard were quantized before (a confirmation's fresh workers and the export
+    rebuilt it each time: NNCF and its fallback took 10-15 s a build of real MiniLM)."""
+    from autotune.export.openvino import int8_cache
+
+    plan = extras.int8
+    guard = None if plan is None else [plan.max_drop, plan.keep, plan.kinds]
+    cache = int8_cache(model, feeds, [dict(config), transformer, guard])
+    if cache is not None and cache.hit():
+        return cache.load(info)
+    before = dict(info)
+    quantized = _quantize(model, config, extras, feeds, transformer, info)
+    if cache is not None:
+        cache.save(quantized, {k: v for k, v in info.items() if k not in before or before[k] != v})
+    return quantized
+
+
+def _quantize(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
     from autotune.export.openvino import quantize_openvino
 
     fallback = config.get("int8_fallback", 0)

@@ -18,7 +18,7 @@ rounds (:func:`benchmarks.text.recipes.time_rounds`):
 
 Usage (with the text and openvino extras and the weights, see docs/text-workload.md)::
 
-    python -m benchmarks.text.openvino                        # search (16 trials, cpu-deploy), then compare
+    python -m benchmarks.text.openvino                        # search (16 trials, default space), then compare
     python -m benchmarks.text.openvino --load OUT             # compare a finished search again
     python -m benchmarks.text.openvino --search-only --out OUT && python -m benchmarks.text.openvino --load OUT
     python -m benchmarks.text.openvino --smoke                # 2 trials, 64 sentences, 1 round: it all runs
@@ -175,7 +175,7 @@ def compare(out: Path, n: int, n_rounds: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.text.openvino", description=__doc__.split("\n\n")[0])
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
-    parser.add_argument("--space", default="cpu-deploy", help="preset to search (default cpu-deploy)")
+    parser.add_argument("--space", default="default", help="preset to search (default: the default space)")
     parser.add_argument("--trials", type=int, help="trials of the search (default 16)")
     parser.add_argument("--out", type=Path, default=Path("benchmark-out/text-openvino"), help="the run's directory")
     parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")

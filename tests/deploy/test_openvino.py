@@ -229,3 +229,33 @@ def test_two_conversions_of_a_model_name_its_layers_alike():
     assert [op.get_friendly_name() for op in first.get_ordered_ops()] == [
         op.get_friendly_name() for op in second.get_ordered_ops()
     ]
+
+
+def test_a_second_int8_build_of_the_same_model_reads_the_runs_cache(tmp_path, monkeypatch):
+    """A confirmation's two fresh workers and the export each quantized the pick again (NNCF and
+    its fallback, 10-15 s a build of real MiniLM); the run's workers now share what NNCF made."""
+    import types
+
+    from autotune.export.openvino import CACHE_ENV, convert_openvino
+    from autotune.knobs.openvino import _int8
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    model, example = DeepMLP().eval(), torch.randn(8, 16)
+    float_model, info = convert_openvino(model, example)
+    gen = torch.Generator().manual_seed(0)
+    feeds = [{info["input_names"][0]: torch.randn(16, 16, generator=gen).numpy()} for _ in range(2)]
+    extras = types.SimpleNamespace(int8=None, calibration=[])
+    config = {"runtime": "openvino", "ov_precision": "int8_static", "int8_fallback": 0}
+    first_info, second_info, other_info = {}, {}, {}
+    first = _int8(float_model, config, extras, feeds, False, first_info)
+    second = _int8(convert_openvino(model, example)[0], config, extras, feeds, False, second_info)
+    assert not first_info.get("int8_cached") and second_info["int8_cached"]
+    assert first_info["int8_transformer"] == second_info["int8_transformer"] is False
+    import openvino as ov
+
+    x = torch.randn(4, 16).numpy()
+    outs = [ov.Core().compile_model(m, "CPU").create_infer_request().infer([x]).to_tuple()[0] for m in (first, second)]
+    np.testing.assert_array_equal(outs[0], outs[1])
+    # Other calibration batches are another model.
+    _int8(float_model, config, extras, feeds[:1], False, other_info)
+    assert not other_info.get("int8_cached")
