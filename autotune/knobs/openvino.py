@@ -140,7 +140,10 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
 
     plan = extras.int8
     guard = None if plan is None else [plan.max_drop, plan.keep, plan.kinds]
-    cache = int8_cache(model, feeds, [dict(config), transformer, guard])
+    # What NNCF and the fallback read besides the float model (hashed whole): the batch, threads
+    # and loader of a trial do not change the IR, so their neighbours read it too.
+    settings = {k: config.get(k) for k in ("ov_precision", "int8_fallback", "int8_per_channel")}
+    cache = int8_cache(model, feeds, [settings, transformer, guard])
     if cache is not None and cache.hit():
         return cache.load(info)
     before = dict(info)

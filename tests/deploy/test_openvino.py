@@ -259,3 +259,22 @@ def test_a_second_int8_build_of_the_same_model_reads_the_runs_cache(tmp_path, mo
     # Other calibration batches are another model.
     _int8(float_model, config, extras, feeds[:1], False, other_info)
     assert not other_info.get("int8_cached")
+
+
+def test_the_int8_cache_is_shared_by_configurations_that_differ_in_the_loader_and_threads(tmp_path, monkeypatch):
+    """A search's OpenVINO int8 trials at other batch sizes and thread counts quantized the same
+    model again (7 NNCF runs of real MiniLM in 16 trials): the IR does not depend on them."""
+    import types
+
+    from autotune.export.openvino import CACHE_ENV, convert_openvino
+    from autotune.knobs.openvino import _int8
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    float_model, info = convert_openvino(DeepMLP().eval(), torch.randn(8, 16))
+    feeds = [{info["input_names"][0]: torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).numpy()}]
+    extras = types.SimpleNamespace(int8=None, calibration=[])
+    config = {"runtime": "openvino", "ov_precision": "int8_static", "int8_fallback": 0, "batch_size": 32}
+    _int8(float_model, config, extras, feeds, False, {})
+    neighbour = {}
+    _int8(float_model, {**config, "batch_size": 64, "num_threads": 1}, extras, feeds, False, neighbour)
+    assert neighbour["int8_cached"]
