@@ -280,16 +280,22 @@ class Int8Cache:
         return ov.Core().read_model(str(self.folder / "model.xml"))
 
     def save(self, model: Any, record: dict[str, Any]) -> None:
-        """Write ``model`` and ``record`` (what is JSON of it); a failed write only skips the cache."""
+        """Write ``model`` and ``record`` (what is JSON of it); a failed write only skips the cache.
+        Written beside the entry and renamed into place whole: workers in parallel may make the
+        same entry, and a reader never sees one half written."""
         import json
+        import os
+        import shutil
 
         kept = {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
+        part = self.folder.with_name(f"{self.folder.name}.{os.getpid()}.part")
         try:
-            self.folder.mkdir(parents=True, exist_ok=True)
-            save_openvino(model, self.folder / "model.xml")
-            (self.folder / "info.json").write_text(json.dumps(kept, default=str))  # last: it marks the entry whole
+            part.mkdir(parents=True, exist_ok=True)
+            save_openvino(model, part / "model.xml")
+            (part / "info.json").write_text(json.dumps(kept, default=str))
+            part.rename(self.folder)  # fails where another worker's entry is already in place
         except (OSError, TypeError, ValueError):
-            pass
+            shutil.rmtree(part, ignore_errors=True)
 
 
 def int8_cache(model: Any, feeds: Sequence[dict[str, np.ndarray]], settings: Any) -> Int8Cache | None:
