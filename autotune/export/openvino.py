@@ -271,13 +271,22 @@ class Int8Cache:
         return (self.folder / "info.json").is_file()
 
     def load(self, info: dict[str, Any]) -> Any:
-        """The cached model; ``info`` updated with what making it recorded."""
+        """The cached model, ``info`` updated with what making it recorded; ``None`` (and the
+        entry removed, to be made again) where it cannot be read: a damaged entry must not rule
+        the configuration out for the rest of the run and its resumes."""
         import json
+        import shutil
 
         import openvino as ov
 
-        info.update(json.loads((self.folder / "info.json").read_text()), int8_cached=True)
-        return ov.Core().read_model(str(self.folder / "model.xml"))
+        try:
+            record = json.loads((self.folder / "info.json").read_text())
+            model = ov.Core().read_model(str(self.folder / "model.xml"))
+        except Exception:  # any reader's failure: the entry is made again
+            shutil.rmtree(self.folder, ignore_errors=True)
+            return None
+        info.update(record, int8_cached=True)
+        return model
 
     def save(self, model: Any, record: dict[str, Any]) -> None:
         """Write ``model`` and ``record`` (what is JSON of it); a failed write only skips the cache.

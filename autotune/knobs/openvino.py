@@ -135,7 +135,9 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     """``model`` in NNCF static int8: every layer NNCF takes, or with ``int8_fallback`` the most
     sensitive kept float; read from the run's cache where the same float model, configuration,
     calibration and guard were quantized before (a confirmation's fresh workers and the export
-    rebuilt it each time: NNCF and its fallback took 10-15 s a build of real MiniLM)."""
+    rebuilt it each time: NNCF and its fallback took 10-15 s a build of real MiniLM). The user's
+    metric function is not in the key: a run resumed with another metric reads the layers the
+    first kept float."""
     from autotune.export.openvino import int8_cache
 
     plan = extras.int8
@@ -144,8 +146,9 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     # and loader of a trial do not change the IR, so their neighbours read it too.
     settings = {k: config.get(k) for k in ("ov_precision", "int8_fallback", "int8_per_channel")}
     cache = int8_cache(model, feeds, [settings, transformer, guard])
-    if cache is not None and cache.hit():
-        return cache.load(info)
+    cached = cache.load(info) if cache is not None and cache.hit() else None
+    if cached is not None:
+        return cached
     before = dict(info)
     quantized = _quantize(model, config, extras, feeds, transformer, info)
     if cache is not None:

@@ -332,9 +332,8 @@ class Screening:
                 if k not in changes and not any(k in p for p in kept)
             }
             candidate = self._full(changes, {**config, **dropped})
-            if self.runnable(candidate) and self._keeps(candidate, changes):
-                if all(self._keeps(candidate, c) for c in kept):
-                    return candidate, [*kept, changes]
+            if self.runnable(candidate) and all(self._keeps(candidate, c) for c in (*kept, changes)):
+                return candidate, [*kept, changes]
             if not kept:
                 return None, held
             kept = kept[:-1]  # the latest part goes first: the earlier ones measured larger

@@ -148,11 +148,10 @@ def _tuned(out: Path, w: dict[str, Any]) -> tuple[Callable[[], torch.Tensor], Ca
     return applied, loaded
 
 
-def rows(name: str, out: Path) -> list[tuple[str, Callable[[], torch.Tensor]]]:
-    """Every row of ``name``'s comparison, built once."""
+def rows(w: dict[str, Any], out: Path) -> list[tuple[str, Callable[[], torch.Tensor]]]:
+    """Every row of the comparison of workload ``w``, built once."""
     from benchmarks.text.recipes import bf16_skip_reason
 
-    w = workload(name)
     model, samples = w["model"].eval(), w["dataset"]
     stock = torch.get_num_threads()
     last = _copy_channels_last(model)
@@ -179,20 +178,21 @@ def _copy_channels_last(model: torch.nn.Module) -> torch.nn.Module:
     return copy.deepcopy(model).to(memory_format=torch.channels_last)
 
 
-def quality(name: str, outputs: dict[str, torch.Tensor]) -> dict[str, float]:
+def quality(name: str, w: dict[str, Any], outputs: dict[str, torch.Tensor]) -> dict[str, float]:
     """Each row's accuracy (digits) or worst cosine of its logits to the baseline's (resnet)."""
     base = next(iter(outputs.values()))
     if name == "digits":
-        labels = torch.stack([s[1] for s in workload(name)["dataset"]])
+        labels = torch.stack([s[1] for s in w["dataset"]])
         return {k: (v.argmax(1) == labels).float().mean().item() for k, v in outputs.items()}
     return {k: torch.nn.functional.cosine_similarity(v, base).min().item() for k, v in outputs.items()}
 
 
 def compare(name: str, out: Path, rounds: int, seconds: float) -> dict[str, Any]:
     """Check, then time, every row of ``name``; print the table and the issue's two ratios."""
-    built = rows(name, out)
-    n = len(workload(name)["dataset"])
-    figures = quality(name, {label: run() for label, run in built})
+    w = workload(name)  # built once: the digits CNN is trained when its cfg.py is read
+    built = rows(w, out)
+    n = len(w["dataset"])
+    figures = quality(name, w, {label: run() for label, run in built})
     rates = rotating_rounds(dict(built), n, rounds, seconds)
     ratios = ratios_to(rates, built[0][0])
     floor = figures[built[0][0]] - HOLD if name == "digits" else 1.0 - HOLD

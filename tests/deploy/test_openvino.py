@@ -278,3 +278,25 @@ def test_the_int8_cache_is_shared_by_configurations_that_differ_in_the_loader_an
     neighbour = {}
     _int8(float_model, {**config, "batch_size": 64, "num_threads": 1}, extras, feeds, False, neighbour)
     assert neighbour["int8_cached"]
+
+
+def test_a_damaged_int8_cache_entry_is_made_again_not_a_failed_trial(tmp_path, monkeypatch):
+    import types
+
+    from autotune.export.openvino import CACHE_ENV, convert_openvino
+    from autotune.knobs.openvino import _int8
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    float_model, info = convert_openvino(DeepMLP().eval(), torch.randn(8, 16))
+    feeds = [{info["input_names"][0]: torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).numpy()}]
+    extras = types.SimpleNamespace(int8=None, calibration=[])
+    config = {"runtime": "openvino", "ov_precision": "int8_static", "int8_fallback": 0}
+    _int8(float_model, config, extras, feeds, False, {})
+    (entry,) = (tmp_path / "cache").iterdir()
+    (entry / "model.xml").write_text("<net")  # cut short
+    again = {}
+    assert _int8(float_model, config, extras, feeds, False, again) is not None
+    assert not again.get("int8_cached") and (entry / "info.json").is_file()  # quantized and written anew
+    read = {}
+    _int8(float_model, config, extras, feeds, False, read)
+    assert read["int8_cached"]
