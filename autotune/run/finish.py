@@ -207,6 +207,11 @@ def _confirm(run: Run, runner: Any) -> None:
     need_s = finish_s(run.baseline, finalists[0], 0.0, diagnose=False, n_rounds=2, n_processes=1, exports=False)
     if left is not None:
         left = rounds_budget(left, need_s, spent)
+    # Without a time limit the rounds have what keeps the finish within a share of the run: its
+    # other costs are predicted from the measured worker start, builds and trials.
+    processes = {} if runner.restarts else {"n_processes": 1}
+    other_s = REPORT_S + finish_s(run.baseline, finalists[0], runner.start_s, diagnose=not opts.train, n_rounds=0,
+                                  exports=bool(opts.export), **processes)  # fmt: skip
     budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
     # The rounds stop at their own budget, not at the run's deadline: what comes after them (the
     # export, the reports) keeps its time even when a round runs long.
@@ -216,7 +221,7 @@ def _confirm(run: Run, runner: Any) -> None:
     try:
         run.best, run.confirmed, run.summary["finalists"] = claim_speedup(
             runner, run.baseline, finalists, opts.n_verify_pairs, speed_only, run.timing,
-            diagnose=not opts.train, budget_s=budget_s, need_s=need_s, spent_s=spent,
+            diagnose=not opts.train, budget_s=budget_s, need_s=need_s, spent_s=spent, other_s=other_s,
         )  # fmt: skip
     finally:
         runner.deadline = kept

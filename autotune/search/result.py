@@ -31,13 +31,14 @@ CONFIRM_S = 90.0
 # autotune.search.select.FINALIST_SHARE), and the claim comes from the confirmation. Five
 # rounds of three compiled MiniLM finalists and the baseline took 225 s of a 469-s finish.
 SELECT_S = 45.0
-# Without a time limit, the selection and confirmation rounds take this share of the run's time
-# before them, ROUNDS_FLOOR_S at least and SELECT_S + CONFIRM_S at most (the least rounds a claim
-# is made from are run whatever the limit). At 45 + 90 s whatever the run, rounds took 160 s of
-# a 260-s finish after a 173-s search of real MiniLM, for an interval the processes' spread
-# kept wider than +-5% anyway.
-ROUNDS_SHARE = 0.25
-ROUNDS_FLOOR_S = 30.0
+# Without a time limit, a run's finish (the rounds, the workers' starts and builds, the export,
+# the reports) is planned to take at most this share of the whole run: the selection and
+# confirmation rounds have what its predicted other costs leave of it, ROUNDS_FLOOR_S at least
+# and SELECT_S + CONFIRM_S at most (the least rounds a claim is made from are run whatever the
+# plan). Rounds of a quarter of the run before them, besides those costs, made the finish 35% of
+# a 16-trial real-MiniLM run (59 s of confirmation and 18 s of export after a 146-s search).
+FINISH_SHARE = 0.25
+ROUNDS_FLOOR_S = 10.0
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
@@ -260,21 +261,25 @@ def _process_rounds(
     return groups, pids, why
 
 
-def rounds_s(spent_s: float | None) -> tuple[float, float]:
+def rounds_s(spent_s: float | None, other_s: float = 0.0) -> tuple[float, float]:
     """Seconds of selection rounds and of confirmation rounds (builds not counted) that a run
     without a time limit gives its finalists and its pick, after ``spent_s`` seconds of
-    preparing and searching: :data:`ROUNDS_SHARE` of them, split as :data:`SELECT_S` and
-    :data:`CONFIRM_S` are (those with ``None``).
+    preparing and searching, when the rest of its finish is predicted to take ``other_s``
+    seconds: what keeps the whole finish within :data:`FINISH_SHARE` of the run, split as
+    :data:`SELECT_S` and :data:`CONFIRM_S` are (those with ``None``).
 
     Example:
         >>> rounds_s(None), rounds_s(1000.0)
         ((45.0, 90.0), (45.0, 90.0))
-        >>> [round(s, 1) for s in rounds_s(180.0)], rounds_s(60.0)
-        ([15.0, 30.0], (10.0, 20.0))
+        >>> rounds_s(180.0), rounds_s(180.0, other_s=40.0)
+        ((20.0, 40.0), (6.666666666666667, 13.333333333333334))
+        >>> rounds_s(146.0, other_s=42.0)  # the floor: the least rounds run anyway
+        (3.3333333333333335, 6.666666666666667)
     """
     if spent_s is None:
         return SELECT_S, CONFIRM_S
-    total = min(SELECT_S + CONFIRM_S, max(ROUNDS_FLOOR_S, ROUNDS_SHARE * spent_s))
+    plan = spent_s * FINISH_SHARE / (1.0 - FINISH_SHARE) - other_s
+    total = min(SELECT_S + CONFIRM_S, max(ROUNDS_FLOOR_S, plan))
     return SELECT_S * total / (SELECT_S + CONFIRM_S), CONFIRM_S * total / (SELECT_S + CONFIRM_S)
 
 
@@ -305,14 +310,16 @@ def claim_speedup(
     budget_s: float | None = None,
     need_s: float = 0.0,
     spent_s: float | None = None,
+    other_s: float = 0.0,
 ) -> tuple[dict[str, Any], dict[str, Any] | None, list[dict[str, Any]]]:
     """Select among the finalists, then confirm the pick on fresh rounds; with ``budget_s``
     (a study with a timeout), the selection leaves the least confirmation's predicted cost
     (``need_s``), or half the budget, and the confirmation has what the selection left; where
     both do not fit, the fastest trial is confirmed without a selection (:func:`_affordable`).
     A ``budget_s`` under ``need_s`` runs nothing: the claim is then "unconfirmed: deadline", as
-    it is when the deadline cuts the rounds off. Without ``budget_s``, the rounds take a share
-    of the ``spent_s`` seconds the run took before them (:func:`rounds_s`).
+    it is when the deadline cuts the rounds off. Without ``budget_s``, the rounds take what keeps
+    the finish within a share of the run, after the ``spent_s`` seconds the run took before them
+    and the ``other_s`` seconds the rest of the finish is predicted to take (:func:`rounds_s`).
 
     Returns:
         (the winner's record, the confirmation (see :func:`confirm`) or ``None`` when
@@ -334,7 +341,7 @@ def claim_speedup(
     try:
         # Selection and confirmation share the budget; with one finalist nothing is selected.
         half = None if budget_s is None else max(budget_s - need_s, budget_s / 2) if len(finalists) > 1 else budget_s
-        select_max, confirm_max = rounds_s(spent_s)
+        select_max, confirm_max = rounds_s(spent_s, other_s)
         # Without a deadline the selection runs in a fresh worker, the confirmation's first process:
         # its builds are timed again, not rebuilt (a compiled pick's build and warm-up took 8-9 s).
         ready = half is None and len(finalists) > 1 and bool(runner.restarts) and runner.restart()

@@ -9,10 +9,15 @@ from autotune.trial.measure import EPOCH_WINDOW_CAP, _window_done, timing_batche
 
 def test_a_window_over_a_short_epoch_ends_at_the_epochs_end():
     """Each epoch re-creates the loader's iterator (and restarts non-persistent workers): a
-    window that ends on the clock alone held one restart or two, and its rate with it."""
+    window that ends on the clock alone held one restart or two, and its rate with it. Where
+    that cannot change what a window times (batches alike, no workers), it ends on the clock."""
     state = build(torch.nn.Linear(4, 2), Config({"batch_size": 4}), "cpu")
-    batches, _ = timing_batches([torch.randn(4) for _ in range(20)], state, 0)
-    assert batches.n_batches == 5
+    alike, _ = timing_batches([torch.randn(4) for _ in range(20)], state, 0)
+    assert not alike.epoch_matters and _window_done(0.41, 0.4, alike)
+    workers = build(torch.nn.Linear(4, 2), Config({"batch_size": 4, "num_workers": 1}), "cpu")
+    assert timing_batches([torch.randn(4) for _ in range(20)], workers, 0)[0].epoch_matters
+    batches, _ = timing_batches([torch.randn(4) for _ in range(18)], state, 0)  # a short last batch
+    assert batches.n_batches == 5 and batches.epoch_matters
     ends = []
     for _ in range(12):
         next(batches)
@@ -104,7 +109,7 @@ def test_windows_over_batches_of_one_shape_end_on_the_clock_not_at_whole_epochs(
         data.append({"input_ids": torch.ones(16, dtype=torch.long) * mask, "attention_mask": mask})
     lengths, width = lengths_and_width(data)
     assert width == 16
-    settings = m.MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1, n_remeasure=0)
+    settings = m.MeasureSettings(n_windows=2, window_s=0.02, warmup_batches=1, n_remeasure=0)
     timed = {}
     for padding in ("as_given", "trim"):
         model = _CountedTokens()
@@ -113,5 +118,7 @@ def test_windows_over_batches_of_one_shape_end_on_the_clock_not_at_whole_epochs(
         calls = _CountedTokens.calls
         m.measure(state, data, settings)
         timed[padding] = _CountedTokens.calls - calls - settings.warmup_batches
-    assert timed["as_given"] < 16, timed  # two windows of about 3 batches, not an epoch of 16
+    # Two windows of about 2 batches (10 ms each), not 6 each (the cap, 3 times the minimum
+    # length: how long the plain baseline's windows of real MiniLM ran) nor an epoch of 16.
+    assert timed["as_given"] < 10, timed
     assert timed["trim"] % 16 == 0, timed  # whole epochs
