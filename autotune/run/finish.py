@@ -78,9 +78,10 @@ def rounds_budget(left_s: float, need_s: float, spent_s: float) -> float:
 # A finalist after the first whose build took more than this share of the run before the finish
 # (SELECT_BUILD_FLOOR_S at least) is not built again for the selection rounds: its trial's figure
 # stands. Two static compiles of trimmed real text, 75 and 87 s each to rebuild width by width,
-# made 170 s of a 277-s finish, and neither was picked.
+# made 170 s of a 277-s finish, and neither was picked. At a 20-s floor, a compiled finalist 7%
+# behind (a 16-s compile) took 14 s of a two-minute search's 52-s confirmation and was not picked.
 SELECT_BUILD_SHARE = 0.1
-SELECT_BUILD_FLOOR_S = 20.0
+SELECT_BUILD_FLOOR_S = 5.0
 
 
 def worth_selecting(

@@ -217,12 +217,21 @@ def _window(
         n_samples += size
         n_batches += 1
         n_work += _work(batch)
-        if _window_done(time.perf_counter() - w_start, window_s, batches) and align in (None, batches.position):
+        elapsed = time.perf_counter() - w_start
+        if _window_done(elapsed, window_s, batches) if align is None else _aligned(elapsed, window_s, batches, align):
             break
     _sync(device)
     w_s = time.perf_counter() - w_start
     latencies += [b.elapsed_time(e) for b, e in events]
     return n_samples, n_batches, w_s, n_work
+
+
+def _aligned(elapsed_s: float, window_s: float, batches: _Epochs, align: int) -> bool:
+    """Whether the last window may end: past its minimum length, where the epoch is at ``align``
+    (where the first window began), so the windows together hold whole epochs. It waited for an
+    epoch's end or the cap too, which the alignment already stands for: a pick of real text ran
+    its last window 1.3 s where 0.4 s held whole epochs, the plain baseline 2.2 s for 0.7 s."""
+    return elapsed_s >= window_s and batches.position == align
 
 
 def _stats(windows: list[float], work: list[float], latencies: list[float], totals: list[Any], uneven: bool) -> dict:

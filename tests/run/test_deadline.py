@@ -234,9 +234,13 @@ def test_a_finalist_costly_to_build_keeps_its_trial_figure_and_is_not_built_agai
     kept, left = worth_selecting([leader, costly, cheap], 585.0)
     assert [f["number"] for f in kept] == [7, 9]
     assert left[0]["trial"] == 5 and "75 s" in left[0]["not_selected"] and "58 s" in left[0]["not_selected"]
-    # The fastest is the pick's candidate whatever its build costs; a short run keeps 20 s for each.
-    kept, left = worth_selecting([{"number": 1, "compile_s": 300.0}, {"number": 2, "compile_s": 15.0}], 30.0)
+    # The fastest is the pick's candidate whatever its build costs; a short run keeps 5 s for each.
+    kept, left = worth_selecting([{"number": 1, "compile_s": 300.0}, {"number": 2, "compile_s": 4.0}], 30.0)
     assert [f["number"] for f in kept] == [1, 2] and not left
+    # A two-minute search: a compiled finalist (16 s) keeps its trial's figure, an eager one is built.
+    finalists = [{"number": 14, "compile_s": 2.5}, {"number": 8, "compile_s": 1.9}, {"number": 6, "compile_s": 16.4}]
+    kept, left = worth_selecting(finalists, 124.0)
+    assert [f["number"] for f in kept] == [14, 8] and [row["trial"] for row in left] == [6]
 
 
 @pytest.mark.slow  # CI time: two confirmations of 30 s budgets

@@ -74,6 +74,32 @@ def test_the_windows_of_batches_unequal_in_cost_time_whole_epochs(monkeypatch):
     assert abs(m.measure(state, data, settings)["samples_per_s"] / whole - 1) > 0.1
 
 
+class _CountedFixedCall(_FixedCall):
+    calls = 0
+
+    def forward(self, x):
+        _CountedFixedCall.calls += 1
+        return super().forward(x)
+
+
+def test_the_last_window_ends_where_the_first_began_not_at_the_cap():
+    """The last window of unequal batches ends where the first began, past its minimum length:
+    it also waited for the cap (three times the minimum), so a pick of real text timed its last
+    window 1.3 s where 0.4 s held whole epochs, in every round and trial. 17 samples at batch 8
+    are 3 calls an epoch (30 ms each); after one warm-up call the first window (0.1 s at least,
+    to an epoch's end) times 5 calls and the last one 4 (to where the first began), not 10."""
+    import autotune.trial.measure as m
+
+    state = build(_CountedFixedCall(), Config({"batch_size": 8}), "cpu")
+    data = [torch.randn(4) for _ in range(17)]
+    settings = m.MeasureSettings(n_windows=2, window_s=0.1, warmup_batches=1, n_remeasure=0)
+    m.measure(state, data, settings)  # the first measurement warms whole epochs (shapes differ)
+    _CountedFixedCall.calls = 0
+    m.measure(state, data, settings)
+    timed = _CountedFixedCall.calls - settings.warmup_batches
+    assert timed % 3 == 0 and timed < 12, timed  # whole epochs, and 9 of them, not 15
+
+
 class _CountedTokens(torch.nn.Module):
     """10 ms a call over token sequences, counting its calls (in the class: a build copies it)."""
 
