@@ -32,6 +32,11 @@ HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetu
 # Before any heavy build was measured: at least this many seconds, or this many baseline trials.
 HEAVY_PRIOR_S = 15.0
 HEAVY_PRIOR_FACTOR = 3.0
+# Knobs that make a build of another price under the same heavy knobs: OpenVINO's int8 (NNCF's
+# calibration, the fallback's ranking: 13-20 s of real MiniLM) against its float builds (2 s).
+# Priced as OpenVINO's float trials (8 s), a 3-minute budget started one with 18 s left, and it
+# was killed at the deadline.
+PRICE_KNOBS = (*HEAVY_KNOBS, "ov_precision", "int8_fallback")
 # Confirmation rounds the finish must have time for (the least a claim is made from), and the
 # worker processes they are split over.
 FINISH_ROUNDS = 3
@@ -42,6 +47,16 @@ def _heavy(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...
     """The heavy knobs ``config`` sets away from ``base``: two configurations with the same
     build the same kind of thing."""
     return tuple((k, config.get(k)) for k in HEAVY_KNOBS if k in config and config.get(k) != base.get(k))
+
+
+def _kind(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What prices ``config``'s build: its heavy knobs and :data:`PRICE_KNOBS` away from ``base``."""
+    return tuple((k, config.get(k)) for k in PRICE_KNOBS if k in config and config.get(k) != base.get(k))
+
+
+def _calibrates(kind: tuple[Any, ...]) -> bool:
+    """Whether a build of ``kind`` quantizes (int8 under a runtime, PyTorch's quantization)."""
+    return any(k == "quantization" or str(v).startswith("int8") for k, v in kind)
 
 
 def is_costly(config: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
@@ -88,7 +103,9 @@ def trial_cost_s(
     runtime, ...; for the cheap kind, a trial other than the baseline's where one ran its
     windows: the baseline's also computes the reference outputs), else the baseline's plus the
     longest heavy build measured so far (or a prior: the larger of :data:`HEAVY_PRIOR_S` and
-    :data:`HEAVY_PRIOR_FACTOR` baseline trials). 0 before the baseline was measured.
+    :data:`HEAVY_PRIOR_FACTOR` baseline trials; the prior at least for a first int8 build, which
+    calibrates). Builds of another precision under the same runtime are of another kind
+    (:data:`PRICE_KNOBS`). 0 before the baseline was measured.
 
     Priced from the baseline's wall time, a cheap trial of real MiniLM cost 34 s (its windows
     measured twice, and the reference outputs) where it took 13: a 3-minute budget's search
@@ -110,17 +127,18 @@ def trial_cost_s(
     if baseline is None or not baseline.get("wall_s"):
         return 0.0
     base_config, base_s = baseline.get("config") or {}, once_s(baseline)
-    kind = _heavy(config, base_config)
+    kind = _kind(config, base_config)
     measured = _measured(records)
-    same = [r for r in measured if _heavy(r["config"], base_config) == kind]
+    same = [r for r in measured if _kind(r["config"], base_config) == kind]
     # A cheap trial: priced by those that ran their windows, the baseline's only before any did.
     full = [r for r in same if not kind and not r.get("baseline") and r.get("status", "ok") == "ok"]
     if same:
         return max(once_s(r) for r in full or same)
     if not kind:
         return base_s
-    heavy = [float(r.get("compile_s") or 0.0) for r in measured if _heavy(r["config"], base_config)]
-    return base_s + (max(heavy) if heavy else max(HEAVY_PRIOR_S, HEAVY_PRIOR_FACTOR * base_s))
+    heavy = [float(r.get("compile_s") or 0.0) for r in measured if _kind(r["config"], base_config)]
+    prior = max(HEAVY_PRIOR_S, HEAVY_PRIOR_FACTOR * base_s)
+    return base_s + (max(max(heavy), prior if _calibrates(kind) else 0.0) if heavy else prior)
 
 
 def build_s(record: Mapping[str, Any]) -> float:
