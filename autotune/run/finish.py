@@ -97,15 +97,16 @@ def worth_selecting(
         >>> [f["number"] for f in kept], left[0]["trial"]
         ([7, 9], 5)
     """
-    from autotune.search.cost import build_s
+    from autotune.search.cost import rebuild_s
 
     limit = max(SELECT_BUILD_FLOOR_S, SELECT_BUILD_SHARE * spent_s)
-    kept = finalists[:1] + [f for f in finalists[1:] if build_s(f) <= limit]
+    kept = finalists[:1] + [f for f in finalists[1:] if rebuild_s(f) <= limit]
     left = [
-        {"trial": f.get("number"), "not_selected": f"its build took {build_s(f):.0f} s in its trial, over the "
-         f"{limit:.0f} s the selection gives one (a tenth of the run before it): its trial's figure stands"}
+        {"trial": f.get("number"), "not_selected": f"building it again takes about {rebuild_s(f):.0f} s (its "
+         f"trial's build), over the {limit:.0f} s the selection gives one (a tenth of the run before it): its "
+         "trial's figure stands"}
         for f in finalists[1:]
-        if build_s(f) > limit
+        if rebuild_s(f) > limit
     ]  # fmt: skip
     return kept, left
 

@@ -40,6 +40,26 @@ def test_a_first_int8_build_under_a_runtime_is_priced_apart_from_its_float_build
     assert trial_cost_s({**int8, "batch_size": 64}, [base, *floats, done], base) == 21.0
 
 
+def test_the_finish_prices_an_int8_picks_rebuilds_without_the_model_the_runs_cache_keeps():
+    """A Hugging Face budget's OpenVINO int8 pick (a 12-s build, 10 of it NNCF's, in an 18-s
+    trial) was priced 32 s to confirm where 31 s were left, and its export at 50 s (it took 15):
+    the run ended unconfirmed with a minute of its budget unused. Its rebuilds read NNCF's model
+    from the run's cache."""
+    from autotune.search.cost import export_s, rebuild_s
+
+    base = {"config": BASE["config"], "ran": True, "wall_s": 10.0, "timed_s": 5.0, "build_s": 0.1}
+    made = {"config": {**BASE["config"], "runtime": "openvino"}, "ran": True, "wall_s": 18.4, "timed_s": 2.2,
+            "build_s": 12.1, "compile_s": 0.1, "guard_s": 0.3, "int8_made_s": 10.0}  # fmt: skip
+    assert rebuild_s(made) == pytest.approx(2.2)
+    assert export_s(made) == pytest.approx(2.2 + 2 * 8.4)  # was 12.2 + 2 * 18.4
+    read = {**made, "int8_cached": True}  # a trial that read it: its build is what a rebuild costs
+    assert rebuild_s(read) == pytest.approx(12.2) and export_s(read) == pytest.approx(12.2 + 2 * 18.4)
+    # The least confirmation (a worker's builds and two rounds) less the making, once per process.
+    assert finish_s(base, read, 0.0, diagnose=False, exports=False) - finish_s(
+        base, made, 0.0, diagnose=False, exports=False
+    ) == pytest.approx(2 * 10.0)
+
+
 def test_a_cheap_trial_is_priced_as_measured_once_and_by_the_cheap_trials_that_ran():
     """Real MiniLM's baseline took 34 s (its windows measured twice, the reference outputs): priced
     at that, the next cheap trial (13 s) did not fit a 3-minute budget's search."""
