@@ -288,8 +288,9 @@ class Int8Cache:
         info.update(record, int8_cached=True)
         return model
 
-    def save(self, model: Any, record: dict[str, Any]) -> None:
-        """Write ``model`` and ``record`` (what is JSON of it); a failed write only skips the cache.
+    def save(self, model: Any, record: dict[str, Any]) -> bool:
+        """Write ``model`` and ``record`` (what is JSON of it): whether the entry is in place (a
+        failed write only skips the cache; another worker's entry may stand there already).
         Written beside the entry and renamed into place whole: workers in parallel may make the
         same entry, and a reader never sees one half written."""
         import json
@@ -305,6 +306,7 @@ class Int8Cache:
             part.rename(self.folder)  # fails where another worker's entry is already in place
         except (OSError, TypeError, ValueError):
             shutil.rmtree(part, ignore_errors=True)
+        return self.hit()
 
 
 def int8_cache(model: Any, feeds: Sequence[dict[str, np.ndarray]], settings: Any) -> Int8Cache | None:

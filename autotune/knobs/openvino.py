@@ -152,10 +152,12 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
         return cached
     before, began = dict(info), time.perf_counter()
     quantized = _quantize(model, config, extras, feeds, transformer, info)
-    # What a build that reads it from the cache skips: the finish prices its rebuilds without it.
-    info["int8_made_s"] = time.perf_counter() - began
-    if cache is not None:
-        cache.save(quantized, {k: v for k, v in info.items() if k not in before or before[k] != v})
+    made_s = time.perf_counter() - began
+    if cache is not None and cache.save(
+        quantized, {k: v for k, v in info.items() if k not in before or before[k] != v}
+    ):
+        # What a rebuild reading it from the cache skips: the finish prices its rebuilds without it.
+        info["int8_made_s"] = made_s
     return quantized
 
 

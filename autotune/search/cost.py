@@ -169,13 +169,13 @@ def rebuild_s(record: Mapping[str, Any]) -> float:
         >>> round(rebuild_s(made), 1), round(rebuild_s({**made, "int8_cached": True}), 1)
         (3.1, 13.1)
     """
-    kept = 0.0 if record.get("int8_cached") else float(record.get("int8_made_s") or 0.0)
-    return max(0.0, build_s(record) - kept)
+    return max(0.0, build_s(record) - _cached_s(record))
 
 
 def _cached_s(record: Mapping[str, Any]) -> float:
-    """Seconds of ``record``'s trial that the run's caches keep from a rebuild."""
-    return build_s(record) - rebuild_s(record)
+    """Seconds of ``record``'s trial that the run's caches keep from a rebuild: the int8 model
+    it made and put in the cache (0 where it read it from there)."""
+    return 0.0 if record.get("int8_cached") else float(record.get("int8_made_s") or 0.0)
 
 
 def measure_s(record: Mapping[str, Any]) -> float:

@@ -105,11 +105,12 @@ def sorted_pass(forward: Any, samples: list[Any], collate: Any) -> Any:
     loader = torch.utils.data.DataLoader(samples, batch_sampler=chunks, collate_fn=collate)
 
     def run() -> torch.Tensor:
-        out = torch.empty(len(samples), 384)
+        rows: list[Any] = [None] * len(samples)
         with torch.inference_mode():
             for index, batch in zip(chunks, loader, strict=True):
-                out[index] = forward(batch).float()
-        return out
+                for i, row in zip(index, forward(batch).float(), strict=True):
+                    rows[i] = row
+        return torch.stack(rows)
 
     return run
 
@@ -148,7 +149,8 @@ def hand_recipes(path: Path, samples: list[Any]) -> dict[str, Any]:
     from benchmarks.text.recipes import bf16_skip_reason
     from benchmarks.text.workload import sentences
 
-    model, collate = pipeline(path)[0], DataCollatorWithPadding(AutoTokenizer.from_pretrained(path))
+    tok = AutoTokenizer.from_pretrained(path)
+    model, collate = pipeline(path)[0], DataCollatorWithPadding(tok)
     bf16 = bf16_skip_reason() is None
 
     def eager(autocast: bool) -> Any:
@@ -164,7 +166,6 @@ def hand_recipes(path: Path, samples: list[Any]) -> dict[str, Any]:
     if importlib.util.find_spec("openvino") is None or importlib.util.find_spec("nncf") is None:
         print("OpenVINO hand recipes: skipped, the openvino extra is not installed")
         return recipes
-    tok = AutoTokenizer.from_pretrained(path)
     held = tok(sentences(N_SENTENCES + HELD_OUT)[N_SENTENCES:], truncation=True)
     held = [{key: held[key][i] for key in held} for i in range(HELD_OUT)]
     calibration = [collate(held[i : i + BATCH_SIZE]) for i in range(0, HELD_OUT, BATCH_SIZE)]
