@@ -21,6 +21,9 @@ FEED = ("gather", "pin_memory", "num_workers")
 
 # Loader workers on CUDA: as many as this, within the usable CPUs (the expert recipe's 8).
 CUDA_WORKERS = 8
+# The compile modes but the default ones, in the order a space offering none of those screens them:
+# CUDA graphs first (a small model's launches), then the autotuned kernels.
+COMPILE_MODES = ("reduce-overhead", "max-autotune-no-cudagraphs", "max-autotune")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,10 +145,16 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
     # the trial's windows (real MiniLM text: "size mismatch at index 1, expected 28, actual 18").
     # Shapes as symbols come first.
     dynamic = _variants(space, {"compile_mode": ("default",), "compile_dynamic": (True,)}) if shape else []
-    add(
-        "compile_mode",
-        [*dynamic, *_variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})],
-    )
+    # Where the space offers neither default mode (a user's space of "none" and "reduce-overhead"),
+    # the compile is screened in the mode it offers: on an H200 such a space never compiled at all,
+    # the CUDA-graph move waiting for a launch-bound best that the model alone did not report.
+    other = () if {"default", "default-freezing"} & set(space.values.get("compile_mode", ())) else COMPILE_MODES
+    modes = _variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})
+    add("compile_mode", [*dynamic, *modes, *_variants(space, {"compile_mode": other})])
+    # A frozen TorchScript trace, where the space offers it (the gpu and cpu-deploy presets): a
+    # build like a compile's, tried once on the best cheap composition; refinement alone seldom
+    # sampled it (a 3-trial study of runtimes torch, torchscript and onnxruntime never did).
+    add("torchscript", _variants(space, {"runtime": ("torchscript",)}))
     larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
     if larger:
         add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])

@@ -21,7 +21,7 @@ MIN_GAIN = 1.03
 HARMFUL = 0.8
 # The levers screened alone against the baseline; the others are tried on the composed configuration.
 # The optimizer's implementation is training's own first-tier lever (inference offers one value).
-TIER1 = ("padding", "image_shape", "amp_dtype", "openvino", "int8", "compile_mode", "optimizer_impl")
+TIER1 = ("padding", "image_shape", "amp_dtype", "openvino", "int8", "compile_mode", "torchscript", "optimizer_impl")
 # The levers measured together right after the baseline (their first variants), where the space
 # offers at least two of them: what the data (padding, image sizes) and the device (16-bit units,
 # since autocast is offered only there) already vouch for. The batch joins only for throughput.

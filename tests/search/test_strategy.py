@@ -512,6 +512,36 @@ def test_a_launch_bound_best_tries_cuda_graphs_next():
     assert _best_config(study)["compile_mode"] == "reduce-overhead"
 
 
+def test_a_space_offering_only_cuda_graphs_screens_the_compile_in_that_mode():
+    """On an H200 a user's space of compile modes none and reduce-overhead never compiled: the
+    compile lever knew only the default modes, bfloat16 ran 0.31x on a small MLP, and the
+    CUDA-graph move waited for a launch-bound best the model alone did not report. The compile is
+    screened alone in the mode the space offers, and it wins."""
+    space = space_of({"compile_mode": ["none", "reduce-overhead"], "amp_dtype": ["float32", "bfloat16"]})
+
+    def result(c):
+        speed = 145_000.0 * (0.31 if c["amp_dtype"] == "bfloat16" else 1.0)
+        speed *= 2.0 if c["compile_mode"] == "reduce-overhead" else 1.0
+        return {"status": "ok", "samples_per_s": speed, "metric_drop": 0.0, "bound": "compute-bound"}
+
+    study = _run_cuda(space, {k: result(c) for k, c in configs_of(space).items()}, 3)
+    configs = [t.user_attrs["config"] for t in _measured(study)]
+    assert {"compile_mode": "reduce-overhead", "amp_dtype": "float32"}.items() <= configs[2].items(), configs
+    assert _best_config(study)["compile_mode"] == "reduce-overhead"
+
+
+def test_the_compile_lever_takes_the_default_modes_first_and_the_others_only_without_them():
+    names = {
+        ("none", "default", "reduce-overhead"): [{"compile_mode": "default"}],
+        ("none", "max-autotune", "max-autotune-no-cudagraphs"): [{"compile_mode": "max-autotune-no-cudagraphs"}],
+        ("none",): None,
+    }
+    for modes, wanted in names.items():
+        found = {lever.name: list(lever.variants) for lever in Staged(space_of({"compile_mode": list(modes)}),
+                                                                      ["throughput"], "cuda", 16).levers}  # fmt: skip
+        assert found.get("compile_mode") == wanted, (modes, found)
+
+
 def _compiled_text(c):
     """Trimmed, grouped padding doubles the speed; a static compile over its many widths
     recompiles past dynamo's limit and costs 40%, shapes as symbols gain 30%; over as-given
