@@ -302,6 +302,7 @@ def export_artifacts(
         "mask": mask,
         "metric_chunk": metric_chunk,
         "batching": batching,
+        "memo": {},  # the model's outputs, computed for the first format and kept for the others
     }
     return {
         fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source, spatial)

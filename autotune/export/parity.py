@@ -248,6 +248,7 @@ def check_parity(
     mask: Any = None,
     metric_chunk: int | None = None,
     batching: Any = None,
+    memo: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run an artifact and its reference model on ``samples`` and compare their outputs.
 
@@ -274,6 +275,9 @@ def check_parity(
             metric sees the batches the baseline's metric saw; default ``batch_size``.
         batching: For token sequences, the winner's :class:`~autotune.batching.Batching`: the
             samples are batched as it batches them and compared sample by sample.
+        memo: Where the reference's outputs are kept for the next artifact checked against
+            the same reference and samples (:func:`~autotune.export.export_artifacts` checks
+            each format against one model: its outputs are computed once).
 
     Returns:
         ``{"max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity", "ok",
@@ -301,14 +305,18 @@ def check_parity(
         def run_all(fn: Any) -> Any:
             return _run_batches(fn, samples, batch_size, device, batching)
 
-    was_training = reference.training
-    if was_training:
-        reference.eval()
-    try:
-        expected = run_all(reference)
-    finally:
-        if was_training:  # only then: a PT2E graph refuses train()
-            reference.train()
+    expected = None if memo is None else memo.get("expected")
+    if expected is None:
+        was_training = reference.training
+        if was_training:
+            reference.eval()
+        try:
+            expected = run_all(reference)
+        finally:
+            if was_training:  # only then: a PT2E graph refuses train()
+                reference.train()
+        if memo is not None:
+            memo["expected"] = expected
     result: dict[str, Any] = dict.fromkeys(
         ("max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity")
     )

@@ -86,6 +86,7 @@ class _Epochs:
         # (``vary``), or each epoch starts the loader's workers again.
         workers = getattr(loader, "num_workers", 0) > 0 and not getattr(loader, "persistent_workers", False)
         self.epoch_matters = vary or workers
+        self.restarts = workers  # each epoch's first batch waits for new workers
         self.at_epoch_end = False
         self._it: Iterator[Any] | None = None
         self._left = 0

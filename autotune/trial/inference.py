@@ -327,13 +327,13 @@ class TrialContext(Context, ArtifactExport):
         n_warm = min(1, spec.warmup_batches) if warm and not workers else spec.warmup_batches
         settings = dataclasses.replace(spec, n_windows=min(ROUND_WINDOWS, spec.n_windows), warmup_batches=n_warm)
         mark = memory_mark(prepared.device, collect=False) if warm else None
-        m = measure(prepared, self.spec.dataset, settings, seed=seed, mem_mark=mark)
+        m = measure(prepared, self.spec.dataset, settings, seed=seed, mem_mark=mark, clock_windows=True)
         prepared.info["round_timed"] = True
         row = {k: m[k] for k in _ROUND_KEYS}
         row["warmup_s"] = m["compile_s"]  # the build's compile, in its first round
         if diagnose:
             restore(self.pristine)
-            row.update(_halves(prepared, self.spec.dataset, settings, seed))  # the round's span, halved
+            row.update(_halves(prepared, self.spec.dataset, settings, seed))  # the round's span, halved, warm
         return row
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -397,7 +397,7 @@ def _halves(state: BuildState, dataset: Any, settings: MeasureSettings, seed: in
     """The loader alone and the model alone of ``state``, timed for one short window each."""
     from autotune.trial.diagnose import diagnose_state
 
-    d = diagnose_state(state, dataset, settings, seed)
+    d = diagnose_state(state, dataset, settings, seed, warm=True)
     return {k: d[k] for k in ("loader_samples_per_s", "model_samples_per_s")}
 
 

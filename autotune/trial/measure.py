@@ -189,10 +189,12 @@ def _window(
     latencies: list[float],
     sizes: set[int],
     align: int | None = None,
+    clock: bool = False,
 ) -> tuple[int, int, float]:
     """One timed window: (samples, batches, seconds), each batch's latency added to
     ``latencies`` (device time from the copy to the outputs, in ms) and its size to ``sizes``;
-    with ``align``, it ends only where the epoch is at that position (see :func:`measure`)."""
+    with ``align``, it ends only where the epoch is at that position (see :func:`measure`); with
+    ``clock``, once past ``window_s``, wherever the epoch is."""
     device = torch.device(state.device)
     # A DataLoader's batches are on the CPU already: moving them there would only add a walk
     # over the batch per call, which a small model's baseline would pay and a user's loop not.
@@ -218,7 +220,11 @@ def _window(
         n_batches += 1
         n_work += _work(batch)
         elapsed = time.perf_counter() - w_start
-        if _window_done(elapsed, window_s, batches) if align is None else _aligned(elapsed, window_s, batches, align):
+        if align is not None:
+            done = _aligned(elapsed, window_s, batches, align)
+        else:
+            done = elapsed >= window_s if clock else _window_done(elapsed, window_s, batches)
+        if done:
             break
     _sync(device)
     w_s = time.perf_counter() - w_start
@@ -283,6 +289,7 @@ def measure(
     mem_mark: float | None = None,
     seed: int = 0,
     stop_below: float | None = None,
+    clock_windows: bool = False,
 ) -> dict[str, Any]:
     """Time ``state`` end to end over ``dataset``.
 
@@ -299,6 +306,12 @@ def measure(
             :data:`STOP_MIN_BATCHES` batches were timed (a configuration far slower than the
             best so far needs no more timing to be ruled out); the result then has ``stopped``
             set and fewer windows.
+        clock_windows: Where the last window ends at the first's position (a short epoch of
+            batches unequal in cost) and no epoch restarts the loader's workers, the windows
+            before it end on the clock, not at an epoch's end: the last one makes whole epochs
+            of them all. A confirmation round's first window of the plain Hugging Face baseline
+            ran to the epoch's end, and its last a whole epoch more to reach the alignment
+            (3.6 s where one epoch, 1.8 s, held the same batches).
 
     Returns:
         ``samples_per_s`` (median window; where timed batches differ in size or length, samples
@@ -352,10 +365,13 @@ def measure(
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
             timed_start = time.perf_counter()
             align = _aligned_at(dataset, state, batches)
+            clock = clock_windows and align is not None and not batches.restarts
             for i in range(settings.n_windows):
                 probe.start()
                 last = align if i == settings.n_windows - 1 else None
-                n_samples, n_batches, w_s, n_work = _window(state, batches, settings.window_s, latencies, sizes, last)
+                n_samples, n_batches, w_s, n_work = _window(
+                    state, batches, settings.window_s, latencies, sizes, last, clock
+                )
                 windows.append(n_samples / w_s)
                 work.append(n_work / w_s)
                 totals[0], totals[1] = totals[0] + n_samples, totals[1] + w_s

@@ -78,3 +78,20 @@ def test_the_metric_is_scored_on_the_batches_the_baseline_metric_saw():
     # the artifact runs at batch 16, the guard scored batches of 8
     parity = check_parity(model, model, samples, 16, metric=full_batches, baseline_metric=1.0, metric_chunk=8)
     assert parity["ok"] and parity["metric"] == 1.0
+
+
+def test_the_models_outputs_are_computed_once_for_every_format_checked_against_it(tmp_path, monkeypatch):
+    """Each format's parity check ran the tuned model over the validation samples again: a
+    second of a Hugging Face winner's export. The model's outputs are computed for the first
+    format and kept for the others; each artifact still runs on its own."""
+    import autotune.export.parity as parity
+    from autotune.export import export_artifacts
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    samples = [torch.randn(4) for _ in range(12)]
+    ran = []
+    real = parity._run_batches
+    monkeypatch.setattr(parity, "_run_batches", lambda fn, *a, **k: ran.append(fn is model) or real(fn, *a, **k))
+    out = export_artifacts(model, torch.randn(4, 4), samples, 4, tmp_path, ["onnx", "torchscript"])
+    assert [out[f]["status"] for f in ("onnx", "torchscript")] == ["ok", "ok"]
+    assert ran.count(True) == 1 and ran.count(False) == 2, ran

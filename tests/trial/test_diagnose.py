@@ -206,7 +206,7 @@ def test_the_model_alone_reads_the_whole_epoch_the_timing_reads(monkeypatch):
         TextEncoder(), Config({"batch_size": 32, "padding": "trim", "length_grouping": 4}), "cpu", extras=extras
     )
     taken = []
-    monkeypatch.setattr(diagnose, "model_samples_per_s", lambda s, batches, *a: taken.extend(batches) or 1.0)
+    monkeypatch.setattr(diagnose, "model_samples_per_s", lambda s, batches, *a, **k: taken.extend(batches) or 1.0)
     diagnose_state(state, data, MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1))
     assert len(taken) == 12 and sum(len(b["input_ids"]) for b in taken) == len(data)
     widths = sorted(b["input_ids"].shape[1] for b in taken)

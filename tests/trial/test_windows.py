@@ -100,6 +100,40 @@ def test_the_last_window_ends_where_the_first_began_not_at_the_cap():
     assert timed % 3 == 0 and timed < 12, timed  # whole epochs, and 9 of them, not 15
 
 
+def test_a_rounds_first_window_ends_on_the_clock_and_the_last_makes_whole_epochs():
+    """A confirmation round's first window of the plain Hugging Face baseline ran on to its
+    epoch's end, and its last window, short of its minimum length where the first had begun,
+    ran a whole epoch more (3.6 s where 1.8 s held the same batches). In a round the first window
+    ends on the clock and the last one makes whole epochs of both. 41 samples at batch 8 are 6
+    calls an epoch (30 ms each); after one warm-up call, a first window of 60 ms at least times
+    2 calls and the last 4 (to where the first began): one epoch, not two."""
+    import autotune.trial.measure as m
+
+    state = build(_CountedFixedCall(), Config({"batch_size": 8}), "cpu")
+    data = [torch.randn(4) for _ in range(41)]
+    settings = m.MeasureSettings(n_windows=2, window_s=0.06, warmup_batches=1, n_remeasure=0)
+    m.measure(state, data, settings)  # the first measurement warms whole epochs (shapes differ)
+    _CountedFixedCall.calls = 0
+    r = m.measure(state, data, settings, clock_windows=True)
+    assert _CountedFixedCall.calls - settings.warmup_batches == 6 and r["n_windows"] == 2
+
+
+def test_a_warm_builds_model_half_runs_no_epoch_before_its_clock(monkeypatch):
+    """The model half of a confirmation round's diagnosis warmed up every batch of the epoch
+    again, which the round had just run: the plain Hugging Face baseline's 1.7-s epoch, most
+    of its first round's diagnosis. Warm, it runs its warm-up batches alone."""
+    import autotune.trial.diagnose as d
+
+    state = build(_CountedFixedCall(), Config({"batch_size": 8}), "cpu")
+    batches = [torch.randn(8, 4) for _ in range(6)]
+    counts = []
+    for every in (True, False):
+        _CountedFixedCall.calls = 0
+        d.model_samples_per_s(state, batches, 0.01, warmup_batches=1, every=every)
+        counts.append(_CountedFixedCall.calls)
+    assert counts == [12, 7], counts  # whole cycles timed (6) after 6 warm-up calls, or after 1
+
+
 class _CountedTokens(torch.nn.Module):
     """10 ms a call over token sequences, counting its calls (in the class: a build copies it)."""
 
