@@ -94,6 +94,25 @@ def _trims(space: SearchSpace, shape: list[dict[str, Any]]) -> list[dict[str, An
     return trims
 
 
+def _builds(space: SearchSpace, shape: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """The compile lever's variants and a TorchScript trace's, each a build of its own."""
+    # Token sequences of many lengths whose padding the space may trim: a static compile makes
+    # one graph per width and past dynamo's recompile limit (8) runs the others eager, inside
+    # the trial's windows (real MiniLM text: "size mismatch at index 1, expected 28, actual 18").
+    # Shapes as symbols come first.
+    dynamic = _variants(space, {"compile_mode": ("default",), "compile_dynamic": (True,)}) if shape else []
+    # Where the space offers neither default mode (a user's space of "none" and "reduce-overhead"),
+    # the compile is screened in the mode it offers: on an H200 such a space never compiled at all,
+    # the CUDA-graph move waiting for a launch-bound best that the model alone did not report.
+    other = () if {"default", "default-freezing"} & set(space.values.get("compile_mode", ())) else COMPILE_MODES
+    modes = _variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})
+    found = [("compile_mode", [*dynamic, *modes, *_variants(space, {"compile_mode": other})])]
+    # A frozen TorchScript trace, where the space offers it (the gpu and cpu-deploy presets): a
+    # build like a compile's, tried once on the best cheap composition; refinement alone seldom
+    # sampled it (a 3-trial study of runtimes torch, torchscript and onnxruntime never did).
+    return [*found, ("torchscript", _variants(space, {"runtime": ("torchscript",)}))]
+
+
 def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") -> list[Lever]:
     """The levers the space offers, in order of promise (the order they are screened in).
 
@@ -140,21 +159,8 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
             {"runtime": ("onnxruntime",)},
         ),
     )
-    # Token sequences of many lengths whose padding the space may trim: a static compile makes
-    # one graph per width and past dynamo's recompile limit (8) runs the others eager, inside
-    # the trial's windows (real MiniLM text: "size mismatch at index 1, expected 28, actual 18").
-    # Shapes as symbols come first.
-    dynamic = _variants(space, {"compile_mode": ("default",), "compile_dynamic": (True,)}) if shape else []
-    # Where the space offers neither default mode (a user's space of "none" and "reduce-overhead"),
-    # the compile is screened in the mode it offers: on an H200 such a space never compiled at all,
-    # the CUDA-graph move waiting for a launch-bound best that the model alone did not report.
-    other = () if {"default", "default-freezing"} & set(space.values.get("compile_mode", ())) else COMPILE_MODES
-    modes = _variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})
-    add("compile_mode", [*dynamic, *modes, *_variants(space, {"compile_mode": other})])
-    # A frozen TorchScript trace, where the space offers it (the gpu and cpu-deploy presets): a
-    # build like a compile's, tried once on the best cheap composition; refinement alone seldom
-    # sampled it (a 3-trial study of runtimes torch, torchscript and onnxruntime never did).
-    add("torchscript", _variants(space, {"runtime": ("torchscript",)}))
+    for name, variants in _builds(space, shape):
+        add(name, variants)
     larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
     if larger:
         add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])

@@ -232,7 +232,10 @@ def _process_rounds(
         try:
             # Each process is a fresh one, but the first where the budget left no time to start it.
             begun = time.monotonic()
-            restarted = runner.restart() if k or (fresh and not ready) else True
+            if k:
+                restarted = runner.restart()  # the spare the first one started, where it did
+            else:  # a fresh one starts a spare beside it for the next process's rounds
+                restarted = runner.restart(spare=n_processes > 1) if fresh and not ready else True
             if not restarted and k:
                 why = "a fresh worker process could not be started"
                 break
@@ -344,7 +347,7 @@ def claim_speedup(
         select_max, confirm_max = rounds_s(spent_s, other_s)
         # Without a deadline the selection runs in a fresh worker, the confirmation's first process:
         # its builds are timed again, not rebuilt (a compiled pick's build and warm-up took 8-9 s).
-        ready = half is None and len(finalists) > 1 and bool(runner.restarts) and runner.restart()
+        ready = half is None and len(finalists) > 1 and bool(runner.restarts) and runner.restart(spare=True)
         # Without a deadline the rounds' seconds are counted, not the builds': priced from the
         # trials' cold compiles (23 s), a build from the cache (8 s) left time for 4 rounds, not 2.
         pick, table = select(runner, finalists, n_rounds, max_s=select_max if half is None else half,

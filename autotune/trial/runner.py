@@ -9,18 +9,16 @@ defined in a script or notebook work.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, TrialError
+from autotune.trial.alarm import Overrun, alarm
 from autotune.trial.spec import TrialResult
 
 __all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "pickle_spec"]
@@ -108,8 +106,10 @@ class Runner:
     def interrupt(self) -> None:
         """Stop the trial in flight from another thread, if the runner can (a worker process can)."""
 
-    def restart(self) -> bool:
+    def restart(self, spare: bool = False) -> bool:
         """Measure from a fresh process from now on, if the runner can (a worker process can).
+        ``spare``: start a second fresh process beside it, for the next restart (see
+        :meth:`SubprocessRunner.restart`).
 
         Returns:
             Whether the next call runs in a new process.
@@ -123,31 +123,6 @@ class Runner:
 def _not_started(started: float) -> TrialResult:
     reason = "not started: the run's deadline had passed"
     return TrialResult("timeout", "deadline", reason, {"trial_s": time.perf_counter() - started, "ran": False})
-
-
-class _Overrun(BaseException):
-    """Raised into in-process work by its alarm; a BaseException, so no ``except Exception`` in
-    the trial's code takes it for the trial's own fault."""
-
-
-@contextlib.contextmanager
-def _alarm(seconds: float) -> Iterator[None]:
-    """Raise :class:`_Overrun` in the block after ``seconds`` (a SIGALRM timer). Only the main
-    thread of a POSIX process receives it; elsewhere the block runs unbounded."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-
-    def fire(signum: int, frame: Any) -> None:
-        raise _Overrun
-
-    previous = signal.signal(signal.SIGALRM, fire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
 
 class InProcessRunner(Runner):
@@ -170,9 +145,9 @@ class InProcessRunner(Runner):
         if limit <= 0:
             return _not_started(started)
         try:
-            with _alarm(limit):
+            with alarm(limit):
                 result = self._ctx.run_trial(config, fidelity)
-        except _Overrun:
+        except Overrun:
             reason = f"no result within {limit:g} s while running the trial; it was interrupted"
             return TrialResult("timeout", "timeout", reason, {"trial_s": time.perf_counter() - started})
         result.metrics["wall_s"] = time.perf_counter() - started
@@ -185,9 +160,9 @@ class InProcessRunner(Runner):
         asked = self.timeout * n_trials
         limit = self.bounded(asked)
         try:
-            with _alarm(limit):
+            with alarm(limit):
                 return getattr(self._ctx, name)(*args)
-        except _Overrun:
+        except Overrun:
             kind = "deadline" if limit < asked else "timeout"
             raise TrialError(kind, f"{name} gave no result within {limit:.1f} s; it was interrupted") from None
         except Exception as exc:
@@ -214,10 +189,17 @@ class SubprocessRunner(Runner):
         self._env = dict(env or {})
         self._proc: subprocess.Popen[bytes] | None = None
         self._busy = False  # a request is in flight: the worker will not read "stop" soon
+        self._spare: tuple[Any, ...] | None = None  # a fresh worker started for the next restart
         self.n_starts = 0
         self.info = self._start()
 
     def _start(self) -> dict[str, Any]:
+        self._proc, self._send, self._recv, begun = self._launch()
+        return self._ready(begun)
+
+    def _launch(self) -> tuple[Any, Any, Any, float]:
+        """Start a worker process and send it the run's payload: (process, sending and receiving
+        ends, when it began); :meth:`_ready` waits for it."""
         from multiprocessing.connection import Connection
 
         # A start that cannot be ready before the deadline is not begun: the last one's time is
@@ -235,7 +217,7 @@ class SubprocessRunner(Runner):
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self._log_path, "ab")
         try:
-            self._proc = subprocess.Popen(
+            proc = subprocess.Popen(
                 [sys.executable, "-m", "autotune.trial.worker", str(to_child_r), str(from_child_w), str(os.getpid())],
                 pass_fds=(to_child_r, from_child_w),
                 stdin=subprocess.DEVNULL,
@@ -249,12 +231,15 @@ class SubprocessRunner(Runner):
             log.close()
             os.close(to_child_r)
             os.close(from_child_w)
-        self._send = Connection(to_child_w, readable=False)
-        self._recv = Connection(from_child_r, writable=False)
+        send, recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
         self.n_starts += 1
         # A later start is `checked`: the first worker checked the model and the data, so this one
         # makes the baseline's reference only if something reads it (rounds never do).
-        self._send.send(("init", self._payload, self.n_starts > 1))
+        send.send(("init", self._payload, self.n_starts > 1))
+        return proc, send, recv, begun
+
+    def _ready(self, begun: float) -> dict[str, Any]:
+        """Wait for the worker just launched to be ready: its info, or the error of its start."""
         cut = self.at_deadline(self._timeout)
         reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":
@@ -371,10 +356,51 @@ class SubprocessRunner(Runner):
 
     restarts = True
 
-    def restart(self) -> bool:
-        self.close()
-        self._ensure()
+    def restart(self, spare: bool = False) -> bool:
+        """A fresh worker from now on: the spare one, where an earlier restart started one, else
+        a new one; with ``spare``, a second fresh one starts beside it and waits, started and
+        idle, for the next restart. A confirmation's two fresh workers each took 4 s to start
+        (torch, then the user's model and its modules: a Hugging Face model's imports were 3 s
+        of it); started together, the second costs nothing more. Not where the deadline or the
+        machine's free memory (the spare holds the model too) leaves no room for it. The worker
+        it replaces is idle: killed, not asked to stop (its exit took a second of each restart)."""
+        self._kill()
+        if self._spare is not None:
+            self._proc, self._send, self._recv, self.info = self._spare
+            self._spare = None
+            return True
+        if not spare or not self._spare_fits():
+            self._ensure()
+            return True
+        first = self._launch()
+        try:
+            second = self._launch()
+        except TrialError:
+            second = None
+        self._proc, self._send, self._recv, begun = first
+        try:
+            self.info = self._ready(begun)
+        finally:
+            if second is not None and self._proc is None:  # the first failed: no spare either
+                _stop(second[0])
+                second = None
+        if second is not None:
+            kept = (self._proc, self._send, self._recv, self.info, self.start_s)
+            self._proc, self._send, self._recv, begun = second
+            try:
+                self._spare = (self._proc, self._send, self._recv, self._ready(begun))
+            except (TrialError, InputError):
+                self._spare = None  # _ready stopped it: the next restart starts one
+            self._proc, self._send, self._recv, self.info, self.start_s = kept
         return True
+
+    def _spare_fits(self) -> bool:
+        """Whether a second worker may start now: before the deadline, with room in memory for
+        another copy of the run's payload (the model and the data) beside the others."""
+        import psutil
+
+        room = psutil.virtual_memory().available > 4 * len(self._payload)
+        return room and self._too_late("starting a spare worker", 2 * (self.start_s or 0.0)) is None
 
     def interrupt(self) -> None:
         """Kill the worker from another thread; the thread waiting on it gets a ``crash`` reply.
@@ -389,6 +415,12 @@ class SubprocessRunner(Runner):
                 pass
 
     def close(self) -> None:
+        self._stop_current()
+        if self._spare is not None:
+            _stop(self._spare[0])
+            self._spare = None
+
+    def _stop_current(self) -> None:
         if self._proc is not None and not self._busy:
             try:
                 self._send.send(("stop",))
@@ -396,3 +428,12 @@ class SubprocessRunner(Runner):
             except Exception:
                 pass
             self._kill()
+
+
+def _stop(proc: Any) -> None:
+    """Kill a worker process with everything it started (its own session), and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()

@@ -156,7 +156,7 @@ class _TwoProcesses(InProcessRunner):
                                     measure=FAST))  # fmt: skip
         self.calls, self.replies = [], []
 
-    def restart(self) -> bool:
+    def restart(self, spare=False) -> bool:
         self.calls.append("restart")
         return True
 

@@ -75,3 +75,30 @@ def test_a_restarted_worker_process_starts_checked(tmp_path):
     finally:
         runner.close()
     assert result.status == "ok" and result.metrics["metric_drop"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_a_spare_worker_starts_beside_a_fresh_one_and_serves_the_next_restart(tmp_path):
+    """A confirmation's two fresh workers each took 4 s to start, one after the other. The
+    first one starts a spare beside it: the next restart is that spare, already started, a
+    process of its own that nothing ran in; closing the runner stops both."""
+    import os
+
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=FAST)  # fmt: skip
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "worker.log")
+    try:
+        first = runner._proc.pid
+        runner.restart(spare=True)
+        fresh, spare = runner._proc.pid, runner._spare[0].pid
+        assert len({first, fresh, spare}) == 3 and runner.n_starts == 3
+        assert runner.run(dict(Config({"batch_size": 16}))).status == "ok"
+        runner.restart()
+        assert runner._proc.pid == spare and runner._spare is None and runner.n_starts == 3
+        assert runner.run(dict(Config({"batch_size": 16}))).status == "ok"
+    finally:
+        runner.close()
+    for pid in (first, fresh, spare):
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
