@@ -375,7 +375,7 @@ class SubprocessRunner(Runner):
         first = self._launch()
         try:
             second = self._launch()
-        except TrialError:
+        except Exception:  # the deadline, or no process to be had: no spare
             second = None
         self._proc, self._send, self._recv, begun = first
         try:
@@ -390,8 +390,11 @@ class SubprocessRunner(Runner):
             try:
                 self._spare = (self._proc, self._send, self._recv, self._ready(begun))
             except (TrialError, InputError):
-                self._spare = None  # _ready stopped it: the next restart starts one
-            self._proc, self._send, self._recv, self.info, self.start_s = kept
+                pass  # _ready stopped it: the next restart starts one
+            finally:
+                if self._spare is None and self._proc is not None:  # interrupted while it started
+                    _stop(self._proc)
+                self._proc, self._send, self._recv, self.info, self.start_s = kept
         return True
 
     def _spare_fits(self) -> bool:
