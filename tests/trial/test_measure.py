@@ -272,16 +272,20 @@ def test_a_static_compile_over_many_lengths_compiles_each_before_the_windows():
 
 
 @pytest.mark.slow
-def test_a_static_compile_past_the_recompile_limit_is_marked_as_running_eager(monkeypatch):
+def test_a_static_compile_past_the_recompile_limit_is_marked_as_running_eager():
     """Past dynamo's recompile limit the batches of further shapes run eager: the measurement
-    times that pipeline (no compile on the clock) and says so, never as the compiled figure."""
+    times that pipeline (no compile on the clock) and says so, never as the compiled figure.
+    The limit is lowered with dynamo's own patch: pytest's monkeypatch deleted the setting from
+    dynamo's config on undo, and every later compile in the process failed."""
     import torch._dynamo.config as dynamo_config
 
     torch._dynamo.reset()
-    monkeypatch.setattr(dynamo_config, "recompile_limit", 2)
     data = _long_text_epoch([3, 5, 7, 9])
     state = _text_state(_Pooled(), data, compile_mode="default")
-    result = measure(state, data, MeasureSettings(n_windows=2, window_s=0.05, warmup_batches=1))
+    before = dynamo_config.recompile_limit
+    with dynamo_config.patch(recompile_limit=2):
+        result = measure(state, data, MeasureSettings(n_windows=2, window_s=0.05, warmup_batches=1))
+    assert dynamo_config.recompile_limit == before
     assert result["recompiles"] == 0 and result["compile_fallbacks"] >= 1
     assert "recompile limit (2)" in result["compile_note"] and "ran eager" in result["compile_note"]
     torch._dynamo.reset()
