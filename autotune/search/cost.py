@@ -42,6 +42,9 @@ PRICE_KNOBS = (*HEAVY_KNOBS, "ov_precision", "int8_fallback")
 # worker processes they are split over.
 FINISH_ROUNDS = 3
 FINISH_PROCESSES = 2
+# A spare worker's start beside another's, against a start alone: a Hugging Face pick's two
+# starts took 4.2 s together (the first's 4.1 s alone).
+SPARE_START = 0.3
 
 
 def _heavy(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -213,9 +216,10 @@ def finish_s(
     exports: bool = True,
 ) -> float:
     """Predicted seconds of a run's finish with ``best`` as the pick: the confirmation
-    processes' worker starts (the second beside the first) and in each both builds, ``n_rounds`` rounds of both (with the diagnosis,
-    which times the loader and the model apart in the first process's first round, half a
-    round more), then the export of the pick (:func:`export_s`). 0 before the baseline was
+    processes' worker starts (the second beside the first: :data:`SPARE_START`), both builds in
+    each, ``n_rounds`` rounds of both (with the diagnosis, which times the loader and the model
+    apart in the first process's first round, half a round more), then the export of the pick
+    (:func:`export_s`). 0 before the baseline was
     measured. A round is priced as one trial measurement (:func:`measure_s`), though rounds time
     :data:`autotune.trial.inference.ROUND_WINDOWS` windows of a trial's five: the price is
     high, which keeps a budget's reserve on the safe side (pre-padded budgets ended 6-29 s
@@ -241,11 +245,6 @@ def finish_s(
     # their windows are shorter, about half a round.
     rounds = n_rounds * round_s + (0.5 * round_s if diagnose else 0.0)
     return starts + n_processes * builds + rounds + (export_s(best) if exports else 0.0)
-
-
-# A spare worker's start beside another's, against a start alone: a Hugging Face pick's two
-# starts took 4.2 s together (the first's 4.1 s alone).
-SPARE_START = 0.3
 
 
 # An export (ONNX, TorchScript, each with its parity check over the validation samples) costs

@@ -104,9 +104,9 @@ def _builds(space: SearchSpace, shape: list[dict[str, Any]]) -> list[tuple[str, 
     # Where the space offers neither default mode (a user's space of "none" and "reduce-overhead"),
     # the compile is screened in the mode it offers: on an H200 such a space never compiled at all,
     # the CUDA-graph move waiting for a launch-bound best that the model alone did not report.
-    other = () if {"default", "default-freezing"} & set(space.values.get("compile_mode", ())) else COMPILE_MODES
     modes = _variants(space, {"compile_mode": ("default",)}, {"compile_mode": ("default-freezing",)})
-    found = [("compile_mode", [*dynamic, *modes, *_variants(space, {"compile_mode": other})])]
+    modes = modes or _variants(space, {"compile_mode": COMPILE_MODES})
+    found = [("compile_mode", [*dynamic, *modes])]
     # A frozen TorchScript trace, where the space offers it (the gpu and cpu-deploy presets): a
     # build like a compile's, tried once on the best cheap composition; refinement alone seldom
     # sampled it (a 3-trial study of runtimes torch, torchscript and onnxruntime never did).

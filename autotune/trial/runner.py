@@ -382,7 +382,7 @@ class SubprocessRunner(Runner):
             self.info = self._ready(begun)
         finally:
             if second is not None and self._proc is None:  # the first failed: no spare either
-                _stop(second[0])
+                _stop(*second[:3])
                 second = None
         if second is not None:
             kept = (self._proc, self._send, self._recv, self.info, self.start_s)
@@ -393,7 +393,7 @@ class SubprocessRunner(Runner):
                 pass  # _ready stopped it: the next restart starts one
             finally:
                 if self._spare is None and self._proc is not None:  # interrupted while it started
-                    _stop(self._proc)
+                    _stop(self._proc, self._send, self._recv)
                 self._proc, self._send, self._recv, self.info, self.start_s = kept
         return True
 
@@ -420,7 +420,7 @@ class SubprocessRunner(Runner):
     def close(self) -> None:
         self._stop_current()
         if self._spare is not None:
-            _stop(self._spare[0])
+            _stop(*self._spare[:3])
             self._spare = None
 
     def _stop_current(self) -> None:
@@ -433,10 +433,13 @@ class SubprocessRunner(Runner):
             self._kill()
 
 
-def _stop(proc: Any) -> None:
-    """Kill a worker process with everything it started (its own session), and reap it."""
+def _stop(proc: Any, *ends: Any) -> None:
+    """Kill a worker process with everything it started (its own session), reap it, and close
+    the ends of its pipes."""
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
     proc.wait()
+    for end in ends:
+        end.close()

@@ -573,11 +573,12 @@ def test_a_builds_later_rounds_run_warm_without_a_collection(monkeypatch):
     building."""
     import autotune.trial.inference as inference
 
-    seen = []
+    seen, clocks = [], []
     real = inference.measure
 
     def spy(state, dataset, settings, **kw):
         seen.append((state.batch_size, settings.warmup_batches, kw.get("mem_mark") is None))
+        clocks.append(kw.get("clock_windows"))  # a round's windows but its last end on the clock
         return real(state, dataset, settings, **kw)
 
     monkeypatch.setattr(inference, "measure", spy)
@@ -594,6 +595,27 @@ def test_a_builds_later_rounds_run_warm_without_a_collection(monkeypatch):
     seen.clear()
     ctx.rounds([workers], 2, 2)  # a loader with workers starts them again each round: its warm-up stands
     assert [w for _, w, _ in seen] == [3, 3]
+    assert clocks and all(clocks), clocks
+
+
+def test_a_rounds_diagnosis_times_the_model_half_warm(monkeypatch):
+    """The diagnosis of a confirmation's first round times the model alone right after the
+    round ran its batches: it warms up its warm-up batches, not every batch of the epoch again
+    (the plain Hugging Face baseline's 1.7-s epoch)."""
+    import autotune.trial.diagnose as diagnose
+
+    every = []
+    real = diagnose.model_samples_per_s
+
+    def spy(*a, **kw):
+        every.append(kw.get("every", True))
+        return real(*a, **kw)
+
+    monkeypatch.setattr(diagnose, "model_samples_per_s", spy)
+    ctx = _context(MLP(), measure=MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
+    reply = ctx.rounds([dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))], 2, 2, diagnose=True)
+    assert all("model_samples_per_s" in c for c in reply["rounds"][0])
+    assert every == [False, False]
 
 
 def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_confirms():
