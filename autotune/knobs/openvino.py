@@ -92,7 +92,7 @@ def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str
             model cannot be converted or quantized to hold the guard.
     """
     from autotune.errors import TrialError
-    from autotune.export.openvino import OvModule, calibration_feeds, convert_openvino, is_transformer, save_openvino
+    from autotune.export.openvino import OvModule, calibration_feeds, is_transformer, save_openvino
     from autotune.export.ov_run import openvino_problem
 
     problem = openvino_problem()
@@ -100,7 +100,7 @@ def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str
         raise TrialError("unsupported", problem or f"OpenVINO runs on the CPU here, not on {state.device}")
     config = state.config
     example = extras.example_on("cpu")
-    model, info = convert_openvino(state.model, example, spatial=bool(extras.ragged), onnx_path=folder / "model.onnx")
+    model, info = _converted(state, example, bool(extras.ragged), folder)
     precision = config.get("ov_precision", "fp32")
     if precision == "int8_static":
         from autotune.compress.quantize import serialized_bytes
@@ -130,6 +130,27 @@ def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str
     record = {**info, "precision": precision, "bytes": saved["bytes"]}
     record.update({f"plugin_{k}": v for k, v in measured.items()})
     return module, record
+
+
+def _converted(state: Any, example: Any, spatial: bool, folder: Path) -> tuple[Any, dict[str, Any]]:
+    """``state.model`` converted to OpenVINO, or read from the run's cache where the same torch
+    model was converted before (another trial at another batch size, a confirmation's worker,
+    the export): ``ov_converted_cached`` in ``state.info`` then, else the seconds the conversion
+    took (``ov_convert_s``), which a later build of it skips."""
+    from autotune.export.openvino import convert_openvino, float_cache
+
+    cache = float_cache(state.model, example, spatial)
+    record: dict[str, Any] = {}
+    cached = cache.load(record, "ov_converted_cached") if cache is not None and cache.hit() else None
+    if cached is not None:
+        state.info["ov_converted_cached"] = record.pop("ov_converted_cached")
+        return cached, record
+    began = time.perf_counter()
+    model, info = convert_openvino(state.model, example, spatial=spatial, onnx_path=folder / "model.onnx")
+    made_s = time.perf_counter() - began
+    if cache is not None and cache.save(model, info):
+        state.info["ov_convert_s"] = made_s
+    return model, info
 
 
 def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:

@@ -58,6 +58,10 @@ def test_the_finish_prices_an_int8_picks_rebuilds_without_the_model_the_runs_cac
     assert finish_s(base, read, 0.0, diagnose=False, exports=False) - finish_s(
         base, made, 0.0, diagnose=False, exports=False
     ) == pytest.approx(2 * 10.0)
+    # The OpenVINO conversion a trial made and cached is priced out the same way; one read is not.
+    converted = {**made, "ov_convert_s": 1.5}
+    assert rebuild_s(converted) == pytest.approx(0.7)
+    assert rebuild_s({**converted, "ov_converted_cached": True}) == pytest.approx(2.2)
 
 
 def test_a_cheap_trial_is_priced_as_measured_once_and_by_the_cheap_trials_that_ran():
