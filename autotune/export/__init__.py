@@ -244,6 +244,7 @@ def export_artifacts(
     metric_chunk: int | None = None,
     batching: Any = None,
     spatial: bool = False,
+    memo: dict[int, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Write ``model.onnx`` / ``model.pt`` into ``out_dir`` and check each against ``model``.
 
@@ -274,6 +275,9 @@ def export_artifacts(
             ``samples`` and how the guard judges them, and for token sequences how the winner
             batches them (see :func:`~autotune.export.parity.check_parity`).
         spatial: The images vary in size: the ONNX graph takes any height and width.
+        memo: The reference outputs already computed (see
+            :func:`~autotune.export.parity.check_parity`), shared with the caller's other
+            checks; default: shared among ``formats`` alone.
 
     Returns:
         Per format: ``{"path"`` (file name in ``out_dir``), ``"bytes", "sha256", "batch_size",``
@@ -302,7 +306,7 @@ def export_artifacts(
         "mask": mask,
         "metric_chunk": metric_chunk,
         "batching": batching,
-        "memo": {},  # the model's outputs, computed for the first format and kept for the others
+        "memo": {} if memo is None else memo,  # the model's outputs, computed for the first format
     }
     return {
         fmt: _export_one(fmt, model, example, out_dir, fallback, check, onnx_source, spatial)

@@ -275,9 +275,10 @@ def check_parity(
             metric sees the batches the baseline's metric saw; default ``batch_size``.
         batching: For token sequences, the winner's :class:`~autotune.batching.Batching`: the
             samples are batched as it batches them and compared sample by sample.
-        memo: Where the reference's outputs are kept for the next artifact checked against
-            the same reference and samples (:func:`~autotune.export.export_artifacts` checks
-            each format against one model: its outputs are computed once).
+        memo: Where each reference's outputs are kept, by the reference, for the next artifact
+            checked against it on the same samples (a winner's TorchScript and ONNX files are
+            checked against one model: its outputs are computed once). The caller keeps the
+            references alive while the memo is in use.
 
     Returns:
         ``{"max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity", "ok",
@@ -305,7 +306,7 @@ def check_parity(
         def run_all(fn: Any) -> Any:
             return _run_batches(fn, samples, batch_size, device, batching)
 
-    expected = None if memo is None else memo.get("expected")
+    expected = None if memo is None else memo.get(id(reference))
     if expected is None:
         was_training = reference.training
         if was_training:
@@ -316,7 +317,7 @@ def check_parity(
             if was_training:  # only then: a PT2E graph refuses train()
                 reference.train()
         if memo is not None:
-            memo["expected"] = expected
+            memo[id(reference)] = expected
     result: dict[str, Any] = dict.fromkeys(
         ("max_abs", "rel_l2", "metric", "metric_drop", "fidelity", "baseline_fidelity")
     )

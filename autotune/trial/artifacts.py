@@ -194,6 +194,8 @@ class ArtifactExport:
             "batching": state.batching() if per_sample(state) or self.extras.collate_fn else None,
             # Outputs that change shape with the batch: images of many sizes, so the graph takes any.
             "spatial": bool(self.extras.ragged),
+            # Each model's outputs, computed once for every file checked against it.
+            "memo": {},
         }
         size, out = state.batch_size, Path(out_dir)
         by_format = {}

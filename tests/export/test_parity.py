@@ -95,3 +95,29 @@ def test_the_models_outputs_are_computed_once_for_every_format_checked_against_i
     out = export_artifacts(model, torch.randn(4, 4), samples, 4, tmp_path, ["onnx", "torchscript"])
     assert [out[f]["status"] for f in ("onnx", "torchscript")] == ["ok", "ok"]
     assert ran.count(True) == 1 and ran.count(False) == 2, ran
+
+
+def test_a_memo_shared_by_a_winners_export_calls_keeps_each_models_outputs_apart(tmp_path, monkeypatch):
+    """A winner's export checks its formats in separate calls (the shipped file, TorchScript,
+    then ONNX): one memo computes the tuned model's outputs once for all of them, and another
+    model checked with the same memo is run for itself, never compared with the first's outputs."""
+    import copy
+
+    import autotune.export.parity as parity
+    from autotune.export import export_artifacts
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other[2].bias.add_(1.0)
+    samples, example = [torch.randn(4) for _ in range(12)], torch.randn(4, 4)
+    ran = []
+    real = parity._run_batches
+    monkeypatch.setattr(parity, "_run_batches", lambda fn, *a, **k: ran.append(fn) or real(fn, *a, **k))
+    memo = {}
+    first = export_artifacts(model, example, samples, 4, tmp_path / "a", ["torchscript"], memo=memo)
+    second = export_artifacts(model, example, samples, 4, tmp_path / "b", ["onnx"], memo=memo)
+    third = export_artifacts(other, example, samples, 4, tmp_path / "c", ["torchscript"], memo=memo)
+    assert [r["status"] for r in (first["torchscript"], second["onnx"], third["torchscript"])] == ["ok"] * 3
+    assert [fn is model for fn in ran].count(True) == 1 and [fn is other for fn in ran].count(True) == 1
+    assert third["torchscript"]["parity"]["max_abs"] < 1e-5  # against its own model, not the first's
