@@ -18,11 +18,10 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore
-from autotune.batching import lengths_and_width
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
 from autotune.errors import AutotuneError, InputError
-from autotune.knobs.state import BuildExtras, BuildState
+from autotune.knobs.state import BuildState
 from autotune.samples import call_model, to_device
 from autotune.trial.artifacts import (  # noqa: F401  (re-exported: tests import them from here)
     ArtifactExport,
@@ -32,6 +31,7 @@ from autotune.trial.artifacts import (  # noqa: F401  (re-exported: tests import
 )
 from autotune.trial.build import build
 from autotune.trial.context import Context, compiles
+from autotune.trial.extras import make_extras
 from autotune.trial.faults import one_line
 from autotune.trial.fidelity import attention_mask
 from autotune.trial.guard import (
@@ -54,7 +54,7 @@ from autotune.trial.measure import (
 )
 from autotune.trial.spec import WorkerSpec
 
-__all__ = ["TrialContext", "finetune_dataset"]
+__all__ = ["TrialContext"]
 
 _COLLATE_HINT = (
     "check that the model runs on a batch of any few samples of the dataset, not only of the first ones "
@@ -87,19 +87,37 @@ _ROUND_KEYS = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "othe
 class TrialContext(Context, ArtifactExport):
     """A worker's state in inference mode: the model, the data, the baseline's reference outputs."""
 
-    def __init__(self, spec: WorkerSpec, checked: bool = False) -> None:
+    def __init__(self, spec: WorkerSpec, checked: bool | dict[str, Any] = False) -> None:
         super().__init__(spec)
         self.model.eval()
         self._kept: list[tuple[dict[str, Any], BuildState]] = []  # the last rounds' builds (see prepare)
         self._guard_s = 0.0  # the last guard's seconds: what a stopped trial saves of it
         with _step("Collating the example and calibration batches", _COLLATE_HINT):
-            self.extras = self._extras()
+            self.extras = make_extras(self.spec, self.collate)
         self._reference: Reference | None = None
+        # What an earlier worker learned of the baseline (see known), so builds read it without one.
+        self._known = checked if isinstance(checked, dict) else {}
+        self.extras.ragged = self._known.get("ragged", self.extras.ragged)
+        self.extras.token_outputs = tuple(self._known.get("token_outputs", self.extras.token_outputs))
         self.info = {"n_params": sum(p.numel() for p in self.model.parameters()), "n_val": len(self.samples)}
         if not checked:
             # The run's first worker checks the model and the data before any trial: a model
             # that fails on them says so at the start, in one line.
             self.info["baseline_metric"] = self.reference.metric
+            self.info["known"] = self.known()
+
+    def known(self) -> dict[str, Any]:
+        """What this worker's reference taught it that a build reads (the guard's batches of
+        images, the per-token outputs, how int8 fallbacks judge): a later worker of the run is
+        started with it (:class:`~autotune.trial.runner.SubprocessRunner`), so a confirmation
+        worker's int8 pick reads its model from the run's cache without running the baseline
+        over the validation samples first (1.7 s of real MiniLM, in every such worker)."""
+        plan = self.extras.int8
+        return {
+            "ragged": self.extras.ragged,
+            "token_outputs": list(self.extras.token_outputs),
+            "int8": None if plan is None else {"kinds": plan.kinds, "budget_s": plan.budget_s},
+        }
 
     @property
     def reference(self) -> Reference:
@@ -130,37 +148,6 @@ class TrialContext(Context, ArtifactExport):
             self._reference = reference
         return self._reference
 
-    def _extras(self) -> BuildExtras:
-        """Example and calibration batches, drawn once, outside the validation subset if possible."""
-        from autotune.samples import calibration_draw
-
-        spec = self.spec
-        collate = self.collate
-        size = spec.baseline["batch_size"]
-        # Never a sample the guard scores (see autotune.data.calibration_draw); apply() draws the
-        # same, so the model it rebuilds is the one measured.
-        n_train = len(spec.train_dataset) if spec.train_dataset is not None else None
-        example, picked, from_train = calibration_draw(
-            len(spec.dataset), len(spec.val_indices), spec.seed, size, spec.n_calibration, n_train
-        )
-        source = spec.train_dataset if from_train else spec.dataset
-        calibration = [collate([source[i] for i in ids]) for ids in picked]
-        keys, width = _sort_keys(spec)
-        return BuildExtras(
-            # At least two samples: an export traced at batch 1 would specialise the batch size.
-            example=collate([spec.dataset[i] for i in example]),
-            calibration=calibration,
-            loss_fn=spec.loss_fn,
-            train_dataset=finetune_dataset(spec),
-            batch_size=size,
-            prune_ignore=tuple(spec.prune_ignore),
-            seed=spec.seed,
-            collate_fn=spec.collate_fn,
-            lengths=keys,
-            images=spec.images,
-            width=width,
-        )
-
     def collate(self, samples: list[Any]) -> Any:
         """One batch of ``samples`` with the run's collate (as given: no trimming)."""
         from torch.utils.data import default_collate
@@ -187,8 +174,20 @@ class TrialContext(Context, ArtifactExport):
 
     def build(self, config: dict[str, Any]) -> BuildState:
         """``config`` built on a fresh copy of the model, from stock process state."""
-        if config.get("int8_fallback", 0) != 0:
-            self.reference  # noqa: B018 (made first: int8_fallback ranks layers against it)
+        if config.get("int8_fallback", 0) != 0 and self.extras.int8 is None:
+            known = self._known.get("int8")
+            if known is not None:  # judged as the first worker judged: its cached model is read
+                spec = self.spec
+                self.extras.int8 = Int8Plan(
+                    kinds=known["kinds"],
+                    max_drop=spec.max_metric_drop,
+                    metric=spec.metric,
+                    budget_s=known["budget_s"],
+                    rankings=dict(spec.int8_rankings),
+                    store=spec.int8_store,
+                )
+            else:
+                self.reference  # noqa: B018 (made first: int8_fallback ranks layers against it)
         return self._build(config)
 
     def _build(self, config: dict[str, Any]) -> BuildState:
@@ -405,27 +404,3 @@ def _describe_output(out: Any) -> str:
     if out is None:
         return "None"
     return f"a {type(out).__name__}"
-
-
-def _sort_keys(spec: WorkerSpec) -> tuple[list[Any] | None, int | None]:
-    """What ``length_grouping`` or ``size_grouping`` sorts samples by: token sequences' lengths,
-    images' shapes and sizes; ``None`` for other samples. And the one width token sequences
-    are stored at, if they share one."""
-    if spec.sequence:
-        return lengths_and_width(spec.dataset)
-    if spec.images:
-        from autotune.shapes import image_sizes, size_keys
-
-        return size_keys(image_sizes(spec.dataset)), None
-    return None, None
-
-
-def finetune_dataset(spec: WorkerSpec) -> Any:
-    """What recovery fine-tuning trains on: ``train_dataset``, else the dataset's samples outside
-    the validation subset, so nothing trains on what the guard scores."""
-    if spec.train_dataset is not None:
-        return spec.train_dataset
-    from torch.utils.data import Subset
-
-    held = set(spec.val_indices)
-    return Subset(spec.dataset, [i for i in range(len(spec.dataset)) if i not in held])

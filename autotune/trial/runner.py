@@ -190,6 +190,7 @@ class SubprocessRunner(Runner):
         self._proc: subprocess.Popen[bytes] | None = None
         self._busy = False  # a request is in flight: the worker will not read "stop" soon
         self._spare: tuple[Any, ...] | None = None  # a fresh worker started for the next restart
+        self._known: dict[str, Any] = {}  # what the first worker learned of the baseline
         self.n_starts = 0
         self.info = self._start()
 
@@ -234,8 +235,9 @@ class SubprocessRunner(Runner):
         send, recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
         self.n_starts += 1
         # A later start is `checked`: the first worker checked the model and the data, so this one
-        # makes the baseline's reference only if something reads it (rounds never do).
-        send.send(("init", self._payload, self.n_starts > 1))
+        # makes the baseline's reference only if something reads it (rounds never do), and gets
+        # what the first learned of the baseline that its builds read.
+        send.send(("init", self._payload, (self._known or True) if self.n_starts > 1 else False))
         return proc, send, recv, begun
 
     def _ready(self, begun: float) -> dict[str, Any]:
@@ -244,6 +246,7 @@ class SubprocessRunner(Runner):
         reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":
             self.start_s = time.monotonic() - begun
+            self._known = self._known or reply[1].get("known") or {}
             return reply[1]
         if reply[1] == "timeout" and cut:
             reply = ("fail", "deadline", f"{reply[2]}, at the run's deadline")

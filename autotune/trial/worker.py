@@ -4,6 +4,7 @@ The parent (:mod:`autotune.trial.runner`) starts ``python -m autotune.trial.work
 and talks to it over two pipes with pickled messages::
 
     parent -> ("init", spec, checked)   worker -> ("ready", info) | ("fail", kind, message)
+                                        (checked: False, or what the first worker learned of the baseline)
     parent -> ("trial", config_dict)    worker -> ("result", TrialResult)
     parent -> ("call", name, *args)     worker -> ("result", dict)   (name: rounds, held_out, export, diagnose, profile)
     parent -> ("stop",)
@@ -25,10 +26,11 @@ from autotune.trial.faults import one_line
 __all__ = ["make_context", "serve", "watch_parent"]
 
 
-def make_context(spec: Any, checked: bool = False) -> Any:
+def make_context(spec: Any, checked: bool | dict[str, Any] = False) -> Any:
     """The worker state for the spec's mode: :class:`autotune.trial.inference.TrialContext` or, in training mode,
     :class:`autotune.trial.training.TrainContext`; ``checked``: a later worker of the run, which
-    makes the baseline's reference only when something reads it."""
+    makes the baseline's reference only when something reads it (a dict: what the first worker
+    learned of the baseline, :meth:`~autotune.trial.inference.TrialContext.known`)."""
     if spec.mode == "train":
         from autotune.trial.training import TrainContext
 
@@ -46,7 +48,7 @@ def serve(conn: Any) -> None:
     message = conn.recv()
     try:
         spec = torch.load(io.BytesIO(message[1]), weights_only=False, pickle_module=pickle)
-        ctx = make_context(spec, checked=bool(message[2]) if len(message) > 2 else False)
+        ctx = make_context(spec, checked=message[2] if len(message) > 2 else False)
     except InputError as exc:
         conn.send(("fail", "input", str(exc)))
         return

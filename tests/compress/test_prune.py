@@ -223,7 +223,7 @@ def test_fine_tuning_never_trains_on_the_samples_the_guard_scores(tmp_path):
     import torch.nn.functional as F
 
     import autotune
-    from autotune.trial.inference import finetune_dataset
+    from autotune.trial.extras import finetune_dataset
     from autotune.trial.measure import MeasureSettings
     from autotune.trial.spec import WorkerSpec
     from tests.models import MLP, classification_data
