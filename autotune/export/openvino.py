@@ -342,8 +342,8 @@ def float_cache(model: nn.Module, example: Any, spatial: bool) -> IrCache | None
     """The cache entry of ``model`` converted by :func:`convert_openvino` on ``example``, keyed
     on the torch side, so reading it skips the conversion (a trace and ``convert_model``: 1.7 s
     of a 2.2-s build of real MiniLM, in every OpenVINO trial, confirmation worker and export):
-    its classes' ``forward`` code, its structure (``repr``, and a Hugging Face ``config``), every
-    parameter and buffer, the example batch, and the torch and OpenVINO versions. Code that
+    its classes' ``forward`` code, its structure (``repr``, each module's plain attributes, a
+    Hugging Face ``config``), every parameter and buffer, the example batch, and the torch and OpenVINO versions. Code that
     ``forward`` calls in other functions is not in the key: the cache is a run's (its output
     folder's), for one model. ``None`` outside a run's workers, or where a tensor cannot be read
     as bytes (a quantized one, say)."""
@@ -375,6 +375,9 @@ def float_cache(model: nn.Module, example: Any, spatial: bool) -> IrCache | None
         if forward is not None and id(cls) not in seen:
             code(forward)
         seen.add(id(cls))
+        # Its plain settings (autocast's dtype, a flag forward reads), which repr may not show.
+        plain = {k: v for k, v in vars(module).items() if isinstance(v, (str, int, float, bool, type(None)))}
+        digest.update(repr(sorted(plain.items())).encode())
         config = getattr(module, "config", None)
         if config is not None and id(config) not in seen:
             seen.add(id(config))

@@ -349,6 +349,12 @@ def test_a_second_openvino_build_of_the_same_torch_model_reads_its_conversion_fr
     assert not third_made.get("ov_converted_cached")
     np.testing.assert_allclose(_ov_outputs(third, x), _ov_outputs(first, x) + 1.0, rtol=1e-5, atol=1e-6)
 
+    # A setting forward reads that repr does not show (autocast's dtype, a user's flag) is another model.
+    flagged = DeepMLP()
+    flagged.scale = 3
+    _, _, flagged_made = convert(flagged)
+    assert not flagged_made.get("ov_converted_cached")
+
     # Another forward under the same class name is another model too.
     def doubled(self, x):
         return 2 * self.net(x)
