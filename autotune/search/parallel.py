@@ -155,7 +155,8 @@ def start_runners(
         return [InProcessRunner(spec)]
     shared = compile_cache_env(cache_dir)
     if devices is None:
-        return [SubprocessRunner(pickle_spec(spec), trial_timeout, log_dir / "worker.log", shared)]
+        cpu = str(spec.device).startswith("cpu")  # a fork server never touches CUDA, but is checked on CPUs only
+        return [SubprocessRunner(pickle_spec(spec), trial_timeout, log_dir / "worker.log", shared, fork=cpu)]
     payloads = {d: pickle_spec(spec if d == "cpu" else dataclasses.replace(spec, device="cuda:0")) for d in devices}
     runners: list[Any] = [None] * len(devices)
     errors: list[BaseException] = []

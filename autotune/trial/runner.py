@@ -1,8 +1,10 @@
 """Process isolation: one worker process runs trials, the parent enforces timeouts and
 replaces the worker after any fault.
 
-The worker is a fresh interpreter (``python -m autotune.trial.worker``), never a fork, so it is safe
-after CUDA was used and the user's main script is not re-run. The model, dataset and metric
+The first worker is a fresh interpreter (``python -m autotune.trial.worker``), never a fork of
+this process, so it is safe after CUDA was used and the user's main script is not re-run; on a
+CPU run the later ones fork from a server started beside it that imported what the payload
+needs and ran nothing (:mod:`autotune.trial.forked`). The model, dataset and metric
 travel once per worker start, pickled by value with cloudpickle, so classes and functions
 defined in a script or notebook work.
 """
@@ -12,13 +14,13 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, TrialError
 from autotune.trial.alarm import Overrun, alarm
+from autotune.trial.forked import ForkServer, launch
 from autotune.trial.spec import TrialResult
 
 __all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "pickle_spec"]
@@ -179,10 +181,20 @@ class SubprocessRunner(Runner):
         log_path: Where the worker's stdout and stderr go.
         env: Extra environment variables of the worker process, e.g. ``CUDA_VISIBLE_DEVICES``
             to pin it to one GPU.
+        fork: Fork the workers after the first from a server started beside it (a CPU run's:
+            :mod:`autotune.trial.forked`).
     """
 
-    def __init__(self, payload: bytes, trial_timeout: float, log_path: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        payload: bytes,
+        trial_timeout: float,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        fork: bool = False,
+    ) -> None:
         self._payload = payload
+        self._fork, self._server = fork, None
         self._timeout = trial_timeout
         self.timeout = trial_timeout
         self._log_path = log_path
@@ -211,27 +223,15 @@ class SubprocessRunner(Runner):
         begun = time.monotonic()
         to_child_r, to_child_w = os.pipe()
         from_child_r, from_child_w = os.pipe()
-        env = dict(os.environ)
-        # The worker imports the user's modules the way this process does.
-        env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-        env.update(self._env)
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self._log_path, "ab")
         try:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "autotune.trial.worker", str(to_child_r), str(from_child_w), str(os.getpid())],
-                pass_fds=(to_child_r, from_child_w),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                # Its own session: Ctrl-C reaches only the parent, which then stops it cleanly.
-                start_new_session=True,
-            )
+            proc = launch(to_child_r, from_child_w, self._log_path, self._env, self._server)
         finally:
-            log.close()
             os.close(to_child_r)
             os.close(from_child_w)
+        if self._fork and self._server is None:
+            # Beside the first worker's start, before anything is timed: later workers fork from it.
+            self._server = ForkServer(self._payload, self._log_path.parent / f"{self._log_path.stem}-server", self._env)
         send, recv = Connection(to_child_w, readable=False), Connection(from_child_r, writable=False)
         self.n_starts += 1
         # A later start is `checked`: the first worker checked the model and the data, so this one
@@ -425,6 +425,8 @@ class SubprocessRunner(Runner):
         if self._spare is not None:
             _stop(*self._spare[:3])
             self._spare = None
+        if self._server is not None:
+            self._server.close()
 
     def _stop_current(self) -> None:
         if self._proc is not None and not self._busy:

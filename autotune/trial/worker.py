@@ -70,7 +70,7 @@ def serve(conn: Any) -> None:
             return
 
 
-def watch_parent(parent: int | None = None, interval_s: float = 0.5) -> None:
+def watch_parent(parent: int | None = None, interval_s: float = 0.5, alive: bool = False) -> None:
     """End this worker, and the loader processes it started, once its parent is gone.
 
     The worker runs in a session of its own (so Ctrl-C reaches only the parent), so nothing
@@ -85,12 +85,50 @@ def watch_parent(parent: int | None = None, interval_s: float = 0.5) -> None:
 
     parent = os.getppid() if parent is None else parent  # given: a parent gone before now counts too
 
+    def there() -> bool:
+        if not alive:
+            return os.getppid() == parent
+        try:  # ``alive``: not this process's parent, watched while it exists
+            os.kill(parent, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+
     def watch() -> None:
-        while os.getppid() == parent:
+        while there():
             time.sleep(interval_s)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # this worker and its loader workers
 
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
+
+
+def forked_main(inbox: Any, outbox: Any, log_path: str, env: dict[str, str], run_pid: int) -> None:
+    """A worker forked from the run's fork server (:mod:`autotune.trial.forked`): in a session
+    of its own, its output in ``log_path``, ``env`` over the server's environment, ending once
+    the run's process ``run_pid`` is gone (not its parent, the server, which ends only after its
+    children: each holds the pipe it watches)."""
+    import os
+
+    os.setsid()
+    log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.update(env)
+    watch_parent(run_pid, alive=True)
+
+    class _Duplex:
+        recv = inbox.recv
+        send = outbox.send
+
+    try:
+        serve(_Duplex())
+    except EOFError:  # the parent went away
+        pass
 
 
 def main(argv: list[str]) -> None:

@@ -59,3 +59,24 @@ def test_a_second_compile_of_the_same_graph_in_another_worker_hits_the_cache(tmp
         assert result.status == "ok", result.reason
         hits.append((result.metrics["compile_cache_hits"], result.metrics["compile_cache_misses"]))
     assert hits[0][1] >= 1 and hits[1][0] >= 1, hits  # built by the first, read by the second
+
+
+@pytest.mark.slow
+def test_a_worker_forked_from_the_runs_server_reads_the_compile_cache_the_first_wrote(tmp_path):
+    """A CPU run's later workers fork from a server that imported the compiler's settings before
+    any worker ran: it must have read them with the run's cache folder, or a confirmation's
+    forked worker compiles its pick cold."""
+    env = compile_cache_env(tmp_path / "cache")
+    config = dict(Config({"batch_size": 8, "compile_mode": "default"}))
+    runner = SubprocessRunner(pickle_spec(_spec()), 300.0, tmp_path / "w.log", env, fork=True)
+    try:
+        first = runner.run(config, timeout=300.0)
+        runner.restart()  # a fork of the server
+        second = runner.run(config, timeout=300.0)
+    finally:
+        runner.close()
+    assert first.status == second.status == "ok", (first.reason, second.reason)
+    assert first.metrics["compile_cache_misses"] >= 1 and second.metrics["compile_cache_hits"] >= 1, (
+        first.metrics,
+        second.metrics,
+    )

@@ -124,10 +124,12 @@ def test_a_forward_that_returns_none_is_bad_input(tmp_path):
         _optimize(ReturnsNone(), tmp_path, {"base": None, "batch_size": [8, 16]})
 
 
-def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path):
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path, fork):
     """The worker runs in a session of its own, so a killed parent (a test at its timeout, a
     user's kill -9) used to leave a worker busy in a trial running, holding the GPU: now it
-    ends itself. (An idle worker always ended: its next read of the pipe fails.)"""
+    ends itself. (An idle worker always ended: its next read of the pipe fails.) A worker
+    forked from the run's fork server ends with the server, which ends with the parent."""
     import os
     import signal
     import subprocess
@@ -146,7 +148,11 @@ def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path):
         spec = WorkerSpec(model=HangAt(16), dataset=classification_data(32), metric=None, device="cpu",
                           baseline=dict(Config({{"batch_size": 8}})), val_indices=list(range(8)),
                           measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1))
-        runner = SubprocessRunner(pickle_spec(spec), 120.0, __import__("pathlib").Path({str(tmp_path)!r}) / "w.log")
+        runner = SubprocessRunner(pickle_spec(spec), 120.0, __import__("pathlib").Path({str(tmp_path)!r}) / "w.log",
+                                  fork={fork})
+        if {fork}:
+            runner.restart()  # the worker now is a fork of the server
+            assert runner._proc.pid != os.getpid() and os.getppid() != runner._proc.pid
         print(runner._proc.pid, flush=True)
         runner.run(dict(Config({{"batch_size": 16}})), timeout=600)  # the worker hangs in this trial
     """)

@@ -126,3 +126,75 @@ def test_a_spare_worker_starts_beside_a_fresh_one_and_serves_the_next_restart(tm
     for pid in (first, fresh, spare):
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+class _SaysItsEnvironment(MLP):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import os
+
+        print("mark:", os.environ.get("AUTOTUNE_TEST_MARK"), flush=True)
+        return super().forward(x)
+
+
+def test_a_cpu_runs_later_workers_are_forked_from_a_server_with_the_runs_environment(tmp_path):
+    """A fresh interpreter's imports (torch, then the modules the model comes from) were most of
+    a confirmation worker's 4-s start. A CPU run's later workers fork from a server that
+    imported them and ran nothing: each is a process of its own, in its own session, with the
+    run's environment for workers (the compile cache's folder), its output in the worker log."""
+    import os
+
+    import psutil
+
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    spec = WorkerSpec(model=_SaysItsEnvironment(), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=FAST)  # fmt: skip
+    log = tmp_path / "worker.log"
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, log, {"AUTOTUNE_TEST_MARK": "forked"}, fork=True)
+    try:
+        first = runner._proc.pid
+        assert psutil.Process(first).ppid() == os.getpid()  # the first is a fresh interpreter
+        runner.restart(spare=True)
+        fresh, spare = runner._proc.pid, runner._spare[0].pid
+        for pid in (fresh, spare):
+            assert psutil.Process(pid).ppid() not in (os.getpid(), first) and os.getsid(pid) == pid
+        log.write_text("")
+        assert runner.run(dict(Config({"batch_size": 16}))).status == "ok"
+        assert "mark: forked" in log.read_text()
+        runner.restart()
+        assert runner._proc.pid == spare and runner.run(dict(Config({"batch_size": 16}))).status == "ok"
+    finally:
+        runner.close()
+    for pid in (first, fresh, spare):
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_script_without_a_main_guard_is_not_run_again_by_a_forked_worker(tmp_path):
+    """multiprocessing's children import the parent's main script again: a user's script
+    without ``if __name__ == "__main__"`` would run once more in every forked worker."""
+    import os
+    import subprocess
+    import sys
+
+    script = tmp_path / "tune.py"
+    script.write_text(
+        "import pathlib\n"
+        "from autotune.config import Config\n"
+        "from autotune.trial.measure import MeasureSettings\n"
+        "from autotune.trial.runner import SubprocessRunner, pickle_spec\n"
+        "from autotune.trial.spec import WorkerSpec\n"
+        "from tests.models import MLP, classification_data\n"
+        "print('script ran', flush=True)\n"
+        "spec = WorkerSpec(model=MLP(), dataset=classification_data(32), metric=None, device='cpu',\n"
+        "                  baseline=dict(Config({'batch_size': 8})), val_indices=list(range(8)),\n"
+        "                  measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1))\n"
+        f"runner = SubprocessRunner(pickle_spec(spec), 120.0, pathlib.Path({str(tmp_path)!r}) / 'w.log', fork=True)\n"
+        "runner.restart()\n"
+        "print(runner.run(dict(Config({'batch_size': 16}))).status, flush=True)\n"
+        "runner.close()\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    output = done.stdout + (tmp_path / "w.log").read_text()
+    assert output.count("script ran") == 1 and done.stdout.strip().endswith("ok"), output[-2000:]

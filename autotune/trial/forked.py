@@ -1,0 +1,166 @@
+"""How a trial worker process starts: a fresh interpreter (``python -m autotune.trial.worker``),
+or, on a CPU run, forked from the run's fork server, a process that imported torch and the
+user's modules (by reading the run's payload once) and has run nothing.
+
+A fresh interpreter spends most of its start importing: torch, then the modules the payload
+names (a Hugging Face model's took 2.4 s of a real MiniLM worker's 4-s start). A confirmation's
+fresh worker paid that on every run's finish; a fork of the server unpickles the payload with
+those modules in place (0.06 s) and is as fresh: nothing was measured, built or run in it. The
+server never touches CUDA (it reads the payload onto the CPU), and it is used for CPU runs only.
+Where it cannot start (no ``fork`` on this platform, too little free memory for another copy of
+the model) or a fork fails, the worker starts as a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+__all__ = ["ForkServer", "launch"]
+
+# The variable naming, in the fork server's environment, the payload its preload reads.
+PAYLOAD_ENV = "AUTOTUNE_FORK_PAYLOAD"
+
+
+class _Forked:
+    """A forked worker behind the part of ``subprocess.Popen``'s interface the runner uses."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self.pid = process.pid
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
+        return self._process.exitcode
+
+
+class ForkServer:
+    """The run's fork server, started beside its first worker: ``context`` forks workers, or is
+    ``None`` where none could start."""
+
+    def __init__(self, payload: bytes, folder: Path, env: dict[str, str]) -> None:
+        import multiprocessing
+
+        self.context: Any = None
+        self.path = folder / "payload.pt"
+        if "forkserver" not in multiprocessing.get_all_start_methods():
+            return
+        try:
+            import psutil
+
+            if psutil.virtual_memory().available < 4 * len(payload):  # it holds a copy of the model
+                return
+            folder.mkdir(parents=True, exist_ok=True)
+            self.path.write_bytes(payload)
+            context = multiprocessing.get_context("forkserver")
+            context.set_forkserver_preload(["autotune.trial.forkinit"])
+            # The server's environment is this one's when it starts, with the workers' own (the
+            # compile cache's folder, which the compiler's settings read at their import).
+            extra = {**env, PAYLOAD_ENV: str(self.path)}
+            kept = {k: os.environ.get(k) for k in extra}
+            os.environ.update(extra)
+            try:
+                from multiprocessing.forkserver import ensure_running
+
+                ensure_running()  # starts it now, importing beside the first worker's start
+            finally:
+                for k, v in kept.items():
+                    if v is None:
+                        os.environ.pop(k, None)
+                    else:
+                        os.environ[k] = v
+            self.context = context
+        except Exception:  # no server: workers start as fresh interpreters
+            self.close()
+
+    def fork(self, inbox: Any, outbox: Any, log_path: Path, env: dict[str, str]) -> _Forked | None:
+        """A worker forked from the server, reading ``inbox`` and writing ``outbox``, or
+        ``None`` where the fork failed."""
+        from autotune.trial.worker import forked_main
+
+        if self.context is None:
+            return None
+        from multiprocessing import spawn
+
+        prepare = spawn.get_preparation_data
+
+        def without_main(name: str) -> dict[str, Any]:
+            # A forked child would import the user's main script again (as multiprocessing's
+            # spawn does), running a script without a main guard once more: the worker needs
+            # nothing of it (the payload carries the model, data and metric by value).
+            return {k: v for k, v in prepare(name).items() if not k.startswith("init_main")}
+
+        try:
+            process = self.context.Process(
+                target=forked_main,
+                args=(inbox, outbox, str(log_path), env, os.getpid()),
+                name="autotune-worker",
+                daemon=False,
+            )
+            spawn.get_preparation_data = without_main
+            try:
+                process.start()
+            finally:
+                spawn.get_preparation_data = prepare
+            # Not joined at this process's exit (multiprocessing would wait for a worker a
+            # crash left behind): the runner stops its workers, and each ends with the server.
+            multiprocessing_children().discard(process)
+        except Exception:
+            self.context = None  # a server that failed once is not asked again
+            return None
+        return _Forked(process)
+
+    def close(self) -> None:
+        self.context = None
+        self.path.unlink(missing_ok=True)
+
+
+def multiprocessing_children() -> set[Any]:
+    """The child processes multiprocessing joins at this process's exit."""
+    from multiprocessing import process
+
+    return process._children
+
+
+def launch(read_fd: int, write_fd: int, log_path: Path, env: dict[str, str], server: ForkServer | None) -> Any:
+    """Start a worker that reads messages from ``read_fd`` and writes replies to ``write_fd``
+    (both its ends, which the caller closes afterwards), with ``env`` over this process's
+    environment and its output in ``log_path``, in a session of its own (Ctrl-C reaches only the
+    parent, which then stops it cleanly): forked from ``server`` where it can be, else a fresh
+    interpreter. Returns its process, as ``subprocess.Popen`` gives it."""
+    from multiprocessing.connection import Connection
+
+    if server is not None and server.context is not None:
+        inbox, outbox = Connection(os.dup(read_fd), writable=False), Connection(os.dup(write_fd), readable=False)
+        try:
+            proc = server.fork(inbox, outbox, log_path, env)
+        finally:
+            inbox.close()
+            outbox.close()
+        if proc is not None:
+            return proc
+    full = dict(os.environ)
+    # The worker imports the user's modules the way this process does.
+    full["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [full.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    full.update(env)
+    log = open(log_path, "ab")
+    try:
+        return subprocess.Popen(
+            [sys.executable, "-m", "autotune.trial.worker", str(read_fd), str(write_fd), str(os.getpid())],
+            pass_fds=(read_fd, write_fd),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full,
+            start_new_session=True,
+        )
+    finally:
+        log.close()
