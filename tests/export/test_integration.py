@@ -227,3 +227,38 @@ def test_a_float_torchscript_written_for_an_untraceable_int8_winner_is_not_label
     del saved["artifacts"]["torchscript"]["form_note"]
     path.write_text(json.dumps(saved))
     assert "NOT the measured winner" in autotune.load(tmp_path).chosen
+
+
+def test_a_text_winners_export_runs_its_model_over_the_samples_once_and_stores_those_outputs(tmp_path):
+    """The TorchScript and ONNX checks and parity.pt each ran the tuned model over the validation
+    samples (a second each of real MiniLM): once now, and what verify re-checks against is what
+    the guard would collect, batched as the winner batches."""
+    import functools
+
+    import autotune.export.parity as parity
+    from autotune.batching import pad_collate
+    from autotune.config import Config
+    from autotune.trial import artifacts
+    from autotune.trial.guard import collect_outputs
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.spec import WorkerSpec
+    from tests.models import TextEncoder, text_data
+
+    spec = WorkerSpec(model=TextEncoder(), dataset=text_data(48), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)), measure=MeasureSettings(),
+                      collate_fn=functools.partial(pad_collate, pad_values={}), sequence=True)  # fmt: skip
+    ctx = TrialContext(spec)
+    config = dict(Config({"batch_size": 8, "padding": "trim", "length_grouping": 4}))
+    runs, collected = [], []
+    real_runs, real_collect = parity._run_per_sample, artifacts.collect_outputs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(parity, "_run_per_sample", lambda fn, *a, **k: runs.append(fn) or real_runs(fn, *a, **k))
+        mp.setattr(artifacts, "collect_outputs", lambda *a, **k: collected.append(a) or real_collect(*a, **k))
+        records = ctx.export(config, str(tmp_path), ["torchscript", "onnx"])["artifacts"]
+    assert {r["status"] for r in records.values()} == {"ok"}
+    models = [fn for fn in runs if isinstance(fn, torch.nn.Module) and not hasattr(fn, "runner")]
+    assert len({id(m) for m in models}) == 1 and len(models) == 1 and not collected, (runs, collected)
+    stored = torch.load(tmp_path / "parity.pt", weights_only=True)["outputs"]
+    state = ctx.build(config)
+    torch.testing.assert_close(torch.as_tensor(stored), collect_outputs(state, ctx.samples), atol=1e-5, rtol=1e-4)
