@@ -124,15 +124,22 @@ def overrun_margin(timeout: float) -> float:
 
 def finalize(run: Run) -> None:
     """Pick the winner on selection rounds, claim its speedup on fresh rounds, explain it,
-    score the held-out set and export the winner; each phase's seconds go to
-    ``run.summary["finish"]``."""
+    score the held-out set and export the winner (first, where the pick is known before its
+    rounds); each phase's seconds go to ``run.summary["finish"]``."""
     from autotune.run.profile import profile_run
     from autotune.trial.diagnose import diagnose_run
 
     opts, runner = run.options, run.runners[0]  # the first device's worker confirms and exports
     clock = _Phases()
+    early = _only_pick(run)
+    if early is not None:
+        # One pick, known before its rounds: exported in the search's worker, which holds the
+        # baseline's reference (a fresh worker made it again for the export: 1.7 s of real
+        # MiniLM); the rounds then run in fresh workers as ever.
+        with clock("export"):
+            run.summary["artifacts"] = export_winner(runner, early, run.out, opts.export, run.env)
     with clock("confirmation"):
-        _confirm(run, runner)
+        _confirm(run, runner, exported_s=clock.rows[-1]["seconds"] if early is not None else None)
     with clock("diagnosis"):  # from the confirmation rounds when they timed the halves: no new work
         left = run.left_s()
         if opts.train:
@@ -149,8 +156,10 @@ def finalize(run: Run) -> None:
             run.summary["held_out"] = _held_out(run, runner)
     if run.deadline is not None:  # the export may run past the deadline by the stated margin
         runner.deadline = run.deadline + opts.margin_s
-    with clock("export"):
-        run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+    if early is None or run.best["config"] != early["config"]:  # the baseline kept, say: its files
+        _drop_files(run.out, run.summary.get("artifacts") or {})
+        with clock("export"):
+            run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
     # Where the time goes, after every timed figure and the export: profiling never touches them.
     left = run.left_s()
     if opts.profile and (left is None or left > 2 * REPORT_S):  # a second or two each, then the reports
@@ -176,9 +185,40 @@ class _Phases:
             self.rows.append({"phase": phase, "seconds": round(time.perf_counter() - started, 1)})
 
 
-def _confirm(run: Run, runner: Any) -> None:
+def _drop_files(out: Path, artifacts: dict[str, Any]) -> None:
+    """Remove the files of an export that no longer stands (its pick was not kept)."""
+    for record in artifacts.values():
+        for name in (record.get("path"), record.get("bin_path")):
+            if name:
+                (Path(out) / name).unlink(missing_ok=True)
+    (Path(out) / "parity.pt").unlink(missing_ok=True)
+
+
+def _only_pick(run: Run) -> dict[str, Any] | None:
+    """The finalist the finish will confirm, where it is the only one (nothing to select) and
+    the run has no deadline, exports and infers: it can be exported before its rounds."""
+    import autotune.search.select as select
+    from autotune.search.result import baseline_and_best
+
+    opts = run.options
+    if run.deadline is not None or not opts.export or opts.train:
+        return None
+    baseline, _ = baseline_and_best(run.study, run.objectives, run.select)
+    finalists = select.finalists(run.records(), run.objectives, baseline["key"], opts.n_finalists, run.select)
+    kept, _ = worth_selecting(finalists, _spent_s(run))
+    return kept[0] if len(kept) == 1 else None
+
+
+def _spent_s(run: Run) -> float:
+    """Seconds the run took before its finish."""
+    times = run.summary.get("time") or {}
+    return float(times.get("prepare_s") or 0.0) + float(times.get("search_s") or 0.0)
+
+
+def _confirm(run: Run, runner: Any, exported_s: float | None = None) -> None:
     """The winner and its claim: selection rounds among the finalists, then fresh rounds of the
-    pick against the baseline, in what the deadline leaves."""
+    pick against the baseline, in what the deadline leaves; ``exported_s``: the seconds the
+    export took, where it is done (a share of the finish already spent)."""
     import autotune.search.select as select
     from autotune.search.cost import export_s, finish_s
     from autotune.search.output import write_pareto
@@ -191,8 +231,7 @@ def _confirm(run: Run, runner: Any) -> None:
     finalists = select.finalists(records, run.objectives, run.baseline["key"], opts.n_finalists, run.select)
     if not finalists:
         return
-    times = run.summary.get("time") or {}
-    spent = float(times.get("prepare_s") or 0.0) + float(times.get("search_s") or 0.0)
+    spent = _spent_s(run)
     finalists, not_selected = worth_selecting(finalists, spent)
     # A knob fixed away from the baseline's value holds in the winner too: the baseline is
     # then the reference of the claim, never the result (a slower pick says so in the claim).
@@ -213,7 +252,8 @@ def _confirm(run: Run, runner: Any) -> None:
     # other costs are predicted from the measured worker start, builds and trials.
     processes = {} if runner.restarts else {"n_processes": 1}
     other_s = REPORT_S + finish_s(run.baseline, finalists[0], runner.start_s, diagnose=not opts.train, n_rounds=0,
-                                  exports=bool(opts.export), **processes)  # fmt: skip
+                                  exports=bool(opts.export) and exported_s is None, **processes)  # fmt: skip
+    other_s += exported_s or 0.0
     budget_s = None if left is None else left * (0.8 if opts.test_dataset is not None else 1.0)
     # The rounds stop at their own budget, not at the run's deadline: what comes after them (the
     # export, the reports) keeps its time even when a round runs long.
