@@ -137,7 +137,8 @@ def _converted(state: Any, example: Any, spatial: bool, folder: Path) -> tuple[A
     model was converted before (another trial at another batch size, a confirmation's worker,
     the export): ``ov_converted_cached`` in ``state.info`` then, else the seconds the conversion
     took (``ov_convert_s``), which a later build of it skips."""
-    from autotune.export.openvino import convert_openvino, float_cache
+    from autotune.export.openvino import convert_openvino
+    from autotune.export.ov_cache import float_cache
 
     cache = float_cache(state.model, example, spatial)
     record: dict[str, Any] = {}
@@ -160,7 +161,7 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     rebuilt it each time: NNCF and its fallback took 10-15 s a build of real MiniLM). The user's
     metric function is not in the key: a run resumed with another metric reads the layers the
     first kept float."""
-    from autotune.export.openvino import int8_cache
+    from autotune.export.ov_cache import int8_cache
 
     plan = extras.int8
     guard = None if plan is None else [plan.max_drop, plan.keep, plan.kinds]

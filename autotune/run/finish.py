@@ -201,7 +201,8 @@ def _only_pick(run: Run) -> dict[str, Any] | None:
     from autotune.search.result import baseline_and_best
 
     opts = run.options
-    if run.deadline is not None or not opts.export or opts.train:
+    # In process, the export's state would stay in the process that times the rounds.
+    if run.deadline is not None or not opts.export or opts.train or not run.runners[0].restarts:
         return None
     baseline, _ = baseline_and_best(run.study, run.objectives, run.select)
     finalists = select.finalists(run.records(), run.objectives, baseline["key"], opts.n_finalists, run.select)

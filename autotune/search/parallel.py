@@ -133,7 +133,7 @@ def compile_cache_env(cache_dir: Path | None) -> dict[str, str]:
         "TORCHINDUCTOR_FX_GRAPH_CACHE": "1",
         "TORCHINDUCTOR_AUTOGRAD_CACHE": "1",
         "TRITON_CACHE_DIR": str(cache_dir / "triton"),
-        # OpenVINO's int8 models as NNCF made them (autotune.export.openvino.int8_cache).
+        # OpenVINO's int8 models as NNCF made them (autotune.export.ov_cache).
         "AUTOTUNE_OPENVINO_CACHE": str(cache_dir / "openvino"),
     }
 

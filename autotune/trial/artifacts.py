@@ -219,7 +219,8 @@ class ArtifactExport:
         state.model = tuned
         # The outputs a parity check computed already where one ran against this model, batched
         # as the winner batches them (a second of real MiniLM to compute again).
-        outputs = common["memo"].get(id(tuned)) if per_sample(state) else None
+        plain = not any(state.settings.get(k) for k in ("flush_denormal", "tf32"))  # the checks ran without them
+        outputs = common["memo"].get(id(tuned)) if per_sample(state) and plain else None
         outputs = collect_outputs(state, self.samples) if outputs is None else outputs
         kind = _output_kind(tuned, example)
         for record in artifacts.values():

@@ -7,22 +7,37 @@ names (a Hugging Face model's took 2.4 s of a real MiniLM worker's 4-s start). A
 fresh worker paid that on every run's finish; a fork of the server unpickles the payload with
 those modules in place (0.06 s) and is as fresh: nothing was measured, built or run in it. The
 server never touches CUDA (it reads the payload onto the CPU), and it is used for CPU runs only.
-Where it cannot start (no ``fork`` on this platform, too little free memory for another copy of
-the model) or a fork fails, the worker starts as a fresh interpreter.
+Where it cannot start (no ``fork`` on this platform, too little free memory, a server of the
+user's own already running), has not finished its imports, or a fork fails, the worker starts
+as a fresh interpreter. The server is the run's: its runner stops it when it closes.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkServer", "launch"]
+__all__ = ["ForkServer", "kill_worker", "launch"]
 
-# The variable naming, in the fork server's environment, the payload its preload reads.
-PAYLOAD_ENV = "AUTOTUNE_FORK_PAYLOAD"
+# The variables naming, in the fork server's environment, the payload its preload reads, the
+# file it writes once its imports are done, and the run's import path.
+PAYLOAD_ENV, READY_ENV, PATH_ENV = "AUTOTUNE_FORK_PAYLOAD", "AUTOTUNE_FORK_READY", "AUTOTUNE_FORK_PATH"
+
+
+def kill_worker(pid: int) -> None:
+    """Kill a worker with everything it started (its own session); a forked one killed before
+    it made its session is killed alone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 class _Forked:
@@ -42,6 +57,12 @@ class _Forked:
         return self._process.exitcode
 
 
+def _server() -> Any:
+    from multiprocessing import forkserver
+
+    return forkserver._forkserver  # the process-wide one multiprocessing's forkserver context uses
+
+
 class ForkServer:
     """The run's fork server, started beside its first worker: ``context`` forks workers, or is
     ``None`` where none could start."""
@@ -50,28 +71,36 @@ class ForkServer:
         import multiprocessing
 
         self.context: Any = None
-        self.path = folder / "payload.pt"
+        self.path, self.ready = folder / "payload.pt", folder / "ready"
         if "forkserver" not in multiprocessing.get_all_start_methods():
             return
         try:
             import psutil
 
-            if psutil.virtual_memory().available < 4 * len(payload):  # it holds a copy of the model
-                return
+            if psutil.virtual_memory().available < 4 * len(payload) or _server()._forkserver_pid is not None:
+                return  # no room for its imports beside the workers, or a server of the user's own
             folder.mkdir(parents=True, exist_ok=True)
-            self.path.write_bytes(payload)
+            self.ready.unlink(missing_ok=True)
+            with open(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
+                f.write(payload)  # read and removed by the server's preload
             context = multiprocessing.get_context("forkserver")
             context.set_forkserver_preload(["autotune.trial.forkinit"])
             # The server's environment is this one's when it starts, with the workers' own (the
             # compile cache's folder, which the compiler's settings read at their import).
-            extra = {**env, PAYLOAD_ENV: str(self.path)}
+            extra = {
+                **env,
+                PAYLOAD_ENV: str(self.path),
+                READY_ENV: str(self.ready),
+                PATH_ENV: os.pathsep.join(sys.path),
+            }
             kept = {k: os.environ.get(k) for k in extra}
             os.environ.update(extra)
+            default = multiprocessing.context._default_context
+            chosen = default._actual_context  # preparing the server fixes the default start method
             try:
-                from multiprocessing.forkserver import ensure_running
-
-                ensure_running()  # starts it now, importing beside the first worker's start
+                _server().ensure_running()  # starts it now, importing beside the first worker's start
             finally:
+                default._actual_context = chosen  # the user may still choose their own
                 for k, v in kept.items():
                     if v is None:
                         os.environ.pop(k, None)
@@ -83,14 +112,19 @@ class ForkServer:
 
     def fork(self, inbox: Any, outbox: Any, log_path: Path, env: dict[str, str]) -> _Forked | None:
         """A worker forked from the server, reading ``inbox`` and writing ``outbox``, or
-        ``None`` where the fork failed."""
-        from autotune.trial.worker import forked_main
-
-        if self.context is None:
-            return None
+        ``None`` where the server is not ready (still importing, or stuck in a user's import)
+        or the fork failed."""
+        import multiprocessing.context as mp_context
+        from multiprocessing import process as mp_process
         from multiprocessing import spawn
 
+        from autotune.trial.worker import forked_main
+
+        if self.context is None or not self.ready.exists():
+            return None
         prepare = spawn.get_preparation_data
+        default = mp_context._default_context
+        chosen = default._actual_context  # preparing the child fixes the default start method
 
         def without_main(name: str) -> dict[str, Any]:
             # A forked child would import the user's main script again (as multiprocessing's
@@ -110,24 +144,34 @@ class ForkServer:
                 process.start()
             finally:
                 spawn.get_preparation_data = prepare
-            # Not joined at this process's exit (multiprocessing would wait for a worker a
-            # crash left behind): the runner stops its workers, and each ends with the server.
-            multiprocessing_children().discard(process)
+                default._actual_context = chosen  # the user may still choose their own
+                # Not joined at this process's exit (multiprocessing would wait for a worker a
+                # crash left behind): the runner stops its workers.
+                mp_process._children.discard(process)
         except Exception:
-            self.context = None  # a server that failed once is not asked again
+            self.close()  # a server that failed once is not asked again
             return None
         return _Forked(process)
 
     def close(self) -> None:
-        self.context = None
+        """Stop the server, where this one started it (its workers stopped first)."""
+        started, self.context = self.context is not None, None
         self.path.unlink(missing_ok=True)
-
-
-def multiprocessing_children() -> set[Any]:
-    """The child processes multiprocessing joins at this process's exit."""
-    from multiprocessing import process
-
-    return process._children
+        self.ready.unlink(missing_ok=True)
+        server = _server()
+        if not started or server._forkserver_pid is None:
+            return
+        try:
+            with server._lock:
+                os.close(server._forkserver_alive_fd)
+                kill_worker(server._forkserver_pid)  # killed: a stuck worker would keep it waiting
+                os.waitpid(server._forkserver_pid, 0)
+                server._forkserver_pid = server._forkserver_alive_fd = None
+                if server._forkserver_address and not server._forkserver_address.startswith("\0"):
+                    Path(server._forkserver_address).unlink(missing_ok=True)
+                server._forkserver_address = None
+        except (OSError, TypeError):
+            pass
 
 
 def launch(read_fd: int, write_fd: int, log_path: Path, env: dict[str, str], server: ForkServer | None) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 
 from autotune.errors import InputError, TrialError
 from autotune.trial.alarm import Overrun, alarm
-from autotune.trial.forked import ForkServer, launch
+from autotune.trial.forked import ForkServer, kill_worker, launch
 from autotune.trial.spec import TrialResult
 
 __all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "pickle_spec"]
@@ -226,6 +226,10 @@ class SubprocessRunner(Runner):
         self._log_path.parent.mkdir(parents=True, exist_ok=True)
         try:
             proc = launch(to_child_r, from_child_w, self._log_path, self._env, self._server)
+        except BaseException:
+            os.close(to_child_w)
+            os.close(from_child_r)
+            raise
         finally:
             os.close(to_child_r)
             os.close(from_child_w)
@@ -296,10 +300,7 @@ class SubprocessRunner(Runner):
     def _kill(self) -> None:
         if self._proc is None:
             return
-        try:
-            os.killpg(self._proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        kill_worker(self._proc.pid)
         self._proc.wait()
         self._proc = None
 
@@ -415,10 +416,7 @@ class SubprocessRunner(Runner):
         """
         proc = self._proc
         if proc is not None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+            kill_worker(proc.pid)
 
     def close(self) -> None:
         self._stop_current()
@@ -441,10 +439,7 @@ class SubprocessRunner(Runner):
 def _stop(proc: Any, *ends: Any) -> None:
     """Kill a worker process with everything it started (its own session), reap it, and close
     the ends of its pipes."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    kill_worker(proc.pid)
     proc.wait()
     for end in ends:
         end.close()

@@ -85,16 +85,14 @@ def watch_parent(parent: int | None = None, interval_s: float = 0.5, alive: bool
 
     parent = os.getppid() if parent is None else parent  # given: a parent gone before now counts too
 
+    born = _started(parent) if alive else None
+
     def there() -> bool:
         if not alive:
             return os.getppid() == parent
-        try:  # ``alive``: not this process's parent, watched while it exists
-            os.kill(parent, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
+        # ``alive``: not this process's parent, watched while it runs: gone, a zombie no one
+        # reaped yet, or its number taken by another process since, it has ended.
+        return born is not None and _started(parent) == born
 
     def watch() -> None:
         while there():
@@ -102,6 +100,17 @@ def watch_parent(parent: int | None = None, interval_s: float = 0.5, alive: bool
         os.killpg(os.getpgrp(), signal.SIGKILL)  # this worker and its loader workers
 
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()
+
+
+def _started(pid: int) -> float | None:
+    """When process ``pid`` started, or ``None`` where it has ended (a zombie too)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return None if process.status() == psutil.STATUS_ZOMBIE else process.create_time()
+    except psutil.Error:
+        return None
 
 
 def forked_main(inbox: Any, outbox: Any, log_path: str, env: dict[str, str], run_pid: int) -> None:

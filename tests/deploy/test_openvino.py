@@ -363,3 +363,41 @@ def test_a_second_openvino_build_of_the_same_torch_model_reads_its_conversion_fr
     fourth, _, fourth_made = convert(other())
     assert not fourth_made.get("ov_converted_cached")
     np.testing.assert_allclose(_ov_outputs(fourth, x), 2 * _ov_outputs(first, x), rtol=1e-5, atol=1e-6)
+
+
+class _ShowsAnAddress(DeepMLP):
+    def __init__(self) -> None:
+        super().__init__()
+        self.helper = object()
+        self.register_buffer("scale", torch.ones(4), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"helper={self.helper}"  # "<object object at 0x...>": another in every copy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x) * self.scale
+
+
+class _ReprRaises(DeepMLP):
+    def extra_repr(self) -> str:
+        raise TypeError("Object of type dtype is not JSON serializable")
+
+
+def test_the_conversion_key_holds_across_copies_and_buffers_and_a_model_it_cannot_key_is_converted(
+    tmp_path, monkeypatch
+):
+    """A repr that shows an address gave another key in every copy (a miss, and another full IR
+    on disk, in every trial); a buffer left out of the state dict (rotary frequencies, say)
+    changes the model; a repr that raises must not fail the build."""
+    import copy
+
+    from autotune.export.openvino import CACHE_ENV, float_cache
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    example = torch.randn(8, 16)
+    model = _ShowsAnAddress().eval()
+    key = float_cache(model, example, False).folder
+    assert float_cache(copy.deepcopy(model), example, False).folder == key
+    model.scale.mul_(2.0)  # not persistent: not in the state dict, still the model
+    assert float_cache(model, example, False).folder != key
+    assert float_cache(_ReprRaises().eval(), example, False) is None

@@ -48,7 +48,7 @@ def test_a_pick_the_rounds_do_not_keep_has_its_files_replaced_by_the_winners(tmp
         return baseline, confirmed, table  # as a confirmation that found nothing measurable
 
     monkeypatch.setattr(result, "claim_speedup", baseline_stands)
-    _optimize(tmp_path, isolation="inprocess")
+    _optimize(tmp_path)
     best = json.loads((tmp_path / "best_config.json").read_text())
     assert [p["phase"] for p in best["finish"]].count("export") == 2
     assert best["artifacts"]["torchscript"]["status"] == "ok"

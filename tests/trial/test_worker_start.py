@@ -154,6 +154,7 @@ def test_a_cpu_runs_later_workers_are_forked_from_a_server_with_the_runs_environ
     try:
         first = runner._proc.pid
         assert psutil.Process(first).ppid() == os.getpid()  # the first is a fresh interpreter
+        _wait_ready(tmp_path / "worker-server")  # until then, a restart starts a fresh interpreter
         runner.restart(spare=True)
         fresh, spare = runner._proc.pid, runner._spare[0].pid
         for pid in (fresh, spare):
@@ -163,10 +164,30 @@ def test_a_cpu_runs_later_workers_are_forked_from_a_server_with_the_runs_environ
         assert "mark: forked" in log.read_text()
         runner.restart()
         assert runner._proc.pid == spare and runner.run(dict(Config({"batch_size": 16}))).status == "ok"
+        server = psutil.Process(runner._proc.pid).ppid()
+        folder = tmp_path / "worker-server"
+        assert (folder / "ready").exists() and not (folder / "payload.pt").exists()  # read, then removed
     finally:
         runner.close()
-    for pid in (first, fresh, spare):
+    for pid in (first, fresh, spare, server):  # the run's server stops with its runner
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    again = SubprocessRunner(pickle_spec(spec), 120.0, log, {"AUTOTUNE_TEST_MARK": "again"}, fork=True)
+    try:  # the next run in this process starts a server of its own, with its own environment
+        _wait_ready(folder)
+        again.restart()
+        assert psutil.Process(again._proc.pid).ppid() not in (os.getpid(), server)
+        log.write_text("")
+        assert again.run(dict(Config({"batch_size": 16}))).status == "ok" and "mark: again" in log.read_text()
+    finally:
+        again.close()
+
+
+def _wait_ready(folder, timeout_s=120.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def test_a_script_without_a_main_guard_is_not_run_again_by_a_forked_worker(tmp_path):
@@ -189,9 +210,14 @@ def test_a_script_without_a_main_guard_is_not_run_again_by_a_forked_worker(tmp_p
         "                  baseline=dict(Config({'batch_size': 8})), val_indices=list(range(8)),\n"
         "                  measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1))\n"
         f"runner = SubprocessRunner(pickle_spec(spec), 120.0, pathlib.Path({str(tmp_path)!r}) / 'w.log', fork=True)\n"
+        "import time\n"
+        "while not (pathlib.Path(runner._server.ready)).exists(): time.sleep(0.2)  # a fork, not a fresh start\n"
         "runner.restart()\n"
         "print(runner.run(dict(Config({'batch_size': 16}))).status, flush=True)\n"
         "runner.close()\n"
+        "import multiprocessing\n"
+        "multiprocessing.set_start_method('spawn')  # still the user's to choose\n"
+        "print('ok', flush=True)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
