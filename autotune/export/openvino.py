@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from autotune.errors import ExportError, InputError
-from autotune.export.ov_cache import CACHE_ENV, IrCache, float_cache, int8_cache  # noqa: F401  (their home before)
+from autotune.export.ov_cache import CACHE_ENV, IrCache, float_cache, int8_cache, save_openvino  # noqa: F401
 from autotune.export.ov_run import OvRunner
 from autotune.export.parity import describe_error, exportable, flat_inputs, quiet_warnings
 from autotune.samples import batch_size_of, pad_batch
@@ -158,22 +158,6 @@ def convert_openvino(
         ) from exc
     info.update(input_names=onnx_info["input_names"], output_names=onnx_info["output_names"])
     return _stable_names(converted), {**info, "converted_from": "onnx", "fallback_reason": reason}
-
-
-def save_openvino(model: Any, path: Path) -> dict[str, Any]:
-    """Write ``model`` as IR: ``path`` (``.xml``) and its weights beside it (``.bin``), float
-    weights kept float32 (OpenVINO's default would halve them to float16).
-
-    Returns:
-        ``{"path", "bin_path", "bytes"}``, ``bytes`` of both files.
-    """
-    import openvino as ov
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    ov.save_model(model, str(path), compress_to_fp16=False)
-    weights = path.with_suffix(".bin")
-    return {"path": str(path), "bin_path": str(weights), "bytes": path.stat().st_size + weights.stat().st_size}
 
 
 def is_transformer(model: Any) -> bool:

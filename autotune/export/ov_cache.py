@@ -1,6 +1,7 @@
-"""The run's cache of OpenVINO models (``OUT/compile-cache/openvino``, shared by its workers):
-each torch model converted (:func:`float_cache`, keyed on the torch side) and each int8 model
-NNCF made (:func:`int8_cache`), as IR with the record of its making."""
+"""OpenVINO IR files (:func:`save_openvino`) and the run's cache of them
+(``OUT/compile-cache/openvino``, shared by its workers): each torch model converted
+(:func:`float_cache`, keyed on the torch side) and each int8 model NNCF made (:func:`int8_cache`),
+with the record of its making."""
 
 from __future__ import annotations
 
@@ -15,7 +16,24 @@ from torch import nn
 
 from autotune.export.parity import exportable, flat_inputs
 
-__all__ = ["CACHE_ENV", "IrCache", "float_cache", "int8_cache"]
+__all__ = ["CACHE_ENV", "IrCache", "float_cache", "int8_cache", "save_openvino"]
+
+
+def save_openvino(model: Any, path: Path) -> dict[str, Any]:
+    """Write ``model`` as IR: ``path`` (``.xml``) and its weights beside it (``.bin``), float
+    weights kept float32 (OpenVINO's default would halve them to float16).
+
+    Returns:
+        ``{"path", "bin_path", "bytes"}``, ``bytes`` of both files.
+    """
+    import openvino as ov
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ov.save_model(model, str(path), compress_to_fp16=False)
+    weights = path.with_suffix(".bin")
+    return {"path": str(path), "bin_path": str(weights), "bytes": path.stat().st_size + weights.stat().st_size}
+
 
 # Where a run's workers keep the models they converted and the int8 models NNCF made (set in
 # their environment by the run).
@@ -66,8 +84,6 @@ class IrCache:
         part = self.folder.with_name(f"{self.folder.name}.{os.getpid()}.part")
         try:
             part.mkdir(parents=True, exist_ok=True)
-            from autotune.export.openvino import save_openvino
-
             save_openvino(model, part / "model.xml")
             (part / "info.json").write_text(json.dumps(kept, default=str))
             part.rename(self.folder)  # fails where another worker's entry is already in place
