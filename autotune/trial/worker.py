@@ -129,6 +129,11 @@ def forked_main(inbox: Any, outbox: Any, log_path: str, env: dict[str, str], run
     os.close(log)
     os.environ.update(env)
     watch_parent(run_pid, alive=True)
+    _serve_pipes(inbox, outbox)
+
+
+def _serve_pipes(inbox: Any, outbox: Any) -> None:
+    """:func:`serve` on a receiving and a sending connection, until the parent goes away."""
 
     class _Duplex:
         recv = inbox.recv
@@ -145,16 +150,7 @@ def main(argv: list[str]) -> None:
 
     watch_parent(int(argv[3]) if len(argv) > 3 else None)
     read_fd, write_fd = int(argv[1]), int(argv[2])
-    inbox, outbox = Connection(read_fd, writable=False), Connection(write_fd, readable=False)
-
-    class _Duplex:
-        recv = inbox.recv
-        send = outbox.send
-
-    try:
-        serve(_Duplex())
-    except EOFError:  # the parent went away
-        pass
+    _serve_pipes(Connection(read_fd, writable=False), Connection(write_fd, readable=False))
 
 
 if __name__ == "__main__":
