@@ -14,10 +14,12 @@ as a fresh interpreter. The server is the run's: its runner stops it when it clo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,20 @@ class _Forked:
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
         return self._process.exitcode
+
+
+@contextlib.contextmanager
+def _start_method_left() -> Iterator[None]:
+    """multiprocessing, preparing a server or a child, fixes this process's default start
+    method: it is put back unchosen, so a user's own ``set_start_method`` still works."""
+    import multiprocessing.context
+
+    default = multiprocessing.context._default_context
+    chosen = default._actual_context
+    try:
+        yield
+    finally:
+        default._actual_context = chosen
 
 
 def _server() -> Any:
@@ -95,12 +111,10 @@ class ForkServer:
             }
             kept = {k: os.environ.get(k) for k in extra}
             os.environ.update(extra)
-            default = multiprocessing.context._default_context
-            chosen = default._actual_context  # preparing the server fixes the default start method
             try:
-                _server().ensure_running()  # starts it now, importing beside the first worker's start
+                with _start_method_left():
+                    _server().ensure_running()  # starts it now, importing beside the first worker's start
             finally:
-                default._actual_context = chosen  # the user may still choose their own
                 for k, v in kept.items():
                     if v is None:
                         os.environ.pop(k, None)
@@ -114,7 +128,6 @@ class ForkServer:
         """A worker forked from the server, reading ``inbox`` and writing ``outbox``, or
         ``None`` where the server is not ready (still importing, or stuck in a user's import)
         or the fork failed."""
-        import multiprocessing.context as mp_context
         from multiprocessing import process as mp_process
         from multiprocessing import spawn
 
@@ -123,8 +136,6 @@ class ForkServer:
         if self.context is None or not self.ready.exists():
             return None
         prepare = spawn.get_preparation_data
-        default = mp_context._default_context
-        chosen = default._actual_context  # preparing the child fixes the default start method
 
         def without_main(name: str) -> dict[str, Any]:
             # A forked child would import the user's main script again (as multiprocessing's
@@ -141,10 +152,10 @@ class ForkServer:
             )
             spawn.get_preparation_data = without_main
             try:
-                process.start()
+                with _start_method_left():
+                    process.start()
             finally:
                 spawn.get_preparation_data = prepare
-                default._actual_context = chosen  # the user may still choose their own
                 # Not joined at this process's exit (multiprocessing would wait for a worker a
                 # crash left behind): the runner stops its workers.
                 mp_process._children.discard(process)

@@ -106,6 +106,13 @@ class TrialContext(Context, ArtifactExport):
             self.info["baseline_metric"] = self.reference.metric
             self.info["known"] = self.known()
 
+    def _int8_plan(self, kinds: list[str] | None, budget_s: float) -> Int8Plan:
+        """How this worker's int8 fallbacks judge: the guard's output ``kinds`` and criterion,
+        ``budget_s`` seconds for a ranking, the study's rankings."""
+        spec = self.spec
+        return Int8Plan(kinds=kinds, max_drop=spec.max_metric_drop, metric=spec.metric, budget_s=budget_s,
+                        rankings=dict(spec.int8_rankings), store=spec.int8_store)  # fmt: skip
+
     def known(self) -> dict[str, Any]:
         """What this worker's reference taught it that a build reads (the guard's batches of
         images, the per-token outputs, how int8 fallbacks judge): a later worker of the run is
@@ -137,14 +144,7 @@ class TrialContext(Context, ArtifactExport):
                 reference = make_reference(baseline, self.samples, spec.metric, spec.output_kind, spec.loss_fn)
             # int8_fallback ranks layers by the guard's own judgement, at most about two trials' time.
             one_trial = time.perf_counter() - started + spec.measure.n_windows * spec.measure.window_s
-            self.extras.int8 = Int8Plan(
-                kinds=reference.kinds,
-                max_drop=spec.max_metric_drop,
-                metric=spec.metric,
-                budget_s=max(10.0, 2 * one_trial),
-                rankings=dict(spec.int8_rankings),
-                store=spec.int8_store,
-            )
+            self.extras.int8 = self._int8_plan(reference.kinds, max(10.0, 2 * one_trial))
             self._reference = reference
         return self._reference
 
@@ -177,15 +177,7 @@ class TrialContext(Context, ArtifactExport):
         if config.get("int8_fallback", 0) != 0 and self.extras.int8 is None:
             known = self._known.get("int8")
             if known is not None:  # judged as the first worker judged: its cached model is read
-                spec = self.spec
-                self.extras.int8 = Int8Plan(
-                    kinds=known["kinds"],
-                    max_drop=spec.max_metric_drop,
-                    metric=spec.metric,
-                    budget_s=known["budget_s"],
-                    rankings=dict(spec.int8_rankings),
-                    store=spec.int8_store,
-                )
+                self.extras.int8 = self._int8_plan(known["kinds"], known["budget_s"])
             else:
                 self.reference  # noqa: B018 (made first: int8_fallback ranks layers against it)
         return self._build(config)
