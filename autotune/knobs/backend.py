@@ -9,22 +9,11 @@ to end like any other, so it competes with the torch-side candidates under the s
 from __future__ import annotations
 
 import importlib.util
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from autotune.export.scratch import candidate_dir
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
-
-_SCRATCH: tempfile.TemporaryDirectory[str] | None = None
-
-
-def _scratch_dir() -> Path:
-    """A fresh folder for one candidate's exported files, inside one directory per process that
-    is removed when the process exits."""
-    global _SCRATCH
-    if _SCRATCH is None:
-        _SCRATCH = tempfile.TemporaryDirectory(prefix="autotune-runtime-")
-    return Path(tempfile.mkdtemp(dir=_SCRATCH.name))
 
 
 def _ort_providers() -> list[str]:
@@ -69,7 +58,7 @@ class Runtime(Knob):
         from autotune.knobs.compress import _extras
 
         extras = _extras(state, "runtime")
-        folder = _scratch_dir()
+        folder = candidate_dir()
         state.torch_model = state.model
         try:
             if value == "torchscript":

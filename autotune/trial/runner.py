@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import InputError, TrialError
+from autotune.export.scratch import Scratch
 from autotune.trial.alarm import Overrun, alarm
 from autotune.trial.forked import ForkServer, kill_worker, launch
 from autotune.trial.spec import TrialResult
@@ -198,7 +199,8 @@ class SubprocessRunner(Runner):
         self._timeout = trial_timeout
         self.timeout = trial_timeout
         self._log_path = log_path
-        self._env = dict(env or {})
+        self._scratch = Scratch()  # the workers' candidate files, removed as each ends
+        self._env = {**(env or {}), **self._scratch.env}
         self._proc: subprocess.Popen[bytes] | None = None
         self._busy = False  # a request is in flight: the worker will not read "stop" soon
         self._spare: tuple[Any, ...] | None = None  # a fresh worker started for the next restart
@@ -288,6 +290,7 @@ class SubprocessRunner(Runner):
             self._kill()
             return ("fail", "timeout", f"no result within {timeout:g} s while {doing}; the worker was killed")
         code = self._proc.wait()
+        self._scratch.drop(self._proc.pid)
         self._proc = None
         if code < 0:
             how = f"was killed by {signal.Signals(-code).name}"
@@ -302,6 +305,7 @@ class SubprocessRunner(Runner):
             return
         kill_worker(self._proc.pid)
         self._proc.wait()
+        self._scratch.drop(self._proc.pid)
         self._proc = None
 
     def _ensure(self) -> None:
@@ -425,6 +429,7 @@ class SubprocessRunner(Runner):
             self._spare = None
         if self._server is not None:
             self._server.close()
+        self._scratch.close()
 
     def _stop_current(self) -> None:
         if self._proc is not None and not self._busy:

@@ -1,0 +1,37 @@
+"""A run leaves nothing in the temporary folder: its workers end killed, and each had kept its
+candidates' exported files (an ONNX graph, an OpenVINO IR: 368 MB for one real MiniLM worker)
+in a folder of its own that nothing removed."""
+
+import tempfile
+
+from autotune.config import Config
+from autotune.trial.measure import MeasureSettings
+from autotune.trial.runner import SubprocessRunner, pickle_spec
+from autotune.trial.spec import WorkerSpec
+from tests.models import MLP, classification_data
+
+
+def test_a_killed_workers_candidate_files_go_with_it_and_the_run_leaves_no_temporary_files(tmp_path, monkeypatch):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))  # the workers' temporary folder, and this process's:
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                      measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1, n_remeasure=0))  # fmt: skip
+    config = dict(Config({"batch_size": 8, "runtime": "onnxruntime"}))
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "w.log", fork=True)
+    try:
+        root = runner._scratch.path
+        assert root.parent == temp
+        first = runner._proc.pid
+        assert runner.run(config).status == "ok"
+        assert list((root / str(first)).rglob("model.onnx")), "the candidate's graph is in its worker's folder"
+        runner.restart()
+        assert not (root / str(first)).exists()  # killed, and its files removed
+        second = runner._proc.pid
+        assert runner.run(config).status == "ok" and list((root / str(second)).rglob("model.onnx"))
+    finally:
+        runner.close()
+    assert not root.exists()
+    assert not list(temp.glob("autotune-*"))  # only what torch and multiprocessing keep there
