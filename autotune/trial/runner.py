@@ -4,9 +4,8 @@ replaces the worker after any fault.
 The first worker is a fresh interpreter (``python -m autotune.trial.worker``), never a fork of
 this process, so it is safe after CUDA was used and the user's main script is not re-run; on a
 CPU run the later ones fork from a server started beside it that imported what the payload
-needs and ran nothing (:mod:`autotune.trial.forked`). The model, dataset and metric
-travel once per worker start, pickled by value with cloudpickle, so classes and functions
-defined in a script or notebook work.
+needs and ran nothing (:mod:`autotune.trial.forked`). The model, dataset and metric travel once
+per worker start, pickled by value with cloudpickle: script and notebook classes work.
 """
 
 from __future__ import annotations
@@ -64,7 +63,7 @@ class Runner:
     # A time.monotonic() instant no wait goes past (a run's ``timeout``): trials, calls and
     # worker restarts get at most what is left of it; ``None``: no limit.
     deadline: float | None = None
-    # Seconds the last worker start took (``None`` before one was timed): what a restart costs.
+    # What a restart costs: the last start's seconds (``None`` before one), or a fork's where later workers fork.
     start_s: float | None = None
 
     def bounded(self, seconds: float) -> float:
@@ -129,9 +128,8 @@ def _not_started(started: float) -> TrialResult:
 
 
 class InProcessRunner(Runner):
-    """Runs trials in this process: no protection from crashes. Timeouts (a trial's, a call's,
-    the run's deadline) interrupt the work with an alarm, between Python steps: a single native
-    call that never returns (a hung kernel) is not interrupted; a worker process is."""
+    """Runs trials in this process: no protection from crashes. Timeouts interrupt the work with
+    an alarm, between Python steps: a native call that never returns is not interrupted."""
 
     def __init__(self, spec: Any) -> None:
         from autotune.trial.worker import make_context
@@ -252,6 +250,9 @@ class SubprocessRunner(Runner):
         reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":
             self.start_s = time.monotonic() - begun
+            if self.n_starts == 1 and self._server is not None and self._server.context is not None:
+                # Later workers fork, with the imports done: what this one did past them, at most.
+                self.start_s = min(self.start_s, float(reply[1].get("init_s") or self.start_s))
             self._known = self._known or reply[1].get("known") or {}
             return reply[1]
         if reply[1] == "timeout" and cut:
@@ -414,10 +415,8 @@ class SubprocessRunner(Runner):
         return room and self._too_late("starting a spare worker", 2 * (self.start_s or 0.0)) is None
 
     def interrupt(self) -> None:
-        """Kill the worker from another thread; the thread waiting on it gets a ``crash`` reply.
-
-        Unlike :meth:`close` it leaves the process handle to the waiting thread, which reaps it.
-        """
+        """Kill the worker from another thread; the thread waiting on it gets a ``crash`` reply
+        and reaps it (unlike :meth:`close`, this leaves the process handle to that thread)."""
         proc = self._proc
         if proc is not None:
             kill_worker(proc.pid)

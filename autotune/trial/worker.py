@@ -15,6 +15,7 @@ The same context (:mod:`autotune.trial.inference`, :mod:`autotune.trial.training
 from __future__ import annotations
 
 import sys
+import time
 import traceback
 from typing import Any
 
@@ -46,6 +47,7 @@ def serve(conn: Any) -> None:
     import pickle
 
     message = conn.recv()
+    began = time.perf_counter()  # past the imports: what a worker forked from the run's server pays, at most
     try:
         spec = torch.load(io.BytesIO(message[1]), weights_only=False, pickle_module=pickle)
         ctx = make_context(spec, checked=message[2] if len(message) > 2 else False)
@@ -56,7 +58,7 @@ def serve(conn: Any) -> None:
         traceback.print_exc()  # into the worker's log; the message stays one line
         conn.send(("fail", "error", one_line(exc)))
         return
-    conn.send(("ready", ctx.info))
+    conn.send(("ready", {**ctx.info, "init_s": time.perf_counter() - began}))
     while True:
         message = conn.recv()
         if message[0] == "trial":
