@@ -23,7 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkServer", "kill_worker", "launch"]
+__all__ = ["ForkServer", "kill_worker", "launch", "stop_worker"]
 
 # The variables naming, in the fork server's environment, the payload its preload reads, the
 # file it writes once its imports are done, and the run's import path.
@@ -40,6 +40,15 @@ def kill_worker(pid: int) -> None:
             os.kill(pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def stop_worker(proc: Any, *ends: Any) -> None:
+    """Kill a worker process with everything it started (its own session), reap it, and close
+    the ends of its pipes."""
+    kill_worker(proc.pid)
+    proc.wait()
+    for end in ends:
+        end.close()
 
 
 class _Forked:

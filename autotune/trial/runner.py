@@ -20,36 +20,12 @@ from typing import Any
 from autotune.errors import InputError, TrialError
 from autotune.export.scratch import Scratch
 from autotune.trial.alarm import Overrun, alarm
-from autotune.trial.forked import ForkServer, kill_worker, launch
-from autotune.trial.spec import TrialResult
+from autotune.trial.forked import ForkServer, kill_worker, launch, stop_worker
+from autotune.trial.spec import TrialResult, pickle_spec
 
 __all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "pickle_spec"]
 
 _FAULTS_NEEDING_RESTART = {"oom", "timeout", "crash", "error"}
-
-
-def pickle_spec(spec: Any) -> bytes:
-    """Pickle a worker spec, or say what to do when the model or dataset cannot travel.
-
-    torch.save's pickler stores each tensor storage once; a plain pickle would copy the whole
-    storage for every view of it (a dataset of rows sliced from one tensor would grow by a
-    factor of its length). cloudpickle is its pickler, so script-defined classes travel by value.
-    """
-    import io
-
-    import cloudpickle
-    import torch
-
-    buf = io.BytesIO()
-    try:
-        torch.save(spec, buf, pickle_module=cloudpickle)
-        return buf.getvalue()
-    except Exception as exc:
-        raise InputError(
-            f"The model, dataset or metric cannot be sent to a trial worker ({type(exc).__name__}: {exc}). "
-            "Pass a zero-argument function that builds the model, define them in a cfg.py, or use "
-            "isolation='inprocess'."
-        ) from None
 
 
 class Runner:
@@ -203,7 +179,7 @@ class SubprocessRunner(Runner):
         self._busy = False  # a request is in flight: the worker will not read "stop" soon
         self._spare: tuple[Any, ...] | None = None  # a fresh worker started for the next restart
         self._known: dict[str, Any] = {}  # what the first worker learned of the baseline
-        self.n_starts = 0
+        self.n_starts, self._last_s, self._init_s = 0, None, None
         self.info = self._start()
 
     def _start(self) -> dict[str, Any]:
@@ -249,15 +225,13 @@ class SubprocessRunner(Runner):
         cut = self.at_deadline(self._timeout)
         reply = self._wait(self.bounded(self._timeout), "starting the worker")
         if reply[0] == "ready":
-            self.start_s = time.monotonic() - begun
-            if self.n_starts == 1 and self._server is not None and self._server.context is not None:
-                # Later workers fork, with the imports done: what this one did past them, at most.
-                self.start_s = min(self.start_s, float(reply[1].get("init_s") or self.start_s))
+            self._last_s = time.monotonic() - begun
+            self._init_s = self._init_s or reply[1].get("init_s")  # the first's: a fresh interpreter's
             self._known = self._known or reply[1].get("known") or {}
             return reply[1]
         if reply[1] == "timeout" and cut:
             reply = ("fail", "deadline", f"{reply[2]}, at the run's deadline")
-        self.close()
+        self._shutdown()  # the runner may be used again (a spare that failed, a restart cut off)
         if reply[1] == "input":
             raise InputError(reply[2])
         where = f" (the traceback is in {self._log_path})" if reply[1] == "error" else ""
@@ -311,6 +285,8 @@ class SubprocessRunner(Runner):
 
     def _ensure(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
+            if self._proc is not None:  # died while idle
+                self._scratch.drop(self._proc.pid)
             self._proc = None
             self.info = self._start()
 
@@ -391,10 +367,10 @@ class SubprocessRunner(Runner):
             self.info = self._ready(begun)
         finally:
             if second is not None and self._proc is None:  # the first failed: no spare either
-                _stop(*second[:3])
+                stop_worker(*second[:3])
                 second = None
         if second is not None:
-            kept = (self._proc, self._send, self._recv, self.info, self.start_s)
+            kept = (self._proc, self._send, self._recv, self.info, self._last_s)
             self._proc, self._send, self._recv, begun = second
             try:
                 self._spare = (self._proc, self._send, self._recv, self._ready(begun))
@@ -402,8 +378,8 @@ class SubprocessRunner(Runner):
                 pass  # _ready stopped it: the next restart starts one
             finally:
                 if self._spare is None and self._proc is not None:  # interrupted while it started
-                    _stop(self._proc, self._send, self._recv)
-                self._proc, self._send, self._recv, self.info, self.start_s = kept
+                    stop_worker(self._proc, self._send, self._recv)
+                self._proc, self._send, self._recv, self.info, self._last_s = kept
         return True
 
     def _spare_fits(self) -> bool:
@@ -421,29 +397,34 @@ class SubprocessRunner(Runner):
         if proc is not None:
             kill_worker(proc.pid)
 
+    @property
+    def start_s(self) -> float | None:
+        """What a restart costs: the last start's seconds, or, where the next worker forks from
+        a server that is ready, what the first did past its imports (a fork does that at most)."""
+        server = self._server
+        if self._init_s is None or server is None or server.context is None or not server.ready.exists():
+            return self._last_s
+        return min(self._last_s or self._init_s, self._init_s)
+
     def close(self) -> None:
+        self._shutdown()
+        self._scratch.close()
+
+    def _shutdown(self) -> None:
         self._stop_current()
         if self._spare is not None:
-            _stop(*self._spare[:3])
+            stop_worker(*self._spare[:3])
             self._spare = None
         if self._server is not None:
             self._server.close()
-        self._scratch.close()
 
     def _stop_current(self) -> None:
-        if self._proc is not None and not self._busy:
+        if self._proc is not None and self._busy:  # Ctrl-C while it worked: killed, not waited for
+            kill_worker(self._proc.pid)
+        elif self._proc is not None:
             try:
                 self._send.send(("stop",))
                 self._proc.wait(timeout=10)
             except Exception:
                 pass
             self._kill()
-
-
-def _stop(proc: Any, *ends: Any) -> None:
-    """Kill a worker process with everything it started (its own session), reap it, and close
-    the ends of its pipes."""
-    kill_worker(proc.pid)
-    proc.wait()
-    for end in ends:
-        end.close()

@@ -12,9 +12,10 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from autotune.errors import InputError
 from autotune.trial.measure import MeasureSettings
 
-__all__ = ["STATUSES", "TrialResult", "WorkerSpec"]
+__all__ = ["STATUSES", "TrialResult", "WorkerSpec", "pickle_spec"]
 
 # ok: measured and guarded; infeasible: ruled out (guard, NaN, a method that cannot apply);
 # stopped: its first timed window was far below the best so far, so timing and guard stopped
@@ -129,3 +130,27 @@ class TrialResult:
         """The result stored as ``attrs`` (:meth:`to_attrs`' output, or a trial's user attributes)."""
         rest = {k: v for k, v in attrs.items() if k not in ("status", "kind", "reason")}
         return cls(attrs.get("status", "ok"), attrs.get("kind"), attrs.get("reason"), rest)
+
+
+def pickle_spec(spec: Any) -> bytes:
+    """Pickle a worker spec, or say what to do when the model or dataset cannot travel.
+
+    torch.save's pickler stores each tensor storage once; a plain pickle would copy the whole
+    storage for every view of it (a dataset of rows sliced from one tensor would grow by a
+    factor of its length). cloudpickle is its pickler, so script-defined classes travel by value.
+    """
+    import io
+
+    import cloudpickle
+    import torch
+
+    buf = io.BytesIO()
+    try:
+        torch.save(spec, buf, pickle_module=cloudpickle)
+        return buf.getvalue()
+    except Exception as exc:
+        raise InputError(
+            f"The model, dataset or metric cannot be sent to a trial worker ({type(exc).__name__}: {exc}). "
+            "Pass a zero-argument function that builds the model, define them in a cfg.py, or use "
+            "isolation='inprocess'."
+        ) from None

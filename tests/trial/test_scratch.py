@@ -9,6 +9,7 @@ from autotune.trial.measure import MeasureSettings
 from autotune.trial.runner import SubprocessRunner, pickle_spec
 from autotune.trial.spec import WorkerSpec
 from tests.models import MLP, classification_data
+from tests.trial.test_worker_start import _wait_ready
 
 
 def test_a_killed_workers_candidate_files_go_with_it_and_the_run_leaves_no_temporary_files(tmp_path, monkeypatch):
@@ -27,11 +28,59 @@ def test_a_killed_workers_candidate_files_go_with_it_and_the_run_leaves_no_tempo
         first = runner._proc.pid
         assert runner.run(config).status == "ok"
         assert list((root / str(first)).rglob("model.onnx")), "the candidate's graph is in its worker's folder"
+        _wait_ready(tmp_path / "w-server")
         runner.restart()
         assert not (root / str(first)).exists()  # killed, and its files removed
+        assert type(runner._proc).__name__ == "_Forked"  # a fork writes there too
         second = runner._proc.pid
         assert runner.run(config).status == "ok" and list((root / str(second)).rglob("model.onnx"))
     finally:
         runner.close()
     assert not root.exists()
     assert not list(temp.glob("autotune-*"))  # only what torch and multiprocessing keep there
+
+
+class _FailsToStartWhen(MLP):
+    """A model whose later copies fail to load while ``marker`` exists: a worker that fails to start."""
+
+    def __init__(self, marker):
+        super().__init__()
+        self.marker = str(marker)
+
+    def __setstate__(self, state):
+        import os
+
+        super().__setstate__(state)
+        if os.path.exists(self.marker):
+            raise RuntimeError("this copy cannot load")
+
+
+def test_a_worker_that_fails_to_start_leaves_the_runs_scratch_folder_to_the_next(tmp_path, monkeypatch):
+    """A start that fails stops the runner's workers, but the runner goes on (a spare that did not
+    start, a restart the deadline cut off): the next worker's files still go where they are removed."""
+    import pytest
+
+    from autotune.errors import TrialError
+
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(temp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    marker = tmp_path / "fail"
+    spec = WorkerSpec(model=_FailsToStartWhen(marker), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                      measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1, n_remeasure=0))  # fmt: skip
+    config = dict(Config({"batch_size": 8, "runtime": "onnxruntime"}))
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "w.log")
+    try:
+        root = runner._scratch.path
+        marker.touch()
+        with pytest.raises(TrialError, match="failed to start"):
+            runner.restart()
+        marker.unlink()
+        assert root.is_dir()
+        assert runner.run(config).status == "ok"  # a new worker, its files under the run's folder
+        assert list((root / str(runner._proc.pid)).rglob("model.onnx"))
+    finally:
+        runner.close()
+    assert not root.exists() and not list(temp.glob("autotune-*"))

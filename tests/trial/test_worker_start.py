@@ -195,11 +195,17 @@ def test_a_forking_runner_prices_a_restart_as_a_fork_not_as_the_first_fresh_inte
     forking = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "f.log", fork=True)
     plain = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "p.log")
     try:
-        assert 0 < forking.start_s == pytest.approx(forking.info["init_s"])
         assert plain.start_s > plain.info["init_s"]  # the whole start: the imports too
-        _wait_ready(tmp_path / "f-server")
-        forking.restart()  # a fork: its own start is timed from now on
-        assert forking.start_s is not None and forking.run(dict(Config({"batch_size": 16}))).status == "ok"
+        _wait_ready(tmp_path / "f-server")  # until then a restart is a fresh interpreter, priced so
+        assert forking.start_s == pytest.approx(forking.info["init_s"])
+        assert 0 < forking.start_s < forking._last_s  # the first start's whole seconds
+        ready = tmp_path / "f-server" / "ready"
+        ready.unlink()  # a server not ready forks nothing: a restart is a fresh interpreter again
+        assert forking.start_s == forking._last_s
+        ready.touch()
+        forking.restart()
+        assert type(forking._proc).__name__ == "_Forked"  # what it was priced as
+        assert forking.run(dict(Config({"batch_size": 16}))).status == "ok"
     finally:
         forking.close()
         plain.close()
