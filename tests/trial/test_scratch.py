@@ -84,3 +84,35 @@ def test_a_worker_that_fails_to_start_leaves_the_runs_scratch_folder_to_the_next
     finally:
         runner.close()
     assert not root.exists() and not list(temp.glob("autotune-*"))
+
+
+def test_ctrl_c_during_a_trial_then_close_stops_the_busy_worker_and_removes_its_files(tmp_path):
+    """Ctrl-C lands while the parent waits on a trial (a notebook's interrupt): the worker is busy
+    and will not read "stop". Closing the runner kills it, where it used to be left running."""
+    import signal
+
+    import psutil
+    import pytest
+
+    from tests.models import HangAt
+
+    spec = WorkerSpec(model=HangAt(16), dataset=classification_data(64), metric=None, device="cpu",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+                      measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1, n_remeasure=0))  # fmt: skip
+    runner = SubprocessRunner(pickle_spec(spec), 120.0, tmp_path / "w.log")
+    worker, root = runner._proc.pid, runner._scratch.path
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 3.0)
+        with pytest.raises(KeyboardInterrupt):
+            runner.run(dict(Config({"batch_size": 16})))  # hangs in the worker
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        runner.close()
+    assert not psutil.pid_exists(worker) or psutil.Process(worker).status() == psutil.STATUS_ZOMBIE
+    assert not root.exists()
