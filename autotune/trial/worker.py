@@ -81,9 +81,12 @@ def watch_parent(parent: int | None = None, interval_s: float = 0.5, alive: bool
     ``os.getppid()``; a daemon thread looks every ``interval_s``.
     """
     import os
+    import shutil
     import signal
     import threading
     import time
+
+    from autotune.export.scratch import SCRATCH_ENV
 
     parent = os.getppid() if parent is None else parent  # given: a parent gone before now counts too
 
@@ -99,6 +102,8 @@ def watch_parent(parent: int | None = None, interval_s: float = 0.5, alive: bool
     def watch() -> None:
         while there():
             time.sleep(interval_s)
+        # The run's candidate files, which its runner died before removing.
+        shutil.rmtree(os.environ.get(SCRATCH_ENV) or os.devnull, ignore_errors=True)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # this worker and its loader workers
 
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()

@@ -129,7 +129,8 @@ def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path, fork):
     """The worker runs in a session of its own, so a killed parent (a test at its timeout, a
     user's kill -9) used to leave a worker busy in a trial running, holding the GPU: now it
     ends itself. (An idle worker always ended: its next read of the pipe fails.) A worker
-    forked from the run's fork server ends with the server, which ends with the parent."""
+    forked from the run's fork server ends with the server, which ends with the parent. The run's
+    scratch folder, which its runner no longer can remove, goes with the worker."""
     import os
     import signal
     import subprocess
@@ -153,12 +154,13 @@ def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path, fork):
         if {fork}:
             runner.restart()  # the worker now is a fork of the server
             assert runner._proc.pid != os.getpid() and os.getppid() != runner._proc.pid
-        print(runner._proc.pid, flush=True)
+        print(runner._proc.pid, runner._scratch.path, flush=True)
         runner.run(dict(Config({{"batch_size": 16}})), timeout=600)  # the worker hangs in this trial
     """)
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True, cwd=os.getcwd())
     try:
-        worker = int(parent.stdout.readline())
+        pid, scratch = parent.stdout.readline().split()
+        worker = int(pid)
         os.kill(worker, 0)  # alive while its parent is
         time.sleep(2)  # the trial has started and hangs
         parent.send_signal(signal.SIGKILL)
@@ -173,6 +175,7 @@ def test_a_worker_whose_parent_is_killed_ends_with_it(tmp_path, fork):
         else:
             os.kill(worker, signal.SIGKILL)
             pytest.fail("the worker outlived its killed parent by 30 s")
+        assert not os.path.exists(scratch)  # the run's files: the worker removed them, its runner could not
     finally:
         if parent.poll() is None:
             parent.kill()
