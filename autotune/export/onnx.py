@@ -19,7 +19,7 @@ from torch import nn
 
 from autotune.errors import ConfigError, ExportError, InputError
 from autotune.export.ort import _NP_TYPES, GRAPH_OPTIMIZATIONS, OrtModule  # noqa: F401 (their former home)
-from autotune.export.parity import describe_error, exportable, flat_inputs, output_leaves, quiet_warnings
+from autotune.export.parity import describe_error, device_of, exportable, flat_inputs, output_leaves, quiet_warnings
 from autotune.samples import batch_size_of, pad_batch
 
 __all__ = ["GRAPH_OPTIMIZATIONS", "QUANT_METHODS", "OrtModule", "export_onnx", "quantize_onnx", "to_fp16"]
@@ -164,14 +164,21 @@ def export_onnx(
     """
     if opset < _MIN_OPSET:
         raise ConfigError(f"`opset` must be at least {_MIN_OPSET}, but got {opset}.")
-    model = exportable(model)
+    from autotune.export.onnx_cache import cached_export
+
+    model, path = exportable(model), Path(path)
+    # The same graph for a model on another device, at another batch size or thread count.
+    salt = f"{opset}:{spatial}:{device_of(model).type}"
+    return cached_export(model, example, salt, path, lambda: _export_onnx(model, example, path, opset, spatial))
+
+
+def _export_onnx(model: nn.Module, example: Any, path: Path, opset: int, spatial: bool) -> dict[str, Any]:
     if batch_size_of(example) < 2:
         example = pad_batch(example, 2)
     names, inputs, n_args = flat_inputs(example)
     flat = _Flat(model, n_args, names[n_args:])
     with torch.no_grad():
         output_names = _output_names(model(*inputs[:n_args], **dict(zip(names[n_args:], inputs[n_args:], strict=True))))
-    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_name(path.stem + ".raw.onnx")
     exporter, fallback_reason = _export_either(flat, inputs, raw, opset, (names, output_names), spatial)

@@ -5,16 +5,15 @@ with the record of its making."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from torch import nn
 
-from autotune.export.parity import exportable, flat_inputs
+from autotune.export.model_key import model_key
+from autotune.export.parity import exportable
 
 __all__ = ["CACHE_ENV", "IrCache", "float_cache", "int8_cache", "save_openvino"]
 
@@ -131,65 +130,10 @@ def float_cache(model: nn.Module, example: Any, spatial: bool) -> IrCache | None
     root = os.environ.get(CACHE_ENV)
     if not root:
         return None
+    import openvino as ov
+
     try:
-        digest = _float_key(exportable(model), example, spatial)
+        digest = model_key(exportable(model), example, f"openvino:{_FLOAT_FORMAT}:{ov.__version__}:{spatial}")
     except Exception:  # converted every time, as without a cache
         return None
     return IrCache(Path(root) / f"float-{digest}")
-
-
-_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
-
-
-def _float_key(model: nn.Module, example: Any, spatial: bool) -> str:
-    import hashlib
-    import inspect
-    import sys
-    import types
-
-    import openvino as ov
-
-    transformers = getattr(sys.modules.get("transformers"), "__version__", None)
-    digest = hashlib.sha256(f"{_FLOAT_FORMAT}:{torch.__version__}:{ov.__version__}:{transformers}:{spatial}".encode())
-
-    def text(value: Any) -> None:  # without addresses, which differ in every process and copy
-        digest.update(_ADDRESS.sub("", repr(value)).encode())
-
-    def code(c: types.CodeType) -> None:
-        digest.update(c.co_code + repr(c.co_names).encode())
-        for const in c.co_consts:  # nested code by its own bytes: its repr holds an address
-            if isinstance(const, types.CodeType):
-                code(const)
-            else:
-                text(sorted(map(repr, const)) if isinstance(const, frozenset) else const)
-
-    seen: set[int] = set()
-    for module in model.modules():
-        cls = type(module)
-        text(f"{cls.__module__}.{cls.__qualname__}")
-        for klass in cls.__mro__:
-            if klass in (nn.Module, object) or id(klass) in seen:
-                continue
-            seen.add(id(klass))
-            for name, member in sorted(vars(klass).items()):
-                function = inspect.unwrap(member) if callable(member) else None
-                if isinstance(function, types.FunctionType):
-                    text(name)
-                    code(function.__code__)
-                    text(function.__defaults__)
-        # Its plain settings (autocast's dtype, a flag forward reads), which repr may not show.
-        text(sorted((k, v) for k, v in vars(module).items() if isinstance(v, (str, int, float, bool, type(None)))))
-        config = getattr(module, "config", None)
-        if config is not None and id(config) not in seen:
-            seen.add(id(config))
-            text(config)
-    text(model)
-    names, inputs, _ = flat_inputs(example)
-    text(names)
-    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers(remove_duplicate=False)]
-    for name, tensor in [*tensors, *zip(names, inputs, strict=True)]:
-        tensor = tensor.detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)}".encode())
-        if tensor.numel():
-            digest.update(tensor.view(-1).view(torch.uint8).numpy().data)
-    return digest.hexdigest()[:24]

@@ -98,6 +98,8 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
     config = state.config
     example = extras.example_on(state.device)  # the model may be on CUDA; the example is kept on the CPU
     info = ox.export_onnx(state.model, example, folder / "model.onnx", spatial=bool(extras.ragged))
+    # Read from the run's cache, or what a rebuild reading it skips: the finish prices rebuilds so.
+    state.info.update({k: info[k] for k in ("onnx_cached", "onnx_export_s") if k in info})
     path = folder / "model.onnx"
     precision = config["ort_precision"]
     if precision == "fp16":

@@ -178,8 +178,10 @@ def rebuild_s(record: Mapping[str, Any]) -> float:
 
 def _cached_s(record: Mapping[str, Any]) -> float:
     """Seconds of ``record``'s trial that the run's caches keep from a rebuild: the OpenVINO
-    conversion and the int8 model it made and put in the cache (0 where it read them there)."""
+    conversion, the ONNX export and the int8 model it made and put in the cache (0 where it
+    read them there)."""
     made = 0.0 if record.get("int8_cached") else float(record.get("int8_made_s") or 0.0)
+    made += 0.0 if record.get("onnx_cached") else float(record.get("onnx_export_s") or 0.0)
     return made + (0.0 if record.get("ov_converted_cached") else float(record.get("ov_convert_s") or 0.0))
 
 

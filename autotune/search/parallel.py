@@ -135,6 +135,8 @@ def compile_cache_env(cache_dir: Path | None) -> dict[str, str]:
         "TRITON_CACHE_DIR": str(cache_dir / "triton"),
         # OpenVINO's int8 models as NNCF made them (autotune.export.ov_cache).
         "AUTOTUNE_OPENVINO_CACHE": str(cache_dir / "openvino"),
+        # ONNX graphs as the exporter wrote them (autotune.export.onnx_cache).
+        "AUTOTUNE_ONNX_CACHE": str(cache_dir / "onnx"),
     }
 
 
