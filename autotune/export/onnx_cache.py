@@ -1,11 +1,10 @@
 """The run's cache of ONNX exports (``OUT/compile-cache/onnx``, shared by its workers), keyed
-on the torch side (:func:`autotune.export.model_key.model_key`): an ONNX Runtime trial at another
+on the torch side (:func:`autotune.export.run_cache.model_key`): an ONNX Runtime trial at another
 batch size or thread count, a confirmation's worker, the winner's export and a resumed run read
 the graph a first export wrote (the dynamo exporter and onnxslim: 5 s of real MiniLM each time)."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import time
@@ -15,6 +14,8 @@ from typing import Any
 
 from torch import nn
 
+from autotune.export.run_cache import CacheEntry, model_key
+
 __all__ = ["ONNX_CACHE_ENV", "cached_export"]
 
 # Where a run's workers keep the ONNX graphs they exported (set in their environment by the run).
@@ -23,7 +24,7 @@ ONNX_CACHE_ENV = "AUTOTUNE_ONNX_CACHE"
 _FORMAT = 1
 
 
-def _entry(model: nn.Module, example: Any, salt: str) -> Path | None:
+def _entry(model: nn.Module, example: Any, salt: str) -> CacheEntry | None:
     """The entry of ``model`` exported on ``example`` as ``salt`` says, or ``None`` outside a
     run's workers or where the model cannot be keyed (exported every time, as without a cache)."""
     root = os.environ.get(ONNX_CACHE_ENV)
@@ -33,10 +34,8 @@ def _entry(model: nn.Module, example: Any, salt: str) -> Path | None:
         import onnx
         import onnxslim
 
-        from autotune.export.model_key import model_key
-
         versions = f"onnx:{_FORMAT}:{onnx.__version__}:{onnxslim.__version__}:{salt}"
-        return Path(root) / model_key(model, example, versions)
+        return CacheEntry(Path(root) / model_key(model, example, versions))
     except Exception:
         return None
 
@@ -49,27 +48,21 @@ def cached_export(
     the seconds a later read skips). A graph with its weights in files beside it (over 2 GB) is
     not cached; an entry that cannot be read is made again."""
     entry = _entry(model, example, salt)
-    if entry is not None and (entry / "info.json").is_file():
+    record = entry.record() if entry is not None and entry.hit() else None
+    if record is not None:
         try:
-            record = json.loads((entry / "info.json").read_text())
             path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(entry / "model.onnx", path)
+            shutil.copyfile(entry.folder / "model.onnx", path)
             return {**record, "path": str(path), "onnx_cached": True}
-        except (OSError, ValueError):
-            shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            entry.drop()
     began = time.perf_counter()
     record = export()
     made_s = time.perf_counter() - began
     beside = [p for p in path.parent.iterdir() if p.name.startswith(path.name) and p != path]
     if entry is None or beside:
         return record
-    # Written beside the entry and renamed into place whole: workers in parallel may make it too.
-    part = entry.with_name(f"{entry.name}.{os.getpid()}.part")
-    try:
-        part.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(path, part / "model.onnx")
-        (part / "info.json").write_text(json.dumps({k: v for k, v in record.items() if k != "path"}, default=str))
-        part.rename(entry)
-    except OSError:
-        shutil.rmtree(part, ignore_errors=True)
-    return {**record, "onnx_export_s": made_s} if (entry / "info.json").is_file() else record
+    kept = {k: v for k, v in record.items() if k != "path"}
+    if entry.publish(lambda folder: shutil.copyfile(path, folder / "model.onnx"), kept):
+        return {**record, "onnx_export_s": made_s}
+    return record

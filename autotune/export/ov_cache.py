@@ -12,8 +12,8 @@ from typing import Any
 import numpy as np
 from torch import nn
 
-from autotune.export.model_key import model_key
 from autotune.export.parity import exportable
+from autotune.export.run_cache import CacheEntry, model_key
 
 __all__ = ["CACHE_ENV", "IrCache", "float_cache", "int8_cache", "save_openvino"]
 
@@ -41,54 +41,30 @@ CACHE_ENV = "AUTOTUNE_OPENVINO_CACHE"
 _FLOAT_FORMAT = 1
 
 
-class IrCache:
+class IrCache(CacheEntry):
     """One model in the run's cache (:func:`int8_cache`, :func:`float_cache`): its IR and the
     record of its making."""
 
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def hit(self) -> bool:
-        return (self.folder / "info.json").is_file()
-
     def load(self, info: dict[str, Any], flag: str = "int8_cached") -> Any:
         """The cached model, ``info`` updated with what making it recorded and ``flag``; ``None`` (and the
-        entry removed, to be made again) where it cannot be read: a damaged entry must not rule
-        the configuration out for the rest of the run and its resumes."""
-        import json
-        import shutil
-
+        entry removed, to be made again) where it cannot be read."""
         import openvino as ov
 
+        record = self.record()
+        if record is None:
+            return None
         try:
-            record = json.loads((self.folder / "info.json").read_text())
             model = ov.Core().read_model(str(self.folder / "model.xml"))
         except Exception:  # any reader's failure: the entry is made again
-            shutil.rmtree(self.folder, ignore_errors=True)
+            self.drop()
             return None
         info.update(record)
         info[flag] = True
         return model
 
     def save(self, model: Any, record: dict[str, Any]) -> bool:
-        """Write ``model`` and ``record`` (what is JSON of it): whether the entry is in place (a
-        failed write only skips the cache; another worker's entry may stand there already).
-        Written beside the entry and renamed into place whole: workers in parallel may make the
-        same entry, and a reader never sees one half written."""
-        import json
-        import os
-        import shutil
-
-        kept = {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
-        part = self.folder.with_name(f"{self.folder.name}.{os.getpid()}.part")
-        try:
-            part.mkdir(parents=True, exist_ok=True)
-            save_openvino(model, part / "model.xml")
-            (part / "info.json").write_text(json.dumps(kept, default=str))
-            part.rename(self.folder)  # fails where another worker's entry is already in place
-        except (OSError, TypeError, ValueError):
-            shutil.rmtree(part, ignore_errors=True)
-        return self.hit()
+        """Write ``model`` and ``record``: whether the entry is in place (:meth:`CacheEntry.publish`)."""
+        return self.publish(lambda folder: save_openvino(model, folder / "model.xml"), record)
 
 
 def int8_cache(model: Any, feeds: Sequence[dict[str, np.ndarray]], settings: Any) -> IrCache | None:

@@ -25,7 +25,6 @@ try:
     if _path:
         with open(_path, "rb") as _f:
             _data = _f.read()
-        os.unlink(_path)
         torch.load(io.BytesIO(_data), map_location="cpu", weights_only=False, pickle_module=pickle)
         del _data
 except Exception:

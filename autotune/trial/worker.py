@@ -102,8 +102,8 @@ def watch_parent(parent: int | None = None, interval_s: float = 0.5, alive: bool
     def watch() -> None:
         while there():
             time.sleep(interval_s)
-        # The run's candidate files, which its runner died before removing.
-        shutil.rmtree(os.environ.get(SCRATCH_ENV) or os.devnull, ignore_errors=True)
+        if os.environ.get(SCRATCH_ENV):  # the run's candidate files, which its runner died before removing
+            shutil.rmtree(os.environ[SCRATCH_ENV], ignore_errors=True)
         os.killpg(os.getpgrp(), signal.SIGKILL)  # this worker and its loader workers
 
     threading.Thread(target=watch, name="autotune-parent-watch", daemon=True).start()

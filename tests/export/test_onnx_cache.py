@@ -54,3 +54,15 @@ def test_an_onnx_runtime_trial_at_another_batch_size_reads_the_graph_the_first_e
     batch = torch.utils.data.default_collate(data[:8])[0]
     with torch.no_grad():
         np.testing.assert_allclose(second.model(batch).numpy(), first.model(batch).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_a_damaged_entry_is_exported_again_and_replaced(tmp_path, monkeypatch):
+    monkeypatch.setenv(ONNX_CACHE_ENV, str(tmp_path / "cache"))
+    model, x = MLP().eval(), torch.randn(4, 16)
+    export_onnx(model, x, tmp_path / "a" / "model.onnx")
+    (entry,) = (tmp_path / "cache").iterdir()
+    (entry / "info.json").write_text("{not json")
+    again = export_onnx(model, x, tmp_path / "b" / "model.onnx")
+    assert "onnx_cached" not in again and again["onnx_export_s"] > 0  # made again, and put back
+    np.testing.assert_allclose(_run(again["path"], x), model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    assert export_onnx(model, x, tmp_path / "c" / "model.onnx")["onnx_cached"]

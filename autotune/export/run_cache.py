@@ -1,10 +1,16 @@
-"""A key for a torch model and the example batch it is exported or converted on, the same in
-every process and copy: what the run's caches of exported and converted models
-(:mod:`autotune.export.ov_cache`, :mod:`autotune.export.onnx_cache`) are keyed on."""
+"""What the run's caches of exported and converted models (:mod:`autotune.export.ov_cache`,
+:mod:`autotune.export.onnx_cache`, in ``OUT/compile-cache``, shared by its workers) have in
+common: an entry (a folder of files and the record of their making, written whole) and the key
+of a torch model with the example batch it is exported on, the same in every process and copy."""
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -12,7 +18,47 @@ from torch import nn
 
 from autotune.export.parity import flat_inputs
 
-__all__ = ["model_key"]
+__all__ = ["CacheEntry", "model_key"]
+
+
+class CacheEntry:
+    """One entry of a run's cache: a folder with its files and ``info.json``, the record of
+    their making."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def hit(self) -> bool:
+        return (self.folder / "info.json").is_file()
+
+    def record(self) -> dict[str, Any] | None:
+        """The record, or ``None`` (and the entry removed, to be made again) where it cannot be
+        read: a damaged entry must not rule a configuration out for the rest of a run and its resumes."""
+        try:
+            return json.loads((self.folder / "info.json").read_text())
+        except (OSError, ValueError):
+            self.drop()
+            return None
+
+    def drop(self) -> None:
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def publish(self, write: Callable[[Path], None], record: dict[str, Any]) -> bool:
+        """``write`` the files into a folder and ``record`` (what is JSON of it) beside them:
+        whether the entry is in place (a failed write only skips the cache; another worker's
+        entry may stand there already). Written beside the entry and renamed into place whole:
+        workers in parallel may make the same entry, and a reader never sees one half written."""
+        kept = {k: v for k, v in record.items() if isinstance(v, (str, int, float, bool, list, dict, type(None)))}
+        part = self.folder.with_name(f"{self.folder.name}.{os.getpid()}.part")
+        try:
+            part.mkdir(parents=True, exist_ok=True)
+            write(part)
+            (part / "info.json").write_text(json.dumps(kept, default=str))
+            part.rename(self.folder)  # fails where another worker's entry is already in place
+        except (OSError, TypeError, ValueError):
+            shutil.rmtree(part, ignore_errors=True)
+        return self.hit()
+
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
