@@ -269,7 +269,10 @@ def rounds_s(spent_s: float | None, other_s: float = 0.0) -> tuple[float, float]
     without a time limit gives its finalists and its pick, after ``spent_s`` seconds of
     preparing and searching, when the rest of its finish is predicted to take ``other_s``
     seconds: what keeps the whole finish within :data:`FINISH_SHARE` of the run, split as
-    :data:`SELECT_S` and :data:`CONFIRM_S` are (those with ``None``).
+    :data:`SELECT_S` and :data:`CONFIRM_S` are (those with ``None``). Where the rest of the
+    finish leaves less than :data:`ROUNDS_FLOOR_S`, the selection gets none: it runs its least
+    rounds (two), as the confirmation does, on a finish already at its share (a real MiniLM
+    selection's 3.3 s at the floor were four rounds where two decided it).
 
     Example:
         >>> rounds_s(None), rounds_s(1000.0)
@@ -277,13 +280,14 @@ def rounds_s(spent_s: float | None, other_s: float = 0.0) -> tuple[float, float]
         >>> rounds_s(180.0), rounds_s(180.0, other_s=40.0)
         ((20.0, 40.0), (6.666666666666667, 13.333333333333334))
         >>> rounds_s(146.0, other_s=42.0)  # the floor: the least rounds run anyway
-        (3.3333333333333335, 6.666666666666667)
+        (0.0, 6.666666666666667)
     """
     if spent_s is None:
         return SELECT_S, CONFIRM_S
     plan = spent_s * FINISH_SHARE / (1.0 - FINISH_SHARE) - other_s
     total = min(SELECT_S + CONFIRM_S, max(ROUNDS_FLOOR_S, plan))
-    return SELECT_S * total / (SELECT_S + CONFIRM_S), CONFIRM_S * total / (SELECT_S + CONFIRM_S)
+    confirm_s = CONFIRM_S * total / (SELECT_S + CONFIRM_S)
+    return (SELECT_S * total / (SELECT_S + CONFIRM_S) if plan >= ROUNDS_FLOOR_S else 0.0), confirm_s
 
 
 def _affordable(

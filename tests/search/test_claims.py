@@ -645,6 +645,24 @@ def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_con
     assert runner.calls[:2] == [("rounds", [32, 16]), "restart"]
 
 
+def test_a_finish_already_at_its_share_selects_on_two_rounds_not_on_seconds_of_them():
+    """Without a time limit the selection has seconds of rounds from what the finish's share
+    leaves; where the rest of the finish takes that share already, it runs its least two rounds
+    (a real MiniLM selection's 3.3 s at the floor were four rounds where two decided it), and a
+    finish with room runs as many as its seconds hold."""
+    runner = _TwoProcesses()
+    baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
+    finalists = [
+        _record(1, dict(Config({"batch_size": 32})), 300.0),
+        _record(2, dict(Config({"batch_size": 16})), 290.0),
+    ]
+    claim_speedup(runner, baseline, finalists, 5, False, FAST, diagnose=False, spent_s=146.0, other_s=42.0)
+    assert len(runner.replies[0]) == 2
+    runner.calls.clear(), runner.replies.clear()
+    claim_speedup(runner, baseline, finalists, 5, False, FAST, diagnose=False, spent_s=1000.0, other_s=0.0)
+    assert len(runner.replies[0]) == 5  # rounds of these tiny models: as many as asked fit
+
+
 def test_a_budget_weighs_a_fresh_workers_start_before_splitting_its_least_confirmation_in_two():
     """The least confirmation is priced in the search's own worker (as the search's reserve
     promised it); whether it fits twice, in two fresh workers, counts their starts too."""
