@@ -16,7 +16,7 @@ import tempfile
 import weakref
 from pathlib import Path
 
-__all__ = ["SCRATCH_ENV", "Scratch", "candidate_dir"]
+__all__ = ["SCRATCH_ENV", "Scratch", "candidate_dir", "run_file"]
 
 SCRATCH_ENV = "AUTOTUNE_SCRATCH"  # the run's scratch folder, in its workers' environment
 
@@ -35,6 +35,13 @@ def candidate_dir() -> Path:
     if _OWN is None:
         _OWN = tempfile.TemporaryDirectory(prefix="autotune-runtime-")
     return Path(tempfile.mkdtemp(dir=_OWN.name))
+
+
+def run_file(name: str) -> Path | None:
+    """A file of the whole run's, named ``name``, in its scratch folder (what one worker made
+    that the run's later ones read); ``None`` in a process with no runner above it."""
+    root = os.environ.get(SCRATCH_ENV)
+    return Path(root) / name if root and Path(root).is_dir() else None
 
 
 class Scratch:

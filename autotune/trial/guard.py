@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -142,6 +143,34 @@ class Reference:
     metric: float
     kinds: list[str] | None = None
     mask: Any = None
+
+    def save(self, path: Path) -> bool:
+        """Write all but the samples to ``path`` (beside it, then renamed: a reader never sees
+        half a file) for the run's later workers, which hold the samples; ``False``, writing
+        nothing, for outputs over :data:`STORED_REFERENCE_BYTES`."""
+        import os
+
+        held = sum(t.numel() * t.element_size() for t in tensor_leaves([self.outputs, self.mask]))
+        if held > STORED_REFERENCE_BYTES:
+            return False
+        part = path.with_name(f"{path.name}.{os.getpid()}.part")
+        torch.save({k: getattr(self, k) for k in ("chunk", "outputs", "metric", "kinds", "mask")}, part)
+        os.replace(part, path)
+        return True
+
+    @classmethod
+    def load(cls, path: Path, samples: list[Any]) -> Reference | None:
+        """The reference :meth:`save` wrote to ``path``, on ``samples``; ``None`` where there is none."""
+        try:
+            # The run's own file, in its private scratch folder: its outputs may be any structure.
+            return cls(samples=samples, **torch.load(path, map_location="cpu", weights_only=False))
+        except Exception:  # damaged or of another version: made again
+            return None
+
+
+# The largest outputs (and mask) a run stores for its later workers: outputs past it (masks of
+# large images, say) cost more to write and read than to make again.
+STORED_REFERENCE_BYTES = 256 << 20
 
 
 def make_reference(
