@@ -78,12 +78,9 @@ def _step(doing: str, hint: str) -> Iterator[None]:
 _WARMUP_KEYS = ("compile_s", "compile_cache_hits", "compile_cache_misses")
 # With what each round's windows compiled, or ran eager past dynamo's limit: a round's figure
 # must time the pipeline a user runs, not a compile.
-# Timed windows per configuration in a selection or confirmation round: one, of at least the
-# window's seconds (whole epochs of a short epoch of unequal batches, see autotune.trial.epochs).
-# A round is one ratio, and the interval over the rounds carries their spread: the real MiniLM
-# pick's second window was 0.45 s of every round (2.3 s of a 5-round confirmation, 1.8 s of a
-# two-finalist selection) and the plain baseline's one epoch ran as long in one window as in two.
-ROUND_WINDOWS = 1
+# Timed windows per configuration in a selection or confirmation round (each a whole epoch of a
+# short epoch of unequal batches, see autotune.trial.epochs).
+ROUND_WINDOWS = 2
 _ROUND_KEYS = ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov", "others_cpu", "peak_mem_mib", "recompiles",
                "compile_fallbacks")  # fmt: skip
 
