@@ -81,38 +81,43 @@ def _same(out: Any, expected: list[torch.Tensor]) -> bool:
     )
 
 
-def _reloaded(module: Any) -> Any:
-    """``module`` saved and loaded again: what the artifact's user gets."""
+def _reloaded(module: Any) -> tuple[Any, bytes]:
+    """``module`` saved and loaded again (what the artifact's user gets), and the bytes saved."""
     buffer = io.BytesIO()
     torch.jit.save(module, buffer)
-    buffer.seek(0)
-    return torch.jit.load(buffer)
+    data = buffer.getvalue()
+    return torch.jit.load(io.BytesIO(data)), data
 
 
-def _optimize(traced: Any, inputs: list[Any]) -> tuple[Any, bool, bool]:
+def _optimize(traced: Any, inputs: list[Any]) -> tuple[Any, bool, bool, bytes | None]:
     """Freeze and optimize ``traced`` where the result still saves, loads and gives the same
-    outputs: (module, frozen, optimized).
+    outputs: (module, frozen, optimized, the bytes of the module that was loaded and checked,
+    or ``None`` where nothing was).
 
     ``optimize_for_inference`` on CPU can embed oneDNN weight constants that save but fail to
-    load again; hence the round trip.
+    load again; hence the round trip. Its bytes are what the file holds, and the frozen module
+    it loaded is what ``optimize_for_inference`` changes in place: each was saved and loaded
+    once more (a second of real MiniLM's 90-MB module).
     """
-    module, frozen, optimized = traced, False, False
+    module, frozen, optimized, data = traced, False, False, None
     with torch.no_grad(), quiet_warnings():
         expected = output_leaves(traced(*inputs))
+        copy = None  # a loaded copy of ``module``, for optimize_for_inference to change
         try:
             candidate = torch.jit.freeze(traced.eval())
-            if _same(_reloaded(candidate)(*inputs), expected):
-                module, frozen = candidate, True
+            loaded, saved = _reloaded(candidate)
+            if _same(loaded(*inputs), expected):
+                module, frozen, data, copy = candidate, True, saved, loaded
         except Exception:  # freezing is an optimization; the traced module is a valid artifact
             pass
         try:
-            # On a copy: the pass rewrites the module it is given in place.
-            candidate = torch.jit.optimize_for_inference(_reloaded(module))
-            if _same(_reloaded(candidate)(*inputs), expected):
-                module, optimized = candidate, True
+            candidate = torch.jit.optimize_for_inference(copy if copy is not None else _reloaded(module)[0])
+            loaded, saved = _reloaded(candidate)
+            if _same(loaded(*inputs), expected):
+                module, optimized, data = candidate, True, saved
         except Exception:  # likewise
             pass
-    return module, frozen or optimized, optimized  # optimize_for_inference freezes too
+    return module, frozen or optimized, optimized, data  # optimize_for_inference freezes too
 
 
 def _trace_either(
@@ -165,11 +170,14 @@ def export_torchscript(
     """
     args, kwargs = model_inputs(example)
     traced, names, reason = _trace_either(model, fallback, args, kwargs)
-    module, frozen, optimized = _optimize(traced, positional_inputs(names, args, kwargs))
+    module, frozen, optimized, data = _optimize(traced, positional_inputs(names, args, kwargs))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        torch.jit.save(module, str(path))
+        if data is not None:  # the bytes that were loaded again and checked
+            path.write_bytes(data)
+        else:
+            torch.jit.save(module, str(path))
     except Exception as exc:
         raise ExportError(f"Could not save the TorchScript module to {str(path)!r}: {describe_error(exc)}") from exc
     return {
