@@ -337,7 +337,7 @@ class TrialContext(Context, ArtifactExport):
         row["warmup_s"] = m["compile_s"]  # the build's compile, in its first round
         if diagnose:
             restore(self.pristine)
-            row.update(_halves(prepared, self.spec.dataset, settings, seed, m))  # warm, from the round
+            row.update(_halves(prepared, self.spec.dataset, settings, seed))  # the round's span, halved, warm
         return row
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -397,21 +397,10 @@ def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:
     return (result["noise"] is not None, result["cov"] + result["others_cpu"])
 
 
-def _halves(
-    state: BuildState, dataset: Any, settings: MeasureSettings, seed: int, measured: dict[str, Any]
-) -> dict[str, float]:
-    """The loader alone and the model alone of ``state``, right after the round ``measured``
-    timed it. The loader is timed for one short window. The model's half, where the batches load
-    in this process on the CPU, is the round's own: its batches' calls, each timed apart from
-    its loading, over the same batches and windows (timed again, the plain Hugging Face
-    baseline's epoch took 1.9 s of its first round's 3-s diagnosis, for a figure within 2% of
-    this one); with loader workers (which share the cores) or on a GPU, it is timed alone."""
-    from autotune.trial.diagnose import diagnose_state, loader_samples_per_s, window_for
+def _halves(state: BuildState, dataset: Any, settings: MeasureSettings, seed: int) -> dict[str, float]:
+    """The loader alone and the model alone of ``state``, timed for one short window each."""
+    from autotune.trial.diagnose import diagnose_state
 
-    serial = torch.device(state.device).type == "cpu" and not state.loader_kwargs.get("num_workers", 0)
-    if serial and measured.get("model_s"):
-        loader = loader_samples_per_s(dataset, state, window_for(settings), settings.warmup_batches, seed)
-        return {"loader_samples_per_s": loader, "model_samples_per_s": measured["timed_samples"] / measured["model_s"]}
     d = diagnose_state(state, dataset, settings, seed, warm=True)
     return {k: d[k] for k in ("loader_samples_per_s", "model_samples_per_s")}
 

@@ -402,10 +402,6 @@ def measure(
         "compile_fallbacks": state.info["compile_fallbacks"],
         **({"compile_note": fallback_note(state.info["compile_fallbacks"])} if state.info["compile_fallbacks"] else {}),
         "timed_s": timed_s,
-        # The model's own seconds in the windows, each batch's call timed apart from its loading
-        # (on the CPU: a GPU's latencies are its device time, not the host's), and their samples.
-        "model_s": sum(latencies) / 1e3 if device.type == "cpu" else None,
-        "timed_samples": totals[0],
         "n_windows": len(windows),
         "stopped": len(windows) < settings.n_windows,
         "batch_size": state.batch_size,

@@ -598,12 +598,10 @@ def test_a_builds_later_rounds_run_warm_without_a_collection(monkeypatch):
     assert clocks and all(clocks), clocks
 
 
-def test_a_rounds_diagnosis_takes_the_model_half_from_the_round_where_batches_load_in_process(monkeypatch):
-    """Where the batches load in the worker's own process on the CPU, the diagnosis of a
-    confirmation's first round takes the model alone from the round itself (each batch's call
-    timed apart from its loading), not from a second pass over the epoch (the plain Hugging
-    Face baseline's 1.9 s of a 3-s diagnosis). With loader workers, which share the cores, the
-    model is timed alone right after the round, warm: its warm-up batches, not every batch again."""
+def test_a_rounds_diagnosis_times_the_model_half_warm(monkeypatch):
+    """The diagnosis of a confirmation's first round times the model alone right after the
+    round ran its batches: it warms up its warm-up batches, not every batch of the epoch again
+    (the plain Hugging Face baseline's 1.7-s epoch)."""
     import autotune.trial.diagnose as diagnose
 
     every = []
@@ -616,14 +614,8 @@ def test_a_rounds_diagnosis_takes_the_model_half_from_the_round_where_batches_lo
     monkeypatch.setattr(diagnose, "model_samples_per_s", spy)
     ctx = _context(MLP(), measure=MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
     reply = ctx.rounds([dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))], 2, 2, diagnose=True)
-    first, second = reply["rounds"]
-    assert every == []
-    for c in first:  # the model's seconds are a part of the round's: alone, it is at least as fast
-        assert c["loader_samples_per_s"] > 0 and c["model_samples_per_s"] >= c["samples_per_s"] > 0
-    assert all("model_samples_per_s" not in c for c in second)  # the first round's alone
-    workers = dict(Config({"batch_size": 8, "num_workers": 1}))
-    reply = ctx.rounds([workers], 1, 1, diagnose=True)
-    assert every == [False] and reply["rounds"][0][0]["model_samples_per_s"] > 0
+    assert all("model_samples_per_s" in c for c in reply["rounds"][0])
+    assert every == [False, False]
 
 
 def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_confirms():
