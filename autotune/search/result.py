@@ -39,6 +39,11 @@ SELECT_S = 45.0
 # a 16-trial real-MiniLM run (59 s of confirmation and 18 s of export after a 146-s search).
 FINISH_SHARE = 0.25
 ROUNDS_FLOOR_S = 10.0
+# Timed windows per finalist in a selection round: one. The selection only chooses, among
+# finalists within a few % of each other, and the claim comes from the confirmation's rounds of
+# two windows (:data:`autotune.trial.inference.ROUND_WINDOWS`): a real MiniLM pick's second
+# window was 1.8 s of a two-finalist selection.
+SELECT_WINDOWS = 1
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
@@ -86,7 +91,7 @@ def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max:
     until_s = None if left is None else max(0.0, 0.98 * left - 0.2)
     # Each round is at most one trial's work per configuration.
     return runner.call("rounds", configs, n_min, n_max, kw.get("target"), kw.get("max_s"), kw.get("diagnose", False),
-                       kw.get("drawn", 0), until_s, kw.get("builds_free", False),
+                       kw.get("drawn", 0), until_s, kw.get("builds_free", False), kw.get("windows", 0),
                        n_trials=len(configs) * n_max)  # fmt: skip
 
 
@@ -109,7 +114,8 @@ def select(
     if len(finalists) == 1:
         return finalists[0], [{"trial": finalists[0]["number"], "selection": "the only finalist"}]
     n_min = n_rounds if max_s is None else min(2, n_rounds)
-    rounds = _rounds(runner, [f["config"] for f in finalists], n_min, n_rounds, max_s=max_s, builds_free=builds_free)
+    rounds = _rounds(runner, [f["config"] for f in finalists], n_min, n_rounds, max_s=max_s, builds_free=builds_free,
+                     windows=SELECT_WINDOWS)  # fmt: skip
     table = []
     for i, f in enumerate(finalists):
         ratios = [r[i]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]

@@ -506,7 +506,7 @@ def test_without_a_time_limit_the_rounds_keep_the_finish_within_a_quarter_of_the
 
         def call(self, name, *args, n_trials=1):
             if name == "rounds":
-                self.limits.append((len(args[0]), args[4], args[8]))
+                self.limits.append((len(args[0]), args[4], args[8], args[9]))
             return super().call(name, *args, n_trials=n_trials)
 
     runner = Spy(WorkerSpec(model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
@@ -517,14 +517,15 @@ def test_without_a_time_limit_the_rounds_keep_the_finish_within_a_quarter_of_the
         _record(2, dict(Config({"batch_size": 16})), 290.0),
     ]
     # 90 s before the finish: a quarter of the run is 30 s of finish; 12 s of it go elsewhere.
-    cases = ((90.0, 0.0, (10.0, 20.0)), (90.0, 12.0, (6.0, 12.0)), (90.0, 60.0, (10 / 3, 20 / 3)),
+    cases = ((90.0, 0.0, (10.0, 20.0)), (90.0, 12.0, (6.0, 12.0)), (90.0, 60.0, (0.0, 20 / 3)),
              (None, 0.0, (SELECT_S, CONFIRM_S)))  # fmt: skip
     for spent, other, (select_max, confirm_max) in cases:
         Spy.limits.clear()
         _, confirmed, _ = claim_speedup(runner, baseline, finalists, 2, False, FAST, diagnose=False, spent_s=spent,
                                         other_s=other)  # fmt: skip
-        (n_select, select_s, select_free), (n_confirm, confirm_s, confirm_free) = Spy.limits
+        (n_select, select_s, select_free, select_windows), (n_confirm, confirm_s, confirm_free, windows) = Spy.limits
         assert n_select == 2 and n_confirm == 2  # the finalists alone, then the baseline and the pick
+        assert select_windows == 1 and windows == 0  # choosing on one window each, claiming on the worker's two
         assert select_s == pytest.approx(select_max) and select_free and confirm_free  # rounds' seconds, not builds'
         assert confirm_max - 5.0 <= confirm_s <= confirm_max  # less the selection's seconds at most
         assert confirmed["claim"]["n_rounds"] >= 2
@@ -616,6 +617,28 @@ def test_a_rounds_diagnosis_times_the_model_half_warm(monkeypatch):
     reply = ctx.rounds([dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))], 2, 2, diagnose=True)
     assert all("model_samples_per_s" in c for c in reply["rounds"][0])
     assert every == [False, False]
+
+
+def test_a_round_times_the_windows_asked_for_each_configuration(monkeypatch):
+    """Selection rounds ask one window a finalist (they only choose, among finalists a few %
+    apart); confirmation rounds, which make the claim, time the worker's own two."""
+    import autotune.trial.inference as inference
+
+    seen = []
+    real = inference.measure
+
+    def spy(state, dataset, settings, **kw):
+        seen.append(settings.n_windows)
+        return real(state, dataset, settings, **kw)
+
+    monkeypatch.setattr(inference, "measure", spy)
+    ctx = _context(MLP(), measure=MeasureSettings(n_windows=5, window_s=0.01, warmup_batches=1))
+    configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))]
+    ctx.rounds(configs, 1, 1, windows=1)
+    assert seen == [1, 1]
+    seen.clear()
+    ctx.rounds(configs, 1, 1)
+    assert seen == [inference.ROUND_WINDOWS] * 2 and inference.ROUND_WINDOWS == 2
 
 
 def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_confirms():
