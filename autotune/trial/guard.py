@@ -147,15 +147,20 @@ class Reference:
     def save(self, path: Path) -> bool:
         """Write all but the samples to ``path`` (beside it, then renamed: a reader never sees
         half a file) for the run's later workers, which hold the samples; ``False``, writing
-        nothing, for outputs over :data:`STORED_REFERENCE_BYTES`."""
+        nothing, for outputs over :data:`STORED_REFERENCE_BYTES` or a write that failed (an
+        optimization: the trial goes on)."""
         import os
 
         held = sum(t.numel() * t.element_size() for t in tensor_leaves([self.outputs, self.mask]))
         if held > STORED_REFERENCE_BYTES:
             return False
         part = path.with_name(f"{path.name}.{os.getpid()}.part")
-        torch.save({k: getattr(self, k) for k in ("chunk", "outputs", "metric", "kinds", "mask")}, part)
-        os.replace(part, path)
+        try:
+            torch.save({k: getattr(self, k) for k in ("chunk", "outputs", "metric", "kinds", "mask")}, part)
+            os.replace(part, path)
+        except Exception:  # a full disk, outputs that do not pickle: later workers make their own
+            part.unlink(missing_ok=True)
+            return False
         return True
 
     @classmethod

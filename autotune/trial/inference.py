@@ -140,8 +140,10 @@ class TrialContext(Context, ArtifactExport):
         The first worker to make it stores it in the run's scratch folder, and such a later worker
         reads it there (an export after a selection ran the plain real MiniLM over its validation
         samples again: 1.7 s), with what the first worker learned of it (``checked``)."""
+        if self._reference is not None:  # read on every trial: no file lookup once it is made
+            return self._reference
         stored = run_file(f"reference-{str(self.spec.device).replace(':', '-')}.pt")
-        if self._reference is None and self._known and stored is not None:
+        if self._known and stored is not None:
             self._reference = Reference.load(stored, self.samples)
             if self._reference is not None and self.extras.int8 is None:
                 known = self._known.get("int8") or {}

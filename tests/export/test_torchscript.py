@@ -15,7 +15,7 @@ from torch.utils.data import default_collate
 from autotune.errors import ConfigError, ExportError
 from autotune.export import export_artifacts, file_digest
 from autotune.export.torchscript import export_torchscript
-from tests.models import ItemBranch, SmallCNN
+from tests.models import MLP, ItemBranch, SmallCNN
 
 
 class Scorer(nn.Module):
@@ -90,6 +90,19 @@ def test_artifact_loads_in_a_fresh_process_and_matches(tmp_path):
     assert result.returncode == 0, result.stderr
     with torch.no_grad():
         np.testing.assert_allclose(np.load(tmp_path / "y.npy"), model(x).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_an_mlp_ships_frozen_and_optimized_as_the_bytes_that_were_loaded_and_checked(tmp_path):
+    """The file is the module optimize_for_inference made from the frozen copy the freeze check
+    loaded, written as the bytes that were loaded again and checked: a copy it could not take
+    would leave the artifact unoptimized, and saved bytes that did not load would fail here."""
+    model, x = MLP().eval(), torch.randn(8, 16)
+    info = export_torchscript(model, x, tmp_path / "model.pt")
+    assert info["form"] == "tuned" and info["frozen"] and info["optimized"]
+    loaded = torch.jit.load(str(tmp_path / "model.pt"))
+    y = torch.randn(3, 16)  # another batch size than the traced one
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(y), model(y), rtol=1e-4, atol=1e-5)
 
 
 def test_keyword_inputs_and_dict_outputs_are_traced_by_name(tmp_path):

@@ -147,3 +147,18 @@ def test_a_later_worker_reads_the_baseline_reference_the_first_one_stored(tmp_pa
         assert torch.load(stored, weights_only=False)["metric"] == pytest.approx(1.0)
     finally:
         runner.close()
+
+
+def test_a_reference_that_cannot_be_stored_leaves_the_run_going(tmp_path):
+    """Storing the reference is an optimization: a write that fails (a full disk, say) leaves
+    no partial file and the trial measured, and the next worker makes its own."""
+    from pathlib import Path
+
+    from autotune.trial.guard import Reference
+
+    reference = Reference(samples=[], chunk=8, outputs=torch.zeros(4, 2), metric=1.0)
+    missing = tmp_path / "gone" / "reference-cpu.pt"  # its folder does not exist: the write fails
+    assert reference.save(missing) is False
+    assert not list(tmp_path.rglob("*.part")) and Reference.load(missing, []) is None
+    assert reference.save(Path(tmp_path / "reference-cpu.pt")) is True
+    assert Reference.load(tmp_path / "reference-cpu.pt", []).metric == 1.0
