@@ -143,8 +143,9 @@ class Context:
         and two configurations, once the 95% interval of ``configs[1]``'s ratio to ``configs[0]``
         is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, the
         first round also times every configuration's loader alone and model alone
-        (:mod:`autotune.trial.diagnose`), so the diagnosis comes from the same rounds as the
-        end-to-end figures; in every round they made a confirmation half as long again (three
+        (:mod:`autotune.trial.diagnose`; the model's half from the rounds' own windows where
+        the batches load in this process on the CPU, :func:`~autotune.trial.diagnose.model_from_rounds`),
+        so the diagnosis comes from the same rounds as the end-to-end figures; in every round they made a confirmation half as long again (three
         rounds of real MiniLM: 33 s more), for figures that explain the claim, not make it.
         ``drawn``: rounds an earlier worker process already drew batches for; this one draws
         after them. ``until_s``: seconds after which the caller stops waiting (the run's
@@ -161,6 +162,8 @@ class Context:
             "pid": this process, "built_s": seconds of the builds and first warm-ups}``.
         """
         import os
+
+        from autotune.trial.diagnose import model_from_rounds
 
         self.n_rounds = max(self.n_rounds, drawn)
         # The builds (an export, a quantization) count against ``max_s`` like the rounds: a run's
@@ -193,4 +196,5 @@ class Context:
         for row in rounds:
             for c in row:
                 c.pop("warmup_s", None)
+        model_from_rounds(rounds)  # a diagnosis's model half where its rounds timed it
         return {"rounds": rounds, "drawn": self.n_rounds, "pid": os.getpid(), "built_s": built}

@@ -338,9 +338,12 @@ class TrialContext(Context, ArtifactExport):
         prepared.info["round_timed"] = True
         row = {k: m[k] for k in _ROUND_KEYS}
         row["warmup_s"] = m["compile_s"]  # the build's compile, in its first round
+        serial = m["model_s"] is not None and not workers
+        if serial:  # the model's half of a diagnosis, from the rounds (see diagnose.model_from_rounds)
+            row.update(model_s=m["model_s"], timed_samples=m["timed_samples"])
         if diagnose:
             restore(self.pristine)
-            row.update(_halves(prepared, self.spec.dataset, settings, seed))  # the round's span, halved, warm
+            row.update(_halves(prepared, self.spec.dataset, settings, seed, loader_only=serial))
         return row
 
     def held_out(self, baseline: dict[str, Any], best: dict[str, Any]) -> dict[str, Any]:
@@ -400,10 +403,20 @@ def _noise_rank(result: dict[str, Any]) -> tuple[bool, float]:
     return (result["noise"] is not None, result["cov"] + result["others_cpu"])
 
 
-def _halves(state: BuildState, dataset: Any, settings: MeasureSettings, seed: int) -> dict[str, float]:
-    """The loader alone and the model alone of ``state``, timed for one short window each."""
-    from autotune.trial.diagnose import diagnose_state
+def _halves(
+    state: BuildState, dataset: Any, settings: MeasureSettings, seed: int, loader_only: bool = False
+) -> dict[str, float]:
+    """The loader alone and the model alone of ``state``, timed for one short window each, right
+    after a round ran its batches; with ``loader_only``, the loader alone (the model's half then
+    comes from the rounds' own windows, :func:`~autotune.trial.diagnose.model_from_rounds`)."""
+    from autotune.trial.diagnose import diagnose_state, loader_samples_per_s, window_for
 
+    if loader_only:
+        return {
+            "loader_samples_per_s": loader_samples_per_s(
+                dataset, state, window_for(settings), settings.warmup_batches, seed
+            )
+        }
     d = diagnose_state(state, dataset, settings, seed, warm=True)
     return {k: d[k] for k in ("loader_samples_per_s", "model_samples_per_s")}
 

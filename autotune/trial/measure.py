@@ -324,8 +324,10 @@ def measure(
         compiled during the timed windows: new shapes the warm-up did not see, timed as they
         would be in use; a cause of noise, see :func:`noise_reason`); ``compile_fallbacks``
         (frames of this build dynamo gave up compiling, past its recompile limit: their batches
-        ran eager) with ``compile_note`` saying so where there are any; ``timed_s``; ``n_windows`` (the windows timed); ``stopped``;
-        ``batch_size``.
+        ran eager) with ``compile_note`` saying so where there are any; ``timed_s``; ``model_s``
+        (on the CPU, the model's own seconds in the windows: each batch's call, timed apart from
+        its loading; ``None`` on a GPU, whose latencies are device time) of ``timed_samples``;
+        ``n_windows`` (the windows timed); ``stopped``; ``batch_size``.
 
     Example:
         >>> import torch
@@ -402,6 +404,7 @@ def measure(
         "compile_fallbacks": state.info["compile_fallbacks"],
         **({"compile_note": fallback_note(state.info["compile_fallbacks"])} if state.info["compile_fallbacks"] else {}),
         "timed_s": timed_s,
+        **{"model_s": sum(latencies) / 1e3 if device.type == "cpu" else None, "timed_samples": totals[0]},
         "n_windows": len(windows),
         "stopped": len(windows) < settings.n_windows,
         "batch_size": state.batch_size,

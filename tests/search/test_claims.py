@@ -599,24 +599,47 @@ def test_a_builds_later_rounds_run_warm_without_a_collection(monkeypatch):
     assert clocks and all(clocks), clocks
 
 
-def test_a_rounds_diagnosis_times_the_model_half_warm(monkeypatch):
-    """The diagnosis of a confirmation's first round times the model alone right after the
-    round ran its batches: it warms up its warm-up batches, not every batch of the epoch again
-    (the plain Hugging Face baseline's 1.7-s epoch)."""
+def test_a_rounds_diagnosis_takes_the_model_half_from_its_warm_rounds_where_batches_load_in_process(monkeypatch):
+    """Where the batches load in the worker's own process on the CPU, a confirmation's diagnosis
+    takes the model alone from the rounds after the first (each batch's call timed apart from its
+    loading), not from another pass over the epoch (the plain Hugging Face baseline's 2 s of a
+    3.8-s diagnosis); the loader is still timed alone. With loader workers, which share the
+    cores, the model is timed alone right after the first round, warm: its warm-up batches, not
+    every batch again."""
     import autotune.trial.diagnose as diagnose
+    import autotune.trial.measure as measure_mod
 
-    every = []
-    real = diagnose.model_samples_per_s
+    every, windows = [], []
+    real, real_measure = diagnose.model_samples_per_s, measure_mod.measure
 
     def spy(*a, **kw):
         every.append(kw.get("every", True))
         return real(*a, **kw)
 
+    def seen(*a, **kw):
+        m = real_measure(*a, **kw)
+        windows.append(m)
+        return m
+
     monkeypatch.setattr(diagnose, "model_samples_per_s", spy)
+    monkeypatch.setattr("autotune.trial.inference.measure", seen)
     ctx = _context(MLP(), measure=MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
-    reply = ctx.rounds([dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))], 2, 2, diagnose=True)
-    assert all("model_samples_per_s" in c for c in reply["rounds"][0])
-    assert every == [False, False]
+    configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))]
+    first, second, third = ctx.rounds(configs, 3, 3, diagnose=True)["rounds"]
+    assert every == []
+    # Rounds alternate (A, B / B, A): the warm rounds' measurements of each configuration.
+    later = {0: [windows[3], windows[4]], 1: [windows[2], windows[5]]}
+    for i, c in enumerate(first):
+        expected = sum(m["timed_samples"] for m in later[i]) / sum(m["model_s"] for m in later[i])
+        assert c["model_samples_per_s"] == pytest.approx(expected)
+        # The model's seconds are a part of the rounds': alone, it is at least as fast.
+        assert c["loader_samples_per_s"] > 0 and c["model_samples_per_s"] >= min(second[i]["samples_per_s"],
+                                                                                third[i]["samples_per_s"])  # fmt: skip
+    assert all("model_samples_per_s" not in c for c in second + third)  # the first round's alone
+    assert all("model_s" not in c and "timed_samples" not in c for c in first + second + third)
+    workers = dict(Config({"batch_size": 8, "num_workers": 1}))
+    reply = ctx.rounds([workers], 1, 1, diagnose=True)
+    assert every == [False] and reply["rounds"][0][0]["model_samples_per_s"] > 0
 
 
 def test_a_round_times_the_windows_asked_for_each_configuration(monkeypatch):
