@@ -253,13 +253,19 @@ class Staged(Screening):
         return best, held
 
     def _interactions(
-        self, records: Sequence[Mapping[str, Any]], scores: Mapping[str, Any], left_out: list, batch_only: bool = False
+        self,
+        records: Sequence[Mapping[str, Any]],
+        scores: Mapping[str, Any],
+        left_out: list,
+        batch_only: bool = False,
+        own_only: bool = False,
     ) -> Any:
         """Around the best configuration measured so far, the first untried of: CUDA graphs
         (``reduce-overhead``) where its trial was launch-bound, the batch size
         one step larger (the batch interacts with everything), each first-tier lever that did
         not pay at the baseline's batch, at the best's, the batch size one step smaller, and
-        shapes as symbols when it compiles trimmed padding."""
+        shapes as symbols when it compiles trimmed padding. ``own_only``: only the batch
+        neighbours of a leading runtime (:meth:`_own_batches`)."""
         ranked = [r for r in records if r.get("key") in scores and scores[r["key"]] is not None and "config" in r]
         if not ranked:
             return None
@@ -296,15 +302,7 @@ class Staged(Screening):
             and best.get("batch_size") != self._full(changes).get("batch_size")
         ]
         top_config = dict(top["config"])
-        # Another runtime that leads the cheap builds beyond the noise has a best batch of its own
-        # (an export, not a compile per shape): OpenVINO int8 on real text ran 7% faster at 64
-        # than at the cheap best's 32, and only the cheap best's neighbours were tried.
-        own: list[dict[str, Any]] = []
-        leads = (scores.get(top.get("key", "")) or 0.0) >= MIN_GAIN * (scores.get(cheap.get("key", "")) or 0.0)
-        runtime = top_config.get("runtime", "torch") != self.baseline.get("runtime", "torch")
-        if leads and runtime and top_config.get("batch_size") in sizes:
-            i = sizes.index(top_config["batch_size"])
-            own = [{"batch_size": sizes[j]} for j in (i + 1, i - 1) if 0 <= j < len(sizes)]
+        own = self._own_batches(top, cheap, scores)
         dynamic = [{"compile_dynamic": True}] if top_config.get("padding", "as_given") != "as_given" else []
         # The model alone said the host's kernel launches bound it (small batches, small models):
         # CUDA graphs replay the launches, first thing around the best.
@@ -321,6 +319,8 @@ class Staged(Screening):
         moves = [(c, best) for c in (*larger, *smaller)] if batch_only else [
             *around, *((c, top_config) for c in dynamic), *((c, best) for c in lift)
         ]  # fmt: skip
+        if own_only:
+            moves = [(c, top_config) for c in own]
         for changes, base in moves:
             candidate = self._full(changes, base)
             key = Config(candidate).key()
@@ -346,9 +346,16 @@ class Staged(Screening):
                 return "compose", ablate
             # Built on first: the cheap first-tier levers it can take, the batch around the
             # best, then the costly builds on that.
-            composed, _ = self.composition(records, first_tier_only=True)
+            composed, harmful = self.composition(records, first_tier_only=True)
             if composed is not None:
                 return "compose", [composed]
+            # A costly build that leads has a best batch of its own: its neighbours are measured
+            # before the second tier (threads, loader workers: at 0.4-0.5x on two cores), which a
+            # 3-minute budget on real text spent its last trials on instead (OpenVINO bf16 ran
+            # 5% faster at 32 than at the 64 the torch composition had chosen within the noise).
+            own = self._interactions(records, scores, self._alone_harmful(records) + harmful, own_only=True)
+            if own is not None:
+                return "compose", [own]
             skip = [lever.name for lever in self.recipe_levers] + self._on_recipe(scores)
         screen = self.screening(records, n_trials, skip)
         if screen:
