@@ -72,3 +72,33 @@ def test_a_few_bytes_fewer_do_not_beat_a_faster_candidate():
     assert choose([sized("fast", 1000, 8.0), sized("slow", 994, 10.0)], ["size", "latency"], "size")["key"] == "fast"
     # Clearly smaller wins, whatever its speed.
     assert choose([sized("fast", 1000, 8.0), sized("small", 400, 12.0)], ["size", "latency"], "size")["key"] == "small"
+
+
+class _Rounds:
+    """A worker whose selection rounds give each finalist the samples/s listed for it, round by round."""
+
+    deadline = None
+
+    def __init__(self, per_round):
+        self.per_round = per_round
+        self.asked = []
+
+    def call(self, name, configs, n_min, n_max, *args, **kwargs):
+        self.asked.append((name, len(configs), n_min, n_max))
+        return {"rounds": [[{"samples_per_s": v} for v in row] for row in self.per_round[:n_max]]}
+
+
+def test_a_finalist_displaces_the_fastest_trial_only_by_running_3_percent_faster():
+    """Real text: OpenVINO bf16 at a batch of 64 was picked over 32 (the fastest trial) at 1.007
+    of it over two one-window rounds (0.95 and 1.06); re-timed, 32 ran 6% faster. A finalist
+    within the noise of the fastest trial does not displace it; one clearly faster does."""
+    from autotune.search.result import select
+
+    finalists = [{"number": 11, "config": {"batch_size": 32}}, {"number": 12, "config": {"batch_size": 64}}]
+    pick, table = select(_Rounds([[1000.0, 953.0], [1000.0, 1064.0]]), finalists, 2)
+    assert pick["number"] == 11 and table[0]["picked"] and not table[1].get("picked")
+    assert table[1]["ratio"] == pytest.approx((0.953 * 1.064) ** 0.5)
+    assert "fastest trial" in table[0]["selection"]
+    pick, table = select(_Rounds([[1000.0, 1050.0], [1000.0, 1070.0]]), finalists, 2)
+    assert pick["number"] == 12 and table[1]["picked"] and not table[0].get("picked")
+    assert "selection" not in table[0]
