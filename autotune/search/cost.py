@@ -38,6 +38,11 @@ HEAVY_PRIOR_FACTOR = 3.0
 # Priced as OpenVINO's float trials (8 s), a 3-minute budget started one with 18 s left, and it
 # was killed at the deadline; a first one is priced as another heavy build, 15 s at least.
 PRICE_KNOBS = (*HEAVY_KNOBS, "ov_precision", "int8_fallback")
+# An int8 build over a float build of the same runtime: NNCF's calibration and the fallback's
+# ranking of real MiniLM took 11-17 s more than OpenVINO's float trial on the same batches, in
+# eight runs. Priced as base + the slowest compile (19 s), a 3-minute budget's first OpenVINO
+# int8 (its largest lever) was 29 s, and not started with 26 s left; it took 16-23 s elsewhere.
+CALIBRATION_S = 18.0
 # Confirmation rounds the finish must have time for (the least a claim is made from), and the
 # worker processes they are split over.
 FINISH_ROUNDS = 3
@@ -109,7 +114,8 @@ def trial_cost_s(
     longest heavy build measured so far (or a prior: the larger of :data:`HEAVY_PRIOR_S` and
     :data:`HEAVY_PRIOR_FACTOR` baseline trials; :data:`HEAVY_PRIOR_S` at least for a first int8
     build, which calibrates). Builds of another precision under the same runtime are of another kind
-    (:data:`PRICE_KNOBS`). 0 before the baseline was measured.
+    (:data:`PRICE_KNOBS`): a first int8 build under a runtime whose float builds were measured
+    costs the slowest of them and :data:`CALIBRATION_S`. 0 before the baseline was measured.
 
     Priced from the baseline's wall time, a cheap trial of real MiniLM cost 34 s (its windows
     measured twice, and the reference outputs) where it took 13: a 3-minute budget's search
@@ -143,6 +149,9 @@ def trial_cost_s(
     heavy = [float(r.get("compile_s") or 0.0) for r in measured if _kind(r["config"], base_config)]
     if not heavy:
         return base_s + max(HEAVY_PRIOR_S, HEAVY_PRIOR_FACTOR * base_s)
+    floats = [r for r in measured if _heavy(r["config"], base_config) == _heavy(config, base_config)]
+    if floats and _calibrates(kind):  # the same runtime's float build, and a calibration
+        return max(once_s(r) for r in floats) + CALIBRATION_S
     # A calibration costs at least the prior's seconds, not its share of the baseline: at three
     # baseline trials, a first int8 build of real MiniLM was priced 40 s, took 20, and a 3-minute
     # budget never tried it with 31 s left.
