@@ -149,8 +149,14 @@ def trial_cost_s(
     heavy = [float(r.get("compile_s") or 0.0) for r in measured if _kind(r["config"], base_config)]
     if not heavy:
         return base_s + max(HEAVY_PRIOR_S, HEAVY_PRIOR_FACTOR * base_s)
-    floats = [r for r in measured if _heavy(r["config"], base_config) == _heavy(config, base_config)]
-    if floats and _calibrates(kind):  # the same runtime's float build, and a calibration
+    # The same runtime's float builds (not another int8 of it, which calibrated too), and a calibration.
+    floats = [
+        r
+        for r in measured
+        if _heavy(r["config"], base_config) == _heavy(config, base_config)
+        and not _calibrates(_kind(r["config"], base_config))
+    ]
+    if floats and _calibrates(kind):
         return max(once_s(r) for r in floats) + CALIBRATION_S
     # A calibration costs at least the prior's seconds, not its share of the baseline: at three
     # baseline trials, a first int8 build of real MiniLM was priced 40 s, took 20, and a 3-minute

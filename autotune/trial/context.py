@@ -144,9 +144,11 @@ class Context:
         is within +-``target``; never after more than ``n_max`` rounds. With ``diagnose``, the
         first round also times every configuration's loader alone and model alone
         (:mod:`autotune.trial.diagnose`; the model's half from the rounds' own windows where
-        the batches load in this process on the CPU, :func:`~autotune.trial.diagnose.model_from_rounds`),
-        so the diagnosis comes from the same rounds as the end-to-end figures; in every round they made a confirmation half as long again (three
-        rounds of real MiniLM: 33 s more), for figures that explain the claim, not make it.
+        the batches load in this process on the CPU,
+        :func:`~autotune.trial.diagnose.model_from_rounds`), so the diagnosis comes from the same
+        rounds as the end-to-end figures; in every round they made a confirmation half as long
+        again (three rounds of real MiniLM: 33 s more), for figures that explain the claim, not
+        make it.
         ``drawn``: rounds an earlier worker process already drew batches for; this one draws
         after them. ``until_s``: seconds after which the caller stops waiting (the run's
         deadline): a round that would end past it is not begun, even short of ``n_min``, so the

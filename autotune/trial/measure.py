@@ -240,10 +240,16 @@ def _aligned(elapsed_s: float, window_s: float, batches: _Epochs, align: int) ->
     return elapsed_s >= window_s and batches.position == align
 
 
-def _stats(windows: list[float], work: list[float], latencies: list[float], totals: list[Any], uneven: bool) -> dict:
+def _stats(
+    windows: list[float], work: list[float], latencies: list[float], totals: list[Any], uneven: bool, cpu: bool
+) -> dict:
     """:func:`window_stats` of a measurement's windows, for batches that differ in cost (``uneven``:
-    text lengths, a short last batch) over all samples and all the windows' time."""
+    text lengths, a short last batch) over all samples and all the windows' time; with the
+    windows' samples (``timed_samples``) and, on the ``cpu``, the model's own seconds in them
+    (``model_s``: each batch's call, timed apart from its loading; ``None`` on a GPU, whose
+    latencies are device time)."""
     stats = window_stats(windows, latencies)
+    stats.update(timed_samples=totals[0], model_s=sum(latencies) / 1e3 if cpu else None)
     if uneven:
         # A window of cheap batches runs fast, so the median window overstates what an epoch
         # gets (rates of unequal work do not average). All samples over all the time does not.
@@ -390,7 +396,7 @@ def measure(
     # and windows alike, as in a user's loop. The figure is that pipeline's, and says so.
     state.info["compile_fallbacks"] = state.info.get("compile_fallbacks", 0) + compile_counts()[1] - fell_back
     uneven = (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1
-    stats = _stats(windows, work, latencies, totals, uneven)
+    stats = _stats(windows, work, latencies, totals, uneven, device.type == "cpu")
     return {
         **stats,
         "others_cpu": statistics.fmean(others),
@@ -404,7 +410,6 @@ def measure(
         "compile_fallbacks": state.info["compile_fallbacks"],
         **({"compile_note": fallback_note(state.info["compile_fallbacks"])} if state.info["compile_fallbacks"] else {}),
         "timed_s": timed_s,
-        **{"model_s": sum(latencies) / 1e3 if device.type == "cpu" else None, "timed_samples": totals[0]},
         "n_windows": len(windows),
         "stopped": len(windows) < settings.n_windows,
         "batch_size": state.batch_size,

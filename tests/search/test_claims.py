@@ -629,6 +629,8 @@ def test_a_rounds_diagnosis_takes_the_model_half_from_its_warm_rounds_where_batc
     assert every == []
     # Rounds alternate (A, B / B, A): the warm rounds' measurements of each configuration.
     later = {0: [windows[3], windows[4]], 1: [windows[2], windows[5]]}
+    # The model's seconds are its calls inside the windows: never more than the windows' time.
+    assert all(0 < m["model_s"] <= m["timed_s"] for m in windows), windows
     for i, c in enumerate(first):
         expected = sum(m["timed_samples"] for m in later[i]) / sum(m["model_s"] for m in later[i])
         assert c["model_samples_per_s"] == pytest.approx(expected)
