@@ -8,7 +8,6 @@ pruning), ``train_dataset``, ``test_dataset`` (held-out samples scored after the
 
 from __future__ import annotations
 
-import runpy
 import sys
 import traceback
 from pathlib import Path
@@ -16,7 +15,10 @@ from typing import Any
 
 from autotune.errors import ConfigError, InputError
 
-__all__ = ["load_config", "CFG_KEYS"]
+__all__ = ["load_config", "CFG_KEYS", "CFG_MODULE"]
+
+# The module name a cfg.py runs as, in this process and in every worker of the run.
+CFG_MODULE = "__autotune_cfg__"
 
 CFG_KEYS = (
     "model",
@@ -63,7 +65,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as exc:
         raise InputError(f"cannot read cfg file {str(path)!r}: {exc}") from None
     try:
-        compile(source, str(path), "exec")
+        code = compile(source, str(path), "exec")
     except SyntaxError as exc:
         raise InputError(f"cfg file {path!s} has a syntax error at line {exc.lineno}: {exc.msg}.") from None
     # Its own directory is importable, as when the file is run as a script.
@@ -71,7 +73,7 @@ def load_config(path: str | Path) -> dict[str, Any]:
     if folder not in sys.path:
         sys.path.insert(0, folder)
     try:
-        namespace = runpy.run_path(str(path), run_name="__autotune_cfg__")
+        namespace = _execute(code, path)
     except SystemExit as exc:
         raise InputError(f"cfg file {path!s} called exit({exc.code}) while loading.") from None
     except Exception as exc:
@@ -90,3 +92,22 @@ def load_config(path: str | Path) -> dict[str, Any]:
             f"`options` in {path!s} must be a dict of optimize() keywords, but is {type(cfg['options']).__name__}."
         )
     return cfg
+
+
+def _execute(code: Any, path: Path) -> dict[str, Any]:
+    """Run the file as the module ``__autotune_cfg__``, registered while it lives: the compiler
+    looks a traced function's module up by name, and the run's other processes receive its
+    classes and functions by value into a module of the same name (:mod:`autotune._usercode`)."""
+    import types
+
+    import cloudpickle
+
+    from autotune._usercode import by_value_in_children
+
+    module = types.ModuleType(CFG_MODULE)
+    module.__file__ = str(path.resolve())
+    sys.modules[CFG_MODULE] = module  # a class's dataclass or typing machinery looks it up while it runs
+    cloudpickle.register_pickle_by_value(module)
+    by_value_in_children()  # a DataLoader's spawned workers cannot import it by name
+    exec(code, vars(module))
+    return vars(module)

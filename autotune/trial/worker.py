@@ -46,8 +46,11 @@ def serve(conn: Any) -> None:
     import io
     import pickle
 
+    from autotune._usercode import by_value_in_children
+
     message = conn.recv()
     began = time.perf_counter()  # past the imports: what a worker forked from the run's server pays, at most
+    by_value_in_children()  # a DataLoader started here with spawn or forkserver gets the user's classes
     try:
         spec = torch.load(io.BytesIO(message[1]), weights_only=False, pickle_module=pickle)
         ctx = make_context(spec, checked=message[2] if len(message) > 2 else False)
@@ -125,8 +128,13 @@ def forked_main(inbox: Any, outbox: Any, log_path: str, env: dict[str, str], run
     of its own, its output in ``log_path``, ``env`` over the server's environment, ending once
     the run's process ``run_pid`` is gone (not its parent, the server, which ends only after its
     children: each holds the pipe it watches)."""
+    import multiprocessing.context
     import os
 
+    # Started by the fork server, this process took its start method as its own default: a
+    # DataLoader's workers here start as in a fresh worker or the user's process, by the
+    # platform's default.
+    multiprocessing.context._default_context._actual_context = None
     os.setsid()
     log = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     sys.stdout.flush()

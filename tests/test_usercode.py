@@ -1,0 +1,215 @@
+"""User code travels: classes and functions written in a cfg.py, a script or a module loaded by
+hand work in every process a run starts, compiled, and in a DataLoader's own workers there."""
+
+import csv
+import importlib.util
+import io
+import json
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from autotune._usercode import UserPickler
+from autotune.config import Config
+from autotune.run.cfg import load_config
+
+# The issue's cfg: a model class of its own, as most users write one.
+NET_CFG = """
+import torch
+from torch import nn
+
+SCALE = 0.5
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(64, 256), nn.Linear(256, 10)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) * SCALE
+
+def model():
+    torch.manual_seed(0)
+    return Net().eval()
+
+_x = torch.randn(1024, 64, generator=torch.Generator().manual_seed(0))
+dataset = [(_x[i], 0) for i in range(len(_x))]
+options = {"measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}, "n_verify_pairs": 2}
+"""
+
+# A dataset class, a collate and a metric of the cfg's own, read by loader workers.
+DATA_CFG = """
+import torch
+from torch import nn
+
+class Rows(torch.utils.data.Dataset):
+    def __init__(self, n):
+        g = torch.Generator().manual_seed(0)
+        self.x, self.y = torch.randn(n, 16, generator=g), torch.randint(0, 4, (n,), generator=g)
+    def __len__(self):
+        return len(self.x)
+    def __getitem__(self, i):
+        return {"x": self.x[i], "label": self.y[i]}
+
+def collate_fn(samples):
+    return {"x": torch.stack([s["x"] for s in samples]), "label": torch.stack([s["label"] for s in samples])}
+
+def metric(outputs, batch):
+    return (outputs.argmax(-1) == batch["label"]).float().mean().item()
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    def forward(self, x):
+        return self.f(x)
+
+model = Head().eval()
+dataset = Rows(512)
+max_metric_drop = 1.0  # random weights: the accuracy is chance, and the test is that it is measured
+options = {"measure": {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}, "n_verify_pairs": 2}
+"""
+
+
+def _trials(out):
+    with open(out / "trials.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def _run(cfg, out, *flags):
+    done = subprocess.run(
+        [sys.executable, "-m", "autotune", "run", str(cfg), "--out", str(out), "--device", "cpu", *flags],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done.stdout
+
+
+def test_a_model_class_written_in_cfg_compiles_in_the_runs_trials(tmp_path):
+    """Every compiled trial failed with "No module named '__autotune_cfg__'": the compiler
+    imports a traced function's module by name, and the trial worker had none of that name."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(NET_CFG)
+    out = tmp_path / "out"
+    _run(cfg, out, "--trials", "2", "--fix", "compile_mode=default", "--fix", "batch_size=64", "--export", "none")
+    rows = _trials(out)
+    compiled = [r for r in rows if r.get("compile_mode") == "default"]
+    assert compiled, rows
+    assert all(r["status"] == "ok" for r in rows), [(r["status"], r["reason"]) for r in rows]
+
+
+def test_a_cfg_dataset_collate_and_metric_work_in_loader_workers_and_the_claim(tmp_path):
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(DATA_CFG)
+    out = tmp_path / "out"
+    _run(cfg, out, "--trials", "2", "--fix", "num_workers=2", "--export", "none")
+    rows = _trials(out)
+    assert all(r["status"] == "ok" for r in rows), [(r["status"], r["reason"]) for r in rows]
+    claim = json.loads((out / "best_config.json").read_text())["speedup"]
+    assert claim["verdict"] != "failed" and claim["n_rounds"] >= 1, claim["sentence"]
+
+
+@pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
+def test_a_cfg_model_compiles_in_a_fresh_and_a_forked_worker(tmp_path, fork):
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.runner import SubprocessRunner
+    from autotune.trial.spec import WorkerSpec, pickle_spec
+
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(NET_CFG)
+    loaded = load_config(cfg)
+    spec = WorkerSpec(
+        model=loaded["model"], dataset=loaded["dataset"][:256], metric=None, device="cpu",
+        baseline=dict(Config({"batch_size": 64})), val_indices=list(range(64)),
+        measure=MeasureSettings(n_windows=1, window_s=0.02, warmup_batches=1, n_remeasure=0),
+    )  # fmt: skip
+    runner = SubprocessRunner(pickle_spec(spec), 300.0, tmp_path / "w.log", fork=fork)
+    try:
+        runner.run(dict(Config({"batch_size": 64})))  # the first worker; a forked one comes after
+        if fork:
+            runner.restart()
+            assert type(runner._proc).__name__ == "_Forked"
+        got = runner.run(dict(Config({"batch_size": 64, "compile_mode": "default"})))
+    finally:
+        runner.close()
+    assert got.status == "ok", got.reason
+
+
+def _by_hand(path):
+    """A module loaded as notebooks and test harnesses do, never registered in sys.modules."""
+    spec = importlib.util.spec_from_file_location("photo_cfg", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+CHILD = """
+import io, pickle, sys, torch
+payload = sys.stdin.buffer.read()
+dataset = pickle.loads(payload)
+loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=1, multiprocessing_context="{method}")
+from autotune._usercode import by_value_in_children
+by_value_in_children()
+print(float(sum(b.sum() for b in loader)))
+"""
+
+
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_a_dataset_that_arrived_by_value_reaches_loader_workers_started_by_(tmp_path, method):
+    """A worker holds the user's classes under names no other process can import; a DataLoader
+    started there with spawn or forkserver pickled them by reference and failed ("it's not the
+    same object as jpeg_cfg.PhotoFolder")."""
+    path = tmp_path / "photo_cfg.py"
+    path.write_text(
+        textwrap.dedent("""
+        import torch
+        class Photos(torch.utils.data.Dataset):
+            def __len__(self):
+                return 8
+            def __getitem__(self, i):
+                return torch.full((3,), float(i))
+        """)
+    )
+    dataset = _by_hand(path).Photos()
+    buf = io.BytesIO()
+    UserPickler(buf).dump(dataset)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD.format(method=method)], input=buf.getvalue(), capture_output=True,
+        timeout=300, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert float(done.stdout.decode().split()[-1]) == 3 * sum(range(8))
+
+
+def test_functions_arrive_with_their_globals_as_a_registered_module():
+    namespace = {"__name__": "__autotune_test_cfg__", "__file__": "/x/cfg.py"}
+    exec("import torch\nK = 3\ndef f(x):\n    return K * torch.sqrt(x)\ndef g(x):\n    return f(x) + 1", namespace)
+    buf = io.BytesIO()
+    UserPickler(buf).dump((namespace["f"], namespace["g"]))
+    payload = buf.getvalue()
+    code = (
+        "import pickle, sys\n"
+        "f, g = pickle.loads(sys.stdin.buffer.read())\n"
+        "m = sys.modules[f.__globals__['__name__']]\n"
+        "assert vars(m) is f.__globals__ is g.__globals__, 'one namespace, registered'\n"
+        "assert m.__file__ == '/x/cfg.py' and m.K == 3\n"
+        "import torch\n"
+        "print(torch.compile(g, backend='eager')(torch.tensor(4.0)).item())\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], input=payload, capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    assert float(done.stdout.decode().split()[-1]) == 7.0
+
+
+def test_a_scripts_main_module_arrives_under_an_alias_beside_the_workers_own():
+    namespace = {"__name__": "__main__"}
+    exec("import torch\ndef f(x):\n    return torch.floor(x)", namespace)
+    buf = io.BytesIO()
+    UserPickler(buf).dump(namespace["f"])
+    f = pickle.loads(buf.getvalue())
+    name = f.__globals__["__name__"]
+    assert name != "__main__" and vars(sys.modules[name]) is f.__globals__
+    assert torch.compile(lambda x: f(x) + 0, backend="eager")(torch.tensor(2.5)).item() == 2.0  # f inlined
