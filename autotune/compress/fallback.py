@@ -51,6 +51,8 @@ class Int8Plan:
         keep: Layer names to keep float, as a run recorded them (``apply`` from a run's
             ``best_config.json``): no ranking, no search.
         store: Where each ranking is written once computed and read before ranking again.
+        floors: By ranking key, the fewest layers ``auto`` keeps float because the guard's own
+            samples needed them (:meth:`raise_floor`), kept in ``store`` too.
     """
 
     kinds: list[str] | None = None
@@ -60,6 +62,28 @@ class Int8Plan:
     rankings: dict[str, str] = dataclasses.field(default_factory=dict)
     keep: list[str] | None = None
     store: StudyRankings | None = None
+    floors: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def floor(self, key: str) -> int:
+        """The fewest of ``key``'s ranked layers ``auto`` keeps float: 0, unless the guard
+        rejected fewer on its own samples, in this worker or another of the run."""
+        if self.store is not None:
+            stored = self.store.get(_FLOOR + key)
+            if stored is not None:
+                self.floors[key] = max(self.floors.get(key, 0), int(stored))
+        return self.floors.get(key, 0)
+
+    def raise_floor(self, key: str, k: int) -> None:
+        """From now on ``auto`` keeps at least ``k`` of ``key``'s ranked layers float: the
+        calibration batches passed fewer, the guard's samples did not."""
+        if k > self.floor(key):
+            self.floors[key] = k
+            if self.store is not None:
+                self.store.put(_FLOOR + key, str(k))
+
+
+# The prefix of a floor's key beside the rankings in a study's user attributes.
+_FLOOR = "floor:"
 
 
 def ranking_key(backend: str, method: str, config: Any) -> str:
@@ -199,6 +223,7 @@ def _info(out: dict[str, Any], ranking: Any, key: str, fresh: bool) -> dict[str,
         "int8_k": out["k"],
         "int8_layers": out["n_layers"],
         "int8_fallback_score": out["score"],
+        "int8_key": key,
     }
     if fresh:
         info.update(int8_ranking=ranking.to_json(), int8_ranking_key=key, int8_ranking_s=ranking.cost_s)
@@ -231,7 +256,7 @@ def onnx_with_fallback(
     )
     out = fallback_onnx(
         src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel,
-        budget_s=plan.budget_s,
+        budget_s=plan.budget_s, floor=plan.floor(key),
     )  # fmt: skip
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
@@ -262,8 +287,9 @@ def torch_with_fallback(
         lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s, method=method, per_channel=per_channel),
     )
     quantized, out = fallback_torch(
-        model, ranking, calibration, score, threshold, k=value, per_channel=per_channel, budget_s=plan.budget_s
-    )
+        model, ranking, calibration, score, threshold, k=value, per_channel=per_channel, budget_s=plan.budget_s,
+        floor=plan.floor(key),
+    )  # fmt: skip
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
     return quantized, _info(out, ranking, key, fresh)
@@ -296,7 +322,7 @@ def openvino_with_fallback(
     ranking, fresh = _ranking(plan, key, lambda: rank_openvino(float_model, quantized, feeds, budget_s=plan.budget_s))
     model, out = fallback_openvino(
         float_model, quantized, ranking, feeds, score, threshold, k=value, transformer=transformer,
-        budget_s=plan.budget_s,
+        budget_s=plan.budget_s, floor=plan.floor(key),
     )  # fmt: skip
     if model is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")

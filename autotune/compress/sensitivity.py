@@ -238,11 +238,17 @@ def _refine(candidates: list[str], measure: Callable[[str], float], budget_s: fl
 
 
 def _search(
-    n: int, k: int | str, threshold: float, try_k: Callable[[int], float], deadline: float | None = None
+    n: int,
+    k: int | str,
+    threshold: float,
+    try_k: Callable[[int], float],
+    deadline: float | None = None,
+    floor: int = 0,
 ) -> dict[str, Any]:
     """The number of most sensitive layers to keep float: ``k`` itself (at most ``n``), or the fewest that pass.
 
-    ``"auto"`` bisects k over [0, n] assuming that keeping more layers float never scores lower;
+    ``"auto"`` bisects k over [``floor``, n] (``floor``: the fewest that the guard's own samples
+    were seen to need, :meth:`autotune.compress.fallback.Int8Plan.floor`) assuming that keeping more layers float never scores lower;
     k = n (the float model) passes by the caller's check. The result's ``tries`` hold k and k - 1
     measured, the first passing and the second not, which is the bisection's invariant. Past
     ``deadline`` (a ``time.perf_counter()`` value) it stops at the fewest measured to pass
@@ -262,9 +268,10 @@ def _search(
         if k < n:
             passes(k)
         return {"k": k, "tries": tries, "asked": k}
-    if passes(0):
-        return {"k": 0, "tries": tries}
-    lo, hi = 0, n  # lo fails, hi passes
+    floor = max(0, min(int(floor), n))
+    if floor == n or passes(floor):
+        return {"k": floor, "tries": tries}
+    lo, hi = floor, n  # lo fails, hi passes
     while hi - lo > 1:
         if deadline is not None and time.perf_counter() >= deadline:
             return {"k": hi, "tries": tries, "stopped": True}

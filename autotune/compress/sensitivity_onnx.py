@@ -386,6 +386,7 @@ def fallback_onnx(
     k: int | str = "auto",
     per_channel: bool = False,
     budget_s: float | None = None,
+    floor: int = 0,
 ) -> dict[str, Any]:
     """Write ``src`` in int8 with its ``k`` most sensitive layers float, the fewest that pass.
 
@@ -419,7 +420,9 @@ def fallback_onnx(
             return score(job.reference, job.outputs(Path(tmp) / f"k{j}.onnx"))
 
         deadline = None if budget_s is None else time.perf_counter() + budget_s
-        result = _outcome(_search(len(job.layers), k, threshold, try_k, deadline), job.layers, ranking, threshold)
+        result = _outcome(
+            _search(len(job.layers), k, threshold, try_k, deadline, floor), job.layers, ranking, threshold
+        )
         written = result["k"] < len(job.layers)
         if written:
             dst.parent.mkdir(parents=True, exist_ok=True)

@@ -288,6 +288,7 @@ def fallback_openvino(
     k: int | str = "auto",
     transformer: bool = False,
     budget_s: float | None = None,
+    floor: int = 0,
 ) -> tuple[Any, dict[str, Any]]:
     """The NNCF int8 model with the ``k`` most sensitive layers float (``"auto"``: the fewest
     whose outputs score ``>= threshold``), and the search's record.
@@ -323,6 +324,6 @@ def fallback_openvino(
         return score(reference, _outputs(_compile(models[j]), feeds, "The int8 model"))
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
-    result = _outcome(_search(len(layers), k, threshold, try_k, deadline), layers, ranking, threshold)
+    result = _outcome(_search(len(layers), k, threshold, try_k, deadline, floor), layers, ranking, threshold)
     chosen = models.get(result["k"]) if result["k"] < len(layers) else None
     return chosen, result

@@ -354,6 +354,7 @@ def fallback_torch(
     k: int | str = "auto",
     per_channel: bool = False,
     budget_s: float | None = None,
+    floor: int = 0,
 ) -> tuple[nn.Module | None, dict[str, Any]]:
     """An int8 copy of ``model`` (``ranking``'s method) with its ``k`` most sensitive layers float.
 
@@ -383,7 +384,7 @@ def fallback_torch(
         return score(reference, _torch_outputs(mixed(ranking.top(j)), batches, "The int8 model"))
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
-    result = _outcome(_search(len(layers), k, threshold, try_k, deadline), layers, ranking, threshold)
+    result = _outcome(_search(len(layers), k, threshold, try_k, deadline, floor), layers, ranking, threshold)
     # Quantized again rather than kept from the search: one copy of the model alive at a time.
     chosen = mixed(result["kept"]) if result["k"] < len(layers) else None
     return chosen, result

@@ -35,15 +35,8 @@ from autotune.trial.context import Context, compiles
 from autotune.trial.extras import make_extras
 from autotune.trial.faults import one_line
 from autotune.trial.fidelity import attention_mask
-from autotune.trial.guard import (
-    Reference,
-    check_finite,
-    collect_outputs,
-    collect_per_sample,
-    evaluate,
-    make_reference,
-    per_sample,
-)
+from autotune.trial.guard import Reference, collect_outputs, collect_per_sample, evaluate, make_reference, per_sample
+from autotune.trial.int8_guard import guard_value, keep_more_float
 from autotune.trial.measure import (
     MeasureSettings,
     draw_seed,
@@ -242,23 +235,17 @@ class TrialContext(Context, ArtifactExport):
             )
             return
         guard_start = time.perf_counter()
-        outputs = collect_outputs(state, self.samples)
-        check_finite(outputs)
-        value = evaluate(
-            outputs,
-            self.samples,
-            self.reference.chunk,
-            self.spec.device,
-            self.spec.metric,
-            self.reference.outputs,
-            self.reference.kinds,
-            self.reference.mask,
-            collate=self.extras.collate_fn,
-            tokens=self.extras.token_outputs,
-        )
+        value = guard_value(self, state)
         result["guard_s"] = self._guard_s = time.perf_counter() - guard_start
         result["metric"] = value
         result["metric_drop"] = self.reference.metric - value
+        held = keep_more_float(self, config, result)
+        if held is not None:  # int8 that the guard held only with more layers float: that build is the trial
+            result.update(held.info)
+            result.update(self._measure_clean(held, mark, draw_seed(self.spec.seed, "trial", config)))
+            result["size_bytes"], result["size_bytes_compressed"] = size_bytes(held.model, held.artifact)
+            result["metric"] = value = guard_value(self, held)
+            result["metric_drop"] = self.reference.metric - value
 
     def _measure_clean(self, state: BuildState, mark: float, seed: int) -> dict[str, Any]:
         """Measure ``state``; measure again (a bounded number of times, each on its own draw of
