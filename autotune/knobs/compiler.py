@@ -87,6 +87,8 @@ class CompileMode(Knob):
         return Offer([m for m in self.choices if m not in excluded], excluded)
 
     def apply(self, state: Any, value: str) -> None:
+        import torch._inductor
+
         from autotune.export.parity import FrozenCompiled
 
         # Static shapes compile to the fastest kernels; token sequences trimmed to each batch's
@@ -98,8 +100,11 @@ class CompileMode(Knob):
         elif value.endswith("-freezing") or state.quantization == "int8_static":
             # Weights frozen into constants: folded into the kernels, and the only way statically
             # quantized (PT2E) graphs reach int8 kernels; dynamo decides it from inductor's
-            # global config while it traces, so the wrapper turns it on around each call.
-            state.model = FrozenCompiled(torch.compile(state.model, mode=mode, dynamic=dynamic))
+            # global config while it traces, so the wrapper turns it on around each call. As
+            # options too: a backend of its own, which dynamo's cache never serves another
+            # build's graph (an unfrozen one compiled first in the process ran as "freezing").
+            options = {**torch._inductor.list_mode_options(mode, dynamic), "freezing": True}
+            state.model = FrozenCompiled(torch.compile(state.model, options=options, dynamic=dynamic))
         else:
             state.model = torch.compile(state.model, mode=mode, dynamic=dynamic)
             if mode in _CUDA_GRAPH_MODES and str(state.device).startswith("cuda"):

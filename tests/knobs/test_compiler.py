@@ -36,3 +36,37 @@ def test_cuda_graph_modes_run_on_cuda():
         for _ in range(3):  # warm-up runs record the CUDA graph
             out = tuned(x)
         torch.testing.assert_close(out, model.cuda()(x), atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
+@pytest.mark.parametrize("first", ["default", "default-freezing"])
+def test_each_compile_variant_built_in_one_worker_runs_its_own_graph(monkeypatch, first):
+    """dynamo's cache ignores inductor's freezing flag: built side by side in one worker (a
+    selection's rounds), ``default-freezing`` ran the graph ``default`` compiled first, unfrozen."""
+    import torch._inductor.freezing as freezing
+    from torch._dynamo.utils import counters
+
+    from autotune.config import Config
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.spec import WorkerSpec
+    from tests.models import MLP, classification_data
+
+    frozen: list[int] = []
+    freeze = freezing.freeze  # counted, and run: inductor imports it where it freezes a graph
+    monkeypatch.setattr(freezing, "freeze", lambda *a, **k: frozen.append(1) or freeze(*a, **k))
+    spec = WorkerSpec(
+        model=MLP(), dataset=classification_data(64), metric=None, device="cpu",
+        baseline=dict(Config({"batch_size": 8})), val_indices=list(range(16)),
+        measure=MeasureSettings(n_windows=1, window_s=0.01, warmup_batches=1, n_remeasure=0),
+    )  # fmt: skip
+    ctx = TrialContext(spec)
+    modes = [first, "default" if first != "default" else "default-freezing"]
+    states = ctx.prepare([dict(Config({"batch_size": 8, "compile_mode": m})) for m in modes])
+    x = torch.stack([s[0] for s in classification_data(8)])
+    with torch.no_grad():
+        for mode, state in zip(modes, states, strict=True):
+            n_frozen, n_graphs = len(frozen), counters["stats"]["unique_graphs"]
+            state.model(x)
+            assert counters["stats"]["unique_graphs"] > n_graphs, f"{mode} ran a graph compiled for the other"
+            assert len(frozen) - n_frozen == (mode == "default-freezing"), mode
