@@ -48,9 +48,11 @@ def apply(
 
     The returned module takes the same inputs and returns float32 outputs. Process-wide
     settings in the config (``num_threads``, ``cudnn_benchmark``, ``tf32``) are applied to this
-    process. Configs that prune or quantize need ``dataset`` (example inputs to trace, batches to
-    calibrate; fine-tuning trains with ``loss_fn`` on ``train_dataset``, default ``dataset``), as
-    during the search. Give the same data as to :func:`~autotune.optimize` to get the same model
+    process. Configs that prune, quantize or run on another runtime read example inputs (to
+    trace, convert, calibrate): a run's own config (its folder, its ``best_config.json`` or
+    ``result.best_config``) brings the batches the run drew, kept in its folder by the export;
+    a hand-written config, or a run exported with nothing, needs ``dataset``, and fine-tuning
+    trains with ``loss_fn`` on ``train_dataset`` (default ``dataset``), as during the search. Give the same data as to :func:`~autotune.optimize` to get the same model
     (and the same ``collate_fn``, for samples that need one): the example and calibration
     samples are the run's own draw (its seed, validation subset and baseline batch size), and
     ``int8_fallback`` keeps the very layers the run kept float. Both are read from a run's
@@ -83,13 +85,15 @@ def apply(
         model = model()
     cfg = _read_config(config)
     dataset, collate_fn = _unloaded(dataset, collate_fn)
-    extras = None
+    extras, rebuild = None, _rebuild_of(config)
     if dataset is not None:
         collate = base_collate(dataset, collate_fn, pad_values)
-        extras = _extras(dataset, cfg, _rebuild_of(config), collate, train_dataset)
+        extras = _extras(dataset, cfg, rebuild, collate, train_dataset)
         extras.loss_fn, extras.prune_ignore = loss_fn, tuple(prune_ignore)
         if train_dataset is not None:
             extras.train_dataset = train_dataset
+    elif not cfg["finetune_steps"]:  # the run's own batches, kept in its folder by the export
+        extras = _stored_extras(config, cfg, rebuild)
     where = resolve_device(device)
     state = build(model, cfg, where, extras=extras)
     apply_settings(state.settings)
@@ -178,11 +182,49 @@ def _extras(dataset: Any, cfg: Config, rebuild: dict[str, Any], collate: Any, tr
         batch_size=cfg["batch_size"],
         seed=rebuild["seed"],
     )
+    _as_run(extras, rebuild, dataset)
+    return extras
+
+
+def _as_run(extras: Any, rebuild: dict[str, Any], dataset: Any = None) -> None:
+    """What the run knew of its model besides the batches: the int8 layers it kept float, and
+    whether outputs change shape with the input (a graph converted for any image size)."""
     kept = rebuild.get("int8_kept_float")
     if isinstance(kept, list):
         from autotune.compress.fallback import Int8Plan
 
         extras.int8 = Int8Plan(keep=list(kept))  # the run's own layers kept float, not a new ranking
+    if "ragged" in rebuild:
+        extras.ragged = int(rebuild["ragged"] or 0)
+    elif dataset is not None:
+        from autotune.data import describe
+
+        extras.ragged = int(describe(dataset).images_vary)
+
+
+def _stored_extras(config: Any, cfg: Config, rebuild: dict[str, Any]) -> Any:
+    """The run's example and calibration batches from its folder (``None`` where it kept none):
+    ``rebuild["inputs"]`` names a file in the run's folder, or, in ``result.best_config``, its
+    whole path."""
+    from autotune.errors import InputError
+    from autotune.export.build_inputs import read_build_inputs
+    from autotune.knobs.state import BuildExtras
+
+    name = rebuild.get("inputs")
+    if not isinstance(name, str) or not name:
+        return None
+    if isinstance(config, (str, Path)):
+        folder = (Path(config) if Path(config).is_dir() else Path(config).parent).resolve()
+        path = (folder / name).resolve()
+        if path.parent != folder:
+            raise InputError(f"The run's record names build inputs outside its folder ({name!r}): refused.")
+    else:
+        path = Path(name)
+    if not path.is_file():
+        return None
+    example, calibration = read_build_inputs(path)
+    extras = BuildExtras(example=example, calibration=calibration, batch_size=cfg["batch_size"], seed=rebuild["seed"])
+    _as_run(extras, rebuild)
     return extras
 
 

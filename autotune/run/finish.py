@@ -137,7 +137,7 @@ def finalize(run: Run) -> None:
         # baseline's reference (a fresh worker made it again for the export: 1.7 s of real
         # MiniLM); the rounds then run in fresh workers as ever.
         with clock("export"):
-            run.summary["artifacts"] = export_winner(runner, early, run.out, opts.export, run.env)
+            run.summary["artifacts"] = export_winner(runner, early, run.out, opts.export, run.env, run.summary)
     with clock("confirmation"):
         _confirm(run, runner, exported_s=clock.rows[-1]["seconds"] if early is not None else None)
     with clock("diagnosis"):  # from the confirmation rounds when they timed the halves: no new work
@@ -159,7 +159,7 @@ def finalize(run: Run) -> None:
     if early is None or run.best["config"] != early["config"]:  # the baseline kept, say: its files
         _drop_files(run.out, run.summary.get("artifacts") or {})
         with clock("export"):
-            run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env)
+            run.summary["artifacts"] = export_winner(runner, run.best, run.out, opts.export, run.env, run.summary)
     # Where the time goes, after every timed figure and the export: profiling never touches them.
     left = run.left_s()
     if opts.profile and (left is None or left > 2 * REPORT_S):  # a second or two each, then the reports
@@ -287,14 +287,21 @@ def _fixed_off_baseline(run: Run) -> list[str]:
     return [name for name in run.options.fix or {} if run.space.values[name] != [config.get(name)]]
 
 
-def export_winner(runner: Any, best: dict[str, Any], out: Path, formats: tuple[str, ...], env: Any) -> dict[str, Any]:
-    """Export the winner in the worker; a failure is recorded per format, never raised."""
+def export_winner(
+    runner: Any, best: dict[str, Any], out: Path, formats: tuple[str, ...], env: Any, summary: Any = None
+) -> dict[str, Any]:
+    """Export the winner in the worker; a failure is recorded per format, never raised. The
+    batches it was built from, kept beside it (:mod:`autotune.export.build_inputs`), are
+    recorded in ``summary["build_inputs"]``."""
     if not formats:
         return {}
     try:
-        artifacts = runner.call("export", best["config"], str(out.resolve()), list(formats), n_trials=2)["artifacts"]
+        reply = runner.call("export", best["config"], str(out.resolve()), list(formats), n_trials=2)
     except TrialError as exc:
         return {fmt: {"status": "failed", "error": str(exc)} for fmt in formats}
+    artifacts = reply["artifacts"]
+    if summary is not None:
+        summary["build_inputs"] = reply.get("build_inputs")
     config = best["config"]
     ort = config["runtime"] == "onnxruntime"
     from autotune.export.ort import provider_for

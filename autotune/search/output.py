@@ -135,14 +135,27 @@ def _counts(study: Any) -> dict[str, Any]:
 
 
 def _rebuild_record(summary: dict[str, Any], best: dict[str, Any]) -> dict[str, Any] | None:
-    """For an int8 winner, what :func:`autotune.apply` needs to rebuild the very model measured:
-    the run's calibration draw and the layers it kept float (``None`` for any other winner)."""
+    """For a winner built from example inputs (int8, pruned, another runtime), what
+    :func:`autotune.apply` needs to rebuild the very model measured: the run's calibration draw,
+    the layers it kept float, and the batches themselves where the export kept them
+    (``inputs``, a file in the run's folder; ``None`` for any other winner)."""
     config = best.get("config") or {}
-    if not summary.get("rebuild") or (config.get("quantization", "none") == "none" and not _exported_int8(config)):
+    inputs = summary.get("build_inputs") or {}
+    int8 = config.get("quantization", "none") != "none" or _exported_int8(config)
+    if not summary.get("rebuild") or not (int8 or inputs.get("path")):
         return None
     kept = best.get("int8_kept") if best.get("int8_layers") else None
     kept = json.loads(kept) if isinstance(kept, str) else kept
-    return {**summary["rebuild"], "int8_kept_float": list(kept) if isinstance(kept, (list, tuple)) else None}
+    record = {**summary["rebuild"], "int8_kept_float": list(kept) if isinstance(kept, (list, tuple)) else None}
+    if inputs.get("path"):
+        record.update(inputs=inputs["path"], ragged=inputs.get("ragged", 0), calibrated=inputs.get("calibration"))
+    return record
+
+
+def _located(rebuild: dict[str, Any], out: Path) -> dict[str, Any]:
+    """``rebuild`` with its inputs' file named by its whole path: ``result.best_config`` travels
+    without the run's folder."""
+    return {**rebuild, "inputs": str(out.resolve() / rebuild["inputs"])} if rebuild.get("inputs") else rebuild
 
 
 def _run_claim(
@@ -203,7 +216,7 @@ def write_best(
     claimed = claim["verdict"] == "speedup" or (same and claim["method"] == "baseline is best")
     rebuild = _rebuild_record(summary, best)
     result = Result(
-        best_config={**best["config"], "rebuild": rebuild} if rebuild else dict(best["config"]),
+        best_config={**best["config"], "rebuild": _located(rebuild, out)} if rebuild else dict(best["config"]),
         best=shown_best,
         baseline=shown_base,
         speedup=claim["speedup"],

@@ -227,4 +227,14 @@ class ArtifactExport:
             if kind is not None:  # load() gives the artifact's outputs back as this ModelOutput
                 record["output_type"] = kind
         torch.save(self._parity(state, outputs, by_format), out / "parity.pt")
-        return {"artifacts": artifacts}
+        return {"artifacts": artifacts, "build_inputs": self._build_inputs(config, out)}
+
+    def _build_inputs(self, config: dict[str, Any], out: Any) -> dict[str, Any] | None:
+        """The batches the winner was built from, kept beside it for ``apply`` without a dataset."""
+        from autotune.export.build_inputs import FILE, needs_inputs, write_build_inputs
+
+        if not needs_inputs(config):
+            (out / FILE).unlink(missing_ok=True)  # an earlier pick's, exported before the selection
+            return None
+        # ragged: outputs that change shape with the input, so a rebuilt graph takes any size too
+        return {**write_build_inputs(out, self.extras.example, self.extras.calibration), "ragged": self.extras.ragged}

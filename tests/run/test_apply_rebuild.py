@@ -1,15 +1,17 @@
 """apply() rebuilds the model a run measured: the same calibration samples and the same int8 layers
 kept float, from the run's directory or from ``result.best_config`` alone."""
 
+import importlib.util
 import json
 
 import numpy as np
 import pytest
 import torch
+from torch.utils.data import DataLoader
 
 import autotune
 from autotune.config import Config
-from tests.models import FragileMLP, vector_data
+from tests.models import FragileMLP, LineRecognizer, line_data, pad_to_widest, vector_data
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
 # Size first: the int8 candidate wins on its bytes whatever the timings; the guard never vetoes it.
@@ -59,3 +61,62 @@ def test_a_plain_best_config_keeps_the_layers_the_run_kept_float(tmp_path):
     tuned = autotune.apply(FragileMLP(), dict(result.best_config), dataset=vector_data(), device="cpu")
     with torch.inference_mode():
         torch.testing.assert_close(tuned(x), shipped, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "fix",
+    [
+        {"runtime": "onnxruntime", "ort_precision": "int8_dynamic", "int8_fallback": "auto"},
+        {"prune_ratio": 0.3, "prune_method": "structured"},
+    ],
+    ids=["onnxruntime-int8", "pruned"],
+)
+def test_a_runs_winner_is_rebuilt_without_the_dataset_from_its_folder_and_its_result(tmp_path, fix):
+    """The README's Python API block: ``apply(model, result.best_config)`` refused every winner
+    that reads example inputs ("pass dataset="), though the run had them."""
+    data = vector_data(160)
+    result = _run(tmp_path, {**fix, "batch_size": 16}, data, max_metric_drop=1.0)
+    assert (tmp_path / "build_inputs.pt").is_file()
+    x = torch.stack(data[:8])
+    with_data = autotune.apply(FragileMLP(), tmp_path, dataset=data, device="cpu")
+    with torch.no_grad():
+        expected = with_data(x)
+        for config in (tmp_path, tmp_path / "best_config.json", result.best_config):
+            rebuilt = autotune.apply(FragileMLP(), config, device="cpu")
+            torch.testing.assert_close(rebuilt(x), expected)
+
+
+def test_a_hand_written_config_that_reads_inputs_still_asks_for_the_dataset():
+    with pytest.raises(autotune.ConfigError, match="dataset="):
+        autotune.apply(FragileMLP(), {"runtime": "onnxruntime"}, device="cpu")
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("openvino") is None, reason="OpenVINO is not installed (the openvino extra)"
+)
+def test_an_openvino_winner_on_images_of_many_widths_runs_every_width_in_the_users_paths(tmp_path):
+    """The trials converted with a dynamic width; the user's build did not, and failed on the
+    first batch of another width."""
+    samples = line_data(40)
+    loader = DataLoader(samples, batch_size=8, collate_fn=pad_to_widest)
+    autotune.optimize(
+        LineRecognizer(), loader, space={"base": None}, fix={"batch_size": 16, "runtime": "openvino"}, n_trials=2,
+        out_dir=tmp_path, export=("onnx",), device="cpu", isolation="inprocess", measure=FAST, n_verify_pairs=2,
+    )  # fmt: skip
+    best = json.loads((tmp_path / "best_config.json").read_text())
+    assert best["config"]["runtime"] == "openvino" and best["rebuild"]["ragged"]
+    reference = LineRecognizer().eval()
+    by_width = {
+        w: pad_to_widest([s for s in samples if s[0].shape[-1] == w][:2])[0] for w in {x.shape[-1] for x, _ in samples}
+    }
+    assert len(by_width) > 5
+    served = autotune.load(tmp_path)
+    for tuned in (autotune.apply(LineRecognizer(), tmp_path, device="cpu"),
+                  autotune.apply(LineRecognizer(), tmp_path, dataset=loader, device="cpu"), served):  # fmt: skip
+        with torch.no_grad():
+            for images in by_width.values():
+                torch.testing.assert_close(torch.as_tensor(tuned(images)), reference(images), atol=1e-3, rtol=1e-3)
+            for images, _ in autotune.dataloader(samples, tmp_path, collate_fn=pad_to_widest):
+                torch.testing.assert_close(torch.as_tensor(tuned(images)), reference(images), atol=1e-3, rtol=1e-3)
+    outputs = autotune.predict(LineRecognizer(), loader, tmp_path, device="cpu")
+    assert len(outputs) == len(samples)
