@@ -97,12 +97,12 @@ def load_config(path: str | Path) -> dict[str, Any]:
 def _execute(code: Any, path: Path) -> dict[str, Any]:
     """Run the file as the module ``__autotune_cfg__``, registered while it lives: the compiler
     looks a traced function's module up by name, and the run's other processes receive its
-    classes and functions by value into a module of the same name (:mod:`autotune._usercode`)."""
+    classes and functions by value into a module of the same name (:mod:`autotune.trial.usercode`)."""
     import types
 
     import cloudpickle
 
-    from autotune._usercode import by_value_in_children
+    from autotune.trial.usercode import by_value_in_children
 
     module = types.ModuleType(CFG_MODULE)
     module.__file__ = str(path.resolve())

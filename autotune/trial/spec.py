@@ -138,13 +138,13 @@ def pickle_spec(spec: Any) -> bytes:
     torch.save's pickler stores each tensor storage once; a plain pickle would copy the whole
     storage for every view of it (a dataset of rows sliced from one tensor would grow by a
     factor of its length). cloudpickle is its pickler, so script-defined classes travel by value,
-    their functions' globals as a module the worker registers (:mod:`autotune._usercode`).
+    their functions' globals as a module the worker registers (:mod:`autotune.trial.usercode`).
     """
     import io
 
     import torch
 
-    from autotune._usercode import pickle_module
+    from autotune.trial.usercode import pickle_module
 
     buf = io.BytesIO()
     try:

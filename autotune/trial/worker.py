@@ -46,7 +46,7 @@ def serve(conn: Any) -> None:
     import io
     import pickle
 
-    from autotune._usercode import by_value_in_children
+    from autotune.trial.usercode import by_value_in_children
 
     message = conn.recv()
     began = time.perf_counter()  # past the imports: what a worker forked from the run's server pays, at most

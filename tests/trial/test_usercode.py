@@ -13,9 +13,9 @@ import textwrap
 import pytest
 import torch
 
-from autotune._usercode import UserPickler
 from autotune.config import Config
 from autotune.run.cfg import load_config
+from autotune.trial.usercode import UserPickler
 
 # The issue's cfg: a model class of its own, as most users write one.
 NET_CFG = """
@@ -130,12 +130,21 @@ def test_a_cfg_model_compiles_in_a_fresh_and_a_forked_worker(tmp_path, fork):
     try:
         runner.run(dict(Config({"batch_size": 64})))  # the first worker; a forked one comes after
         if fork:
+            _wait_ready(tmp_path / "w-server")  # until then, a restart starts a fresh interpreter
             runner.restart()
             assert type(runner._proc).__name__ == "_Forked"
         got = runner.run(dict(Config({"batch_size": 64, "compile_mode": "default"})))
     finally:
         runner.close()
     assert got.status == "ok", got.reason
+
+
+def _wait_ready(folder, timeout_s=120.0):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not (folder / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 def _by_hand(path):
@@ -151,7 +160,7 @@ import io, pickle, sys, torch
 payload = sys.stdin.buffer.read()
 dataset = pickle.loads(payload)
 loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=1, multiprocessing_context="{method}")
-from autotune._usercode import by_value_in_children
+from autotune.trial.usercode import by_value_in_children
 by_value_in_children()
 print(float(sum(b.sum() for b in loader)))
 """

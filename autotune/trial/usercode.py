@@ -93,7 +93,7 @@ class UserPickler(cloudpickle.Pickler):
 
 # What torch.save takes as its pickle module: UserPickler for the objects, pickle for the rest.
 pickle_module = types.SimpleNamespace(
-    __name__="autotune.usercode", Pickler=UserPickler, dump=cloudpickle.dump, dumps=cloudpickle.dumps
+    __name__="autotune.trial.usercode", Pickler=UserPickler, dump=cloudpickle.dump, dumps=cloudpickle.dumps
 )
 
 
