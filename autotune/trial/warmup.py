@@ -1,7 +1,7 @@
 """Compiles kept out of the clock: every batch shape a loader makes is run once before timing.
 
-``torch.compile`` (static shapes), TorchScript's profiling executor and cuDNN's autotuner do
-their work per input shape. Token sequences whose padding is trimmed make one shape per batch
+``torch.compile`` (static shapes), TorchScript's profiling executor, OpenVINO's CPU plugin and
+cuDNN's autotuner do their work per input shape. Token sequences whose padding is trimmed make one shape per batch
 size and longest sample, dozens over real sentences. A shape first met inside a timed window
 puts a compile (seconds) into it, and a static compile past dynamo's recompile limit
 (``torch._dynamo.config.recompile_limit``, 8 by default) stops compiling new shapes: their
@@ -59,8 +59,13 @@ def signature(batch: Any) -> tuple[Any, ...]:
 
 def compiles_per_shape(state: Any) -> bool:
     """Whether ``state``'s build does work per input shape on first sight: ``torch.compile``,
-    TorchScript, cuDNN's autotuner."""
-    return state.compile_mode != "none" or state.runtime == "torchscript" or bool(state.settings.get("cudnn_benchmark"))
+    TorchScript, OpenVINO (its CPU plugin prepares its kernels for each new shape of a dynamic
+    model), cuDNN's autotuner."""
+    return (
+        state.compile_mode != "none"
+        or state.runtime in ("torchscript", "openvino")
+        or bool(state.settings.get("cudnn_benchmark"))
+    )
 
 
 def shape_batches(loader: Any, lengths: Any = None) -> list[Any]:
