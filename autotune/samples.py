@@ -58,11 +58,11 @@ def is_number_list(value: Any) -> bool:
         >>> is_number_list([101, 7592, 102]), is_number_list([]), is_number_list(["a"])
         (True, False, False)
     """
-    return (
-        isinstance(value, (list, tuple))
-        and bool(value)
-        and all(isinstance(x, numbers.Number) and not isinstance(x, bool) for x in value)
-    )
+    if not isinstance(value, (list, tuple)) or not value:
+        return False
+    if all(type(x) is int or type(x) is float for x in value):  # a tokenizer's lists: no ABC checks
+        return True
+    return all(isinstance(x, numbers.Number) and not isinstance(x, bool) for x in value)
 
 
 def model_inputs(batch: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -347,6 +347,8 @@ def is_token_sequence(value: Any) -> bool:
         return value.dim() == 1 and not value.is_floating_point()
     if isinstance(value, np.ndarray):
         return value.ndim == 1 and np.issubdtype(value.dtype, np.integer)
+    if isinstance(value, list) and value and all(type(x) is int for x in value):
+        return True  # a tokenizer's list, without the ABC checks: predict() reads every sample's length per call
     return is_number_list(value) and all(isinstance(x, numbers.Integral) for x in value)
 
 
