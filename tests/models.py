@@ -491,28 +491,20 @@ class EncodedImages(torch.utils.data.Dataset):
         return image, torch.tensor(self.labels[i])
 
 
-class SleeperMLP(nn.Module):
+class SleeperMLP(FragileMLP):
     """:class:`FragileMLP` whose outlier wakes with the data: input feature 15 passes into
     channel 0 of ``fc.2``'s input. Where it is moderate (the calibration samples of
-    :func:`sleeper_data`) every layer quantizes within the guard, ``fc.0`` and ``fc.2`` the worst;
-    where it is 15 times larger (its validation samples) per-tensor int8 of their inputs crushes
-    every other channel."""
+    :func:`sleeper_data`) every layer quantizes within the guard; where it is large (its
+    validation samples) per-tensor int8 of ``fc.0``'s and ``fc.2``'s inputs crushes every other
+    channel."""
 
     def __init__(self) -> None:
         super().__init__()
-        torch.manual_seed(0)
-        self.fc = nn.Sequential(
-            nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 8)
-        )
         with torch.no_grad():
+            self.fc[0].bias[0] = 0.0  # no outlier of its own: channel 0 is feature 15 alone
             self.fc[0].weight[0] = 0.0
             self.fc[0].weight[:, 15] = 0.0  # feature 15 reaches channel 0 alone
             self.fc[0].weight[0, 15] = 1.0
-            self.fc[0].bias[0] = 0.0
-            self.fc[2].weight[:, 0] /= 300.0
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(x)
 
 
 def sleeper_data(n: int = 160, n_val: int = 32, quiet: float = 20.0, loud: float = 300.0) -> list:

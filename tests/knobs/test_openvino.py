@@ -158,15 +158,14 @@ def test_an_openvino_build_runs_every_batch_shape_before_the_clock():
     over trimmed real text, OpenVINO ran 141 samples/s in its trial (and int8 231) against 337
     (and 938) by hand, and both were stopped early as far below the best."""
     pytest.importorskip("openvino")
+    import functools
+
+    from autotune.batching import pad_collate
     from autotune.trial.inference import TrialContext
     from autotune.trial.measure import MeasureSettings, measure
     from autotune.trial.spec import WorkerSpec
     from autotune.trial.warmup import compiles_per_shape
     from tests.models import TextEncoder, text_data
-
-    import functools
-
-    from autotune.batching import pad_collate
 
     data = text_data(96)
     spec = WorkerSpec(

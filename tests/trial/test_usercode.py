@@ -16,6 +16,7 @@ import torch
 from autotune.config import Config
 from autotune.run.cfg import load_config
 from autotune.trial.usercode import UserPickler
+from tests.trial.test_worker_start import _wait_ready
 
 # The issue's cfg: a model class of its own, as most users write one.
 NET_CFG = """
@@ -137,14 +138,6 @@ def test_a_cfg_model_compiles_in_a_fresh_and_a_forked_worker(tmp_path, fork):
     finally:
         runner.close()
     assert got.status == "ok", got.reason
-
-
-def _wait_ready(folder, timeout_s=120.0):
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while not (folder / "ready").exists() and time.monotonic() < deadline:
-        time.sleep(0.2)
 
 
 def _by_hand(path):
