@@ -3,7 +3,7 @@ layers kept float passed the calibration batches but not the guard, more of them
 
 ``int8_fallback="auto"`` keeps float the fewest of the ranked layers that pass on calibration
 batches, which the guard never scores. On real text the guard then rejected an OpenVINO int8
-build that ran 2.8x the float one by 0.003 of fidelity, and the lever was lost. Here such a
+build that ran three times the float one by 0.003 of fidelity, and the lever was lost. Here such a
 build keeps 1, 2, 4, ... more layers float until the guard holds on its own samples, the whole
 model would be float, the build can no longer lead (it ran under the best so far with fewer kept),
 or the ranking's time budget is spent. The layers found are the floor ``auto`` starts from in
@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from autotune.errors import TrialError
 from autotune.trial.guard import check_finite, collect_outputs, evaluate
 
 __all__ = ["guard_value", "keep_more_float"]
@@ -47,7 +48,7 @@ def _short(ctx: Any, config: dict[str, Any], result: dict[str, Any]) -> bool:
 def keep_more_float(ctx: Any, config: dict[str, Any], result: dict[str, Any]) -> Any:
     """Where ``result`` (an ``auto`` int8 build) missed the guard: the build with more of its
     ranked layers float that holds it, or ``None`` (none did, or none was tried). Every try is in
-    ``result["int8_guard_tries"]`` (JSON: k, the drop)."""
+    ``result["int8_guard_tries"]`` (JSON: k, the drop, or the error that ended the search)."""
     if not _short(ctx, config, result):
         return None
     best = (ctx.fidelity or {}).get("best")
@@ -59,7 +60,11 @@ def keep_more_float(ctx: Any, config: dict[str, Any], result: dict[str, Any]) ->
 
     def holds(j: int) -> Any:
         plan.floors[key] = j  # this build's start; the run's floor is raised once the search ends
-        state = ctx.build(config)
+        try:
+            state = ctx.build(config)
+        except TrialError as exc:  # this many float no longer builds (or passes calibration): the trial stands
+            tries.append({"k": j, "error": str(exc)})
+            return False
         drop = ctx.reference.metric - guard_value(ctx, state)
         tries.append({"k": state.info.get("int8_k", j), "metric_drop": drop})
         return state if drop <= ctx.spec.max_metric_drop + 1e-12 else None
@@ -70,6 +75,8 @@ def keep_more_float(ctx: Any, config: dict[str, Any], result: dict[str, Any]) ->
     while hi is None and lo < n - 1 and time.perf_counter() < deadline:
         j = min(lo + step, n - 1)
         state = holds(j)
+        if state is False:
+            break
         if state is None:
             lo, step = j, step * 2
         else:
@@ -77,6 +84,8 @@ def keep_more_float(ctx: Any, config: dict[str, Any], result: dict[str, Any]) ->
     while hi is not None and hi - lo > 1 and time.perf_counter() < deadline:
         j = (lo + hi) // 2
         state = holds(j)
+        if state is False:
+            break
         if state is None:
             lo = j
         else:
