@@ -99,7 +99,7 @@ def test_an_openvino_winner_on_images_of_many_widths_runs_every_width_in_the_use
     first batch of another width."""
     samples = line_data(40)
     loader = DataLoader(samples, batch_size=8, collate_fn=pad_to_widest)
-    autotune.optimize(
+    result = autotune.optimize(
         LineRecognizer(), loader, space={"base": None}, fix={"batch_size": 16, "runtime": "openvino"}, n_trials=2,
         out_dir=tmp_path, export=("onnx",), device="cpu", isolation="inprocess", measure=FAST, n_verify_pairs=2,
     )  # fmt: skip
@@ -112,6 +112,7 @@ def test_an_openvino_winner_on_images_of_many_widths_runs_every_width_in_the_use
     assert len(by_width) > 5
     served = autotune.load(tmp_path)
     for tuned in (autotune.apply(LineRecognizer(), tmp_path, device="cpu"),
+                  autotune.apply(LineRecognizer(), result.best_config, device="cpu"),  # the README's block
                   autotune.apply(LineRecognizer(), tmp_path, dataset=loader, device="cpu"), served):  # fmt: skip
         with torch.no_grad():
             for images in by_width.values():
