@@ -98,16 +98,10 @@ def _execute(code: Any, path: Path) -> dict[str, Any]:
     """Run the file as the module ``__autotune_cfg__``, registered while it lives: the compiler
     looks a traced function's module up by name, and the run's other processes receive its
     classes and functions by value into a module of the same name (:mod:`autotune.trial.usercode`)."""
-    import types
+    from autotune.trial.usercode import by_value_in_children, register_user_module
 
-    import cloudpickle
-
-    from autotune.trial.usercode import by_value_in_children
-
-    module = types.ModuleType(CFG_MODULE)
-    module.__file__ = str(path.resolve())
-    sys.modules[CFG_MODULE] = module  # a class's dataclass or typing machinery looks it up while it runs
-    cloudpickle.register_pickle_by_value(module)
-    by_value_in_children()  # a DataLoader's spawned workers cannot import it by name
+    # Registered before it runs: a class's dataclass or typing machinery looks it up meanwhile.
+    module = register_user_module(CFG_MODULE, str(path.resolve()))
+    by_value_in_children()  # a DataLoader's spawned workers cannot import it by name: by value
     exec(code, vars(module))
     return vars(module)

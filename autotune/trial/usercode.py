@@ -27,7 +27,7 @@ from typing import Any
 
 import cloudpickle
 
-__all__ = ["UserPickler", "by_value_in_children", "dumps", "pickle_module", "user_module"]
+__all__ = ["UserPickler", "by_value_in_children", "dumps", "pickle_module", "register_user_module", "user_module"]
 
 # Marks the modules this file made, so a second payload's functions share the first's namespace.
 _MARK = "__autotune_user_module__"
@@ -46,6 +46,13 @@ def user_module(name: str, file: str | None = None) -> types.ModuleType:
         if aliased is not None and getattr(aliased, _MARK, False):
             return aliased
         name = alias
+    return register_user_module(name, file)
+
+
+def register_user_module(name: str, file: str | None = None) -> types.ModuleType:
+    """A new module ``name`` for user code, registered in ``sys.modules`` (replacing any of that
+    name) and marked as one no other process can import: its classes and functions go to trial
+    workers and to spawned loader workers by value."""
     module = types.ModuleType(name)
     setattr(module, _MARK, True)
     if file:

@@ -215,3 +215,26 @@ def test_a_scripts_main_module_arrives_under_an_alias_beside_the_workers_own():
     name = f.__globals__["__name__"]
     assert name != "__main__" and vars(sys.modules[name]) is f.__globals__
     assert torch.compile(lambda x: f(x) + 0, backend="eager")(torch.tensor(2.5)).item() == 2.0  # f inlined
+
+
+SPAWNING = """
+import sys, torch
+from autotune.run.cfg import load_config
+cfg = load_config(sys.argv[1])
+loader = torch.utils.data.DataLoader(cfg["dataset"], batch_size=64, num_workers=1, multiprocessing_context="spawn",
+                                     collate_fn=cfg["collate_fn"])
+print(sum(int(b["label"].sum()) for b in loader))
+"""
+
+
+def test_a_cfg_dataset_reaches_spawned_loader_workers_of_the_process_that_loaded_it(tmp_path):
+    """The process that runs the cfg holds its classes in ``__autotune_cfg__``, which a spawned
+    process cannot import: they go by value."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(DATA_CFG)
+    done = subprocess.run(
+        [sys.executable, "-c", SPAWNING, str(cfg)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = int(sum(int(s["label"]) for s in load_config(cfg)["dataset"]))
+    assert int(done.stdout.split()[-1]) == expected
