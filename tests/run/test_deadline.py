@@ -61,8 +61,10 @@ def test_the_timeout_bounds_the_whole_run(tmp_path):
         measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
         n_trials=50,
         timeout=timeout,
-        # Scoring it takes 2 x 250 calls of 50 ms: longer than the margin, so it must be cut off.
-        test_dataset=classification_data(2000, seed=1),
+        # Scoring it takes at least 2 x 313 calls of 50 ms (31 s, at batch 64) and up to 2 x 2,500
+        # (at batch 8): longer than the whole run may take, whenever the search ends, so it must be
+        # cut off. (With 2,000 samples it fitted whenever the search ran out of batch sizes early.)
+        test_dataset=classification_data(20000, seed=1),
         out_dir=tmp_path,
         device="cpu",
         isolation="inprocess",
