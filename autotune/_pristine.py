@@ -18,7 +18,68 @@ from typing import Any
 
 import torch
 
-__all__ = ["State", "restore", "snapshot"]
+__all__ = ["State", "precision", "restore", "set_precision", "set_tf32", "snapshot", "tf32_on"]
+
+# The float32 precision settings of torch >= 2.9, by backend and operation (``""`` is the
+# generic one). Since 2.9, writing these and then reading or writing the legacy flags
+# (``allow_tf32``, ``set_float32_matmul_precision``), as newer inductor and transformers do, raises
+# a RuntimeError: where torch has them, they are the only ones read or written here.
+PRECISIONS = ("", "cuda.matmul", "cudnn", "cudnn.conv", "cudnn.rnn", "mkldnn", "mkldnn.matmul", "mkldnn.conv")
+
+
+def _backend(path: str) -> Any:
+    found: Any = torch.backends
+    for part in filter(None, path.split(".")):
+        found = getattr(found, part, None)
+    return found if hasattr(found, "fp32_precision") else None
+
+
+def _new_api() -> bool:
+    return _backend("cuda.matmul") is not None and _backend("cudnn.conv") is not None
+
+
+def precision() -> dict[str, Any]:
+    """The float32 precision settings: by backend where torch has ``fp32_precision``, else the
+    legacy flags."""
+    if _new_api():
+        return {path: _backend(path).fp32_precision for path in PRECISIONS if _backend(path) is not None}
+    return {
+        "matmul_precision": torch.get_float32_matmul_precision(),
+        "cuda_matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32,
+        "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+    }
+
+
+def set_precision(saved: dict[str, Any]) -> None:
+    """Put back settings :func:`precision` read (the generic setting first: the others inherit it)."""
+    if "matmul_precision" in saved:
+        # The precision first: setting it also sets the CUDA matmul TF32 flag, set right after.
+        torch.set_float32_matmul_precision(saved["matmul_precision"])
+        torch.backends.cuda.matmul.allow_tf32 = saved["cuda_matmul_allow_tf32"]
+        torch.backends.cudnn.allow_tf32 = saved["cudnn_allow_tf32"]
+        return
+    for path, value in saved.items():
+        backend = _backend(path)
+        if backend is not None and backend.fp32_precision != value:
+            backend.fp32_precision = value
+
+
+def set_tf32() -> None:
+    """TF32 tensor-core math for float32 matmuls (cuBLAS) and convolutions (cuDNN), through the
+    API this torch has."""
+    if _new_api():
+        _backend("cuda.matmul").fp32_precision = "tf32"
+        _backend("cudnn.conv").fp32_precision = "tf32"
+    else:
+        torch.set_float32_matmul_precision("high")
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def tf32_on() -> bool:
+    """Whether float32 matmuls on CUDA may use TF32 (what :func:`set_tf32` turns on)."""
+    if _new_api():
+        return _backend("cuda.matmul").fp32_precision == "tf32"
+    return torch.get_float32_matmul_precision() != "highest"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,9 +88,7 @@ class State:
 
     num_threads: int
     cudnn_benchmark: bool
-    cudnn_allow_tf32: bool
-    cuda_matmul_allow_tf32: bool
-    matmul_precision: str
+    precision: dict[str, Any]
     mha_fastpath: bool
     quantized_engine: str
     grad_enabled: bool
@@ -66,9 +125,7 @@ def snapshot() -> State:
     return State(
         num_threads=torch.get_num_threads(),
         cudnn_benchmark=torch.backends.cudnn.benchmark,
-        cudnn_allow_tf32=torch.backends.cudnn.allow_tf32,
-        cuda_matmul_allow_tf32=torch.backends.cuda.matmul.allow_tf32,
-        matmul_precision=torch.get_float32_matmul_precision(),
+        precision=precision(),
         mha_fastpath=torch.backends.mha.get_fastpath_enabled(),
         quantized_engine=torch.backends.quantized.engine,
         grad_enabled=torch.is_grad_enabled(),
@@ -90,11 +147,8 @@ def restore(state: State) -> None:
     inductor_config, dynamo_config = _configs()
     if torch.get_num_threads() != state.num_threads:
         torch.set_num_threads(state.num_threads)
-    # The precision first: setting it also sets the CUDA matmul TF32 flag, set right after.
-    torch.set_float32_matmul_precision(state.matmul_precision)
-    torch.backends.cuda.matmul.allow_tf32 = state.cuda_matmul_allow_tf32
+    set_precision(state.precision)
     torch.backends.cudnn.benchmark = state.cudnn_benchmark
-    torch.backends.cudnn.allow_tf32 = state.cudnn_allow_tf32
     torch.backends.mha.set_fastpath_enabled(state.mha_fastpath)
     if torch.backends.quantized.engine != state.quantized_engine:
         torch.backends.quantized.engine = state.quantized_engine

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import autotune
+from autotune._pristine import tf32_on
 from tests.models import MLP, CudaMemoryHog, TinyCNN, classification_data, image_data
 
 pytestmark = pytest.mark.gpu
@@ -35,7 +36,7 @@ class KnobProbe(TinyCNN):
             "amp_dtype": str(y.dtype).removeprefix("torch."),
             "channels_last": x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous(),
             "cudnn_benchmark": bool(torch.backends.cudnn.benchmark),
-            "tf32": torch.get_float32_matmul_precision() == "high",
+            "tf32": tf32_on(),
         }
         line = json.dumps(seen, sort_keys=True)
         if line not in _SEEN:

@@ -81,7 +81,8 @@ class Tf32(_CudaOnly):
     order = 82
     stage = Stage.RUNTIME
     help = (
-        "TF32 tensor-core math for float32 matmuls and convolutions (set_float32_matmul_precision('high')). CUDA sm80+."
+        "TF32 tensor-core math for float32 matmuls and convolutions (fp32_precision 'tf32' for cuBLAS and "
+        "cuDNN convolutions). CUDA sm80+."
     )
 
     def offer(self, ctx: SpaceContext) -> Offer:
@@ -98,8 +99,7 @@ class Tf32(_CudaOnly):
     def activate(self, value: bool) -> None:
         # False leaves PyTorch's defaults alone (float32 matmuls in full precision, cuDNN
         # convolutions allowed TF32, as stock PyTorch has them): the baseline is stock PyTorch.
-        import torch
-
         if value:
-            torch.set_float32_matmul_precision("high")
-            torch.backends.cudnn.allow_tf32 = True
+            from autotune._pristine import set_tf32
+
+            set_tf32()

@@ -16,26 +16,27 @@ MIN_TIMED_S = 1.0  # each row's timed epochs in one round last at least this
 
 @dataclasses.dataclass
 class Flags:
-    """The process-wide settings a row runs under."""
+    """The process-wide settings a row runs under (float32 precision through the API this torch
+    has: since torch 2.9 mixing the legacy TF32 flags with ``fp32_precision`` raises)."""
 
     cudnn_benchmark: bool
-    matmul_precision: str
-    cudnn_tf32: bool
+    precision: dict[str, Any]
 
     @classmethod
     def read(cls) -> Flags:
         import torch
 
-        return cls(
-            torch.backends.cudnn.benchmark, torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-        )
+        from autotune._pristine import precision
+
+        return cls(torch.backends.cudnn.benchmark, precision())
 
     def set(self) -> None:
         import torch
 
+        from autotune._pristine import set_precision
+
         torch.backends.cudnn.benchmark = self.cudnn_benchmark
-        torch.set_float32_matmul_precision(self.matmul_precision)
-        torch.backends.cudnn.allow_tf32 = self.cudnn_tf32
+        set_precision(self.precision)
 
 
 @dataclasses.dataclass

@@ -27,6 +27,8 @@ def test_cuda_settings_are_not_offered_on_cpu(cpu_env):
 
 @pytest.mark.gpu
 def test_cuda_settings_take_effect():
+    from autotune._pristine import tf32_on
+
     with settings_active({"cudnn_benchmark": True, "tf32": True}):
-        assert torch.backends.cudnn.benchmark and torch.get_float32_matmul_precision() == "high"
-    assert torch.get_float32_matmul_precision() == "highest"
+        assert torch.backends.cudnn.benchmark and tf32_on()
+    assert not tf32_on()

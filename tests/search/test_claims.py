@@ -131,16 +131,40 @@ def test_global_state_changed_by_a_build_is_restored_before_the_next():
 
 
 def test_tf32_off_keeps_pytorchs_defaults():
+    from autotune._pristine import precision, tf32_on
     from autotune.trial.build import settings_active
 
-    stock = torch.backends.cudnn.allow_tf32
+    stock = precision()
     with settings_active({"tf32": False}):
         # The baseline keeps stock PyTorch: cuDNN may use TF32, as PyTorch allows by default.
-        assert torch.backends.cudnn.allow_tf32 == stock
-        assert torch.get_float32_matmul_precision() == "highest"
+        assert precision() == stock and not tf32_on()
     with settings_active({"tf32": True}):
-        assert torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "high"
-    assert torch.backends.cudnn.allow_tf32 == stock and torch.get_float32_matmul_precision() == "highest"
+        assert tf32_on()
+    assert precision() == stock and not tf32_on()
+
+
+def test_precision_set_through_the_new_api_is_read_and_restored_without_mixing():
+    """torch >= 2.9 raises when the legacy TF32 flags are read after the per-backend
+    ``fp32_precision`` was set (newer inductor and transformers set it)."""
+    from autotune._pristine import precision, restore, snapshot, tf32_on
+    from autotune.trial.build import settings_active
+
+    matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if matmul is None:
+        pytest.skip("this torch has no fp32_precision API")
+    saved = snapshot()
+    try:
+        torch.backends.cuda.matmul.fp32_precision = "ieee"  # as a library does it
+        state = snapshot()  # reads nothing legacy: this raised before
+        with settings_active({"tf32": True}):
+            assert tf32_on()
+        assert not tf32_on() and precision() == state.precision
+        torch.backends.cudnn.conv.fp32_precision = "tf32"
+        restore(state)
+        assert precision() == state.precision
+    finally:
+        restore(saved)
+    assert precision() == saved.precision
 
 
 class _TwoProcesses(InProcessRunner):
