@@ -15,7 +15,9 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Env", "c_compiler", "cpu_info", "cxx_compiler", "nvidia_driver", "resolve_device", "usable_cpus"]
+__all__ = [
+    "Env", "c_compiler", "cpu_info", "cxx_compiler", "nvidia_driver", "resolve_device", "usable_cpus", "use_device",
+]  # fmt: skip
 
 # CPU flags (as /proc/cpuinfo names them) that decide which precisions pay off on a CPU.
 ISA_FLAGS = (
@@ -29,6 +31,24 @@ ISA_FLAGS = (
     "amx_bf16",
     "amx_int8",
 )
+
+
+def use_device(device: str) -> None:
+    """Make ``device`` this process's current CUDA device, where it is one.
+
+    CUDA events, streams and graphs made without a device are the current device's: with the
+    model on ``cuda:1`` and the current device 0, a timing event records on device 0's stream,
+    reads about 0 ms, and the host's launches look like the bottleneck. A worker measuring on
+    ``cuda:N`` calls this first.
+
+    Example:
+        >>> use_device("cpu")  # nothing to do off CUDA
+    """
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    torch.cuda.set_device(torch.device(device))
 
 
 def resolve_device(device: str) -> str:

@@ -53,3 +53,34 @@ def test_usable_cpus_read_a_cgroup_v1_quota(tmp_path, monkeypatch):
     assert usable_cpus(str(tmp_path)) == 3
     (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
     assert usable_cpus(str(tmp_path)) == 8
+
+
+def test_a_worker_on_cuda_n_makes_it_the_current_device(monkeypatch):
+    """Events and streams made without a device are the current device's: a model on cuda:1 timed
+    with events of device 0 read about 0 ms (a false "launch-bound"). There is no second GPU
+    here, so the call CUDA would get is what is checked."""
+    import torch
+
+    from autotune.env import use_device
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls.append(d))
+    use_device("cpu")
+    use_device("cuda:1")
+    assert calls == [torch.device("cuda:1")]
+
+
+@pytest.mark.gpu
+def test_a_trial_context_on_the_last_gpu_makes_it_current():
+    import torch
+
+    from autotune.config import Config
+    from autotune.trial.context import Context
+    from autotune.trial.spec import WorkerSpec
+    from tests.models import MLP, classification_data
+
+    last = torch.cuda.device_count() - 1
+    spec = WorkerSpec(model=MLP(), dataset=classification_data(32), metric=None, device=f"cuda:{last}",
+                      baseline=dict(Config({"batch_size": 8})), val_indices=list(range(8)))  # fmt: skip
+    Context(spec)
+    assert torch.cuda.current_device() == last

@@ -17,10 +17,12 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore, snapshot
+from autotune.env import use_device
 from autotune.errors import InputError
 from autotune.trial.faults import one_line, record_fault
 from autotune.trial.intervals import enough_rounds
 from autotune.trial.measure import draw_seed
+from autotune.trial.memory import check_host_memory
 from autotune.trial.spec import TrialResult, WorkerSpec
 
 __all__ = ["Context", "compiles", "instantiate_model"]
@@ -59,6 +61,7 @@ class Context:
     def __init__(self, spec: WorkerSpec) -> None:
         self.pristine = snapshot()
         self.spec = spec
+        use_device(spec.device)  # events and streams on the model's device (see use_device)
         torch.manual_seed(spec.seed)
         self.model = instantiate_model(spec)
         self.samples = [spec.dataset[i] for i in spec.val_indices]
@@ -101,12 +104,24 @@ class Context:
         result = TrialResult()
         self.fidelity = dict(fidelity or {})
         try:
+            # Priced before the build: a trial whose batches in flight would not fit the host's
+            # shared or available memory is not started (it would kill its workers, or the machine).
+            check_host_memory(config, self.sample_bytes * int(config.get("batch_size") or 1))
             self.trial(config, flat)
         except Exception as exc:
             record_fault(result, exc, self.spec.device)
             flat.update(status=result.status, kind=result.kind, reason=result.reason)
         flat["trial_s"] = time.perf_counter() - started
         return TrialResult.from_attrs(flat)
+
+    @property
+    def sample_bytes(self) -> int:
+        """Bytes of one sample's tensors (the first validation sample's)."""
+        from autotune.samples import tensor_leaves
+
+        if not self.samples:
+            return 0
+        return sum(t.numel() * t.element_size() for t in tensor_leaves(self.samples[0]) if hasattr(t, "element_size"))
 
     def trial(self, config: dict[str, Any], result: dict[str, Any]) -> None:
         """Build, measure and guard ``config``, filling ``result`` as figures come in (a guard
