@@ -38,7 +38,7 @@ def classify(exc: BaseException) -> tuple[str, str, str]:
     if isinstance(exc, TrialError):
         # A method that cannot apply to this model (nothing to quantize, say) rules the
         # candidate out like a guard failure; it says nothing about the rest of the space.
-        status = "infeasible" if exc.kind in ("nan", "unsupported") else "error"
+        status = "infeasible" if exc.kind in ("nan", "unsupported") else "oom" if exc.kind == "oom" else "error"
         return status, exc.kind, str(exc)
     if _is_oom(exc):
         return "oom", "oom", one_line(exc)

@@ -1,10 +1,21 @@
-"""A trial's own peak memory: the CUDA allocator's peak, or the growth of the resident set on a CPU."""
+"""A trial's own peak memory: the CUDA allocator's peak, or the growth of the resident set on a
+CPU; and the host memory its batches in flight would take, priced before it starts."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
+from typing import Any
+
 import torch
 
-__all__ = ["memory_mark"]
+from autotune.errors import TrialError
+
+__all__ = ["check_host_memory", "in_flight", "memory_mark"]
+
+# The share of free shared memory (/dev/shm: the workers' batches) and of available host memory
+# (pinned batches) the batches in flight may take: the rest is the model's and the dataset's.
+FLIGHT_SHARE = 0.5
 
 
 def _status_mib(field: str) -> float | None:
@@ -65,3 +76,66 @@ def _peak_mib(device: torch.device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def in_flight(config: Mapping[str, Any], batch_bytes: int) -> tuple[int, int]:
+    """Bytes of ``config``'s batches in flight: (in loader workers' shared memory, in all).
+
+    Each worker keeps ``prefetch_factor`` batches ready in shared memory; pinning copies each
+    of those once more, and the feeder thread (``feed_ahead``) holds as many again.
+
+    Example:
+        >>> in_flight({"num_workers": 8, "prefetch_factor": 4, "pin_memory": True}, 154 * 2**20)[0] // 2**30
+        4
+    """
+    workers = 0 if config.get("device_resident") else int(config.get("num_workers") or 0)
+    queued = workers * int(config.get("prefetch_factor") or 2) if workers else 0
+    shared = queued * batch_bytes
+    pinned = (queued + 1) * batch_bytes if config.get("pin_memory") and not config.get("device_resident") else 0
+    fed = int(config.get("feed_ahead") or 0) * batch_bytes
+    return shared, shared + pinned + fed + batch_bytes
+
+
+def _free(path: str) -> int | None:
+    try:
+        stat = os.statvfs(path)
+    except OSError:
+        return None
+    return stat.f_bavail * stat.f_frsize
+
+
+def _available() -> int | None:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().available)
+    except Exception:  # psutil missing or unsupported platform
+        return None
+
+
+def check_host_memory(
+    config: Mapping[str, Any], batch_bytes: int, shm_free: int | None = None, available: int | None = None
+) -> None:
+    """Raise before a trial whose batches in flight (:func:`in_flight`) would not fit
+    :data:`FLIGHT_SHARE` of the free shared memory or of the available host memory: 8 workers
+    with 8 batches ahead of a 154 MB batch fill a container's /dev/shm and kill the workers.
+
+    Raises:
+        TrialError: kind ``oom``, saying what it would take and what is free.
+    """
+    shared, total = in_flight(config, batch_bytes)
+    shm_free = _free("/dev/shm") if shm_free is None and shared else shm_free
+    if shared and shm_free is not None and shared > FLIGHT_SHARE * shm_free:
+        raise TrialError(
+            "oom",
+            f"not started: {config.get('num_workers')} loader workers x {config.get('prefetch_factor')} batches "
+            f"ahead take about {shared / 2**30:.1f} GiB of shared memory, and /dev/shm has "
+            f"{shm_free / 2**30:.1f} GiB free",
+        )
+    available = _available() if available is None else available
+    if available is not None and total > FLIGHT_SHARE * available:
+        raise TrialError(
+            "oom",
+            f"not started: its batches in flight take about {total / 2**30:.1f} GiB of host memory, and "
+            f"{available / 2**30:.1f} GiB are available",
+        )
