@@ -89,5 +89,8 @@ class CacheDecoded(Knob):
             return Offer([False], {"true": why})
         return Offer([False, True])
 
+    def applies(self, config: dict[str, Any]) -> bool:
+        return not config.get("device_resident", False)  # resident samples are decoded once already
+
     def apply(self, state: Any, value: bool) -> None:
         state.cache_decoded = value

@@ -89,6 +89,8 @@ def _take(source: Any, index: Any, pin: bool) -> Any:
     """``source[index]`` along the first dimension, as a new contiguous tensor."""
     import torch
 
+    if source.device.type != "cpu":  # on the device (device_resident, or the user's): gathered there
+        return _take_on_device(source, index)
     shape = (len(index), *source.shape[1:])
     out = None
     if source.device.type == "cpu":
@@ -103,6 +105,16 @@ def _take(source: Any, index: Any, pin: bool) -> Any:
     if out is None:
         return source.index_select(0, index)
     return torch.index_select(source, 0, index, out=out)
+
+
+def _take_on_device(source: Any, index: Any) -> Any:
+    """``source[index]`` for a tensor on a device: a slice for consecutive indices (an inference
+    pass), else an index copied there (shuffled training batches). Copied either way, so the
+    model may write into its batch."""
+    n = len(index)
+    if n and int(index[-1]) - int(index[0]) == n - 1 and (n == 1 or bool((index[1:] - index[:-1] == 1).all())):
+        return source.narrow(0, int(index[0]), n).clone()
+    return source.index_select(0, index.to(source.device, non_blocking=True))
 
 
 def gathered(dataset: Any, *, pin: bool = False, max_bytes: int | None = None) -> GatheredDataset | None:
@@ -217,8 +229,6 @@ class Gather(Knob):
     stage = Stage.LOADER
     choices = ("per_sample", "batched")
     default = "per_sample"
-    # The trial's loader; training mode builds its own from the loader keyword arguments.
-    modes = ("inference",)
     help = (
         "How a batch is read: per sample (each sample's __getitem__, then default_collate, as a DataLoader "
         "does) or batched (one index per tensor: a TensorDataset's tensors, the tensors __getitem__ slices, or "
@@ -245,6 +255,9 @@ class Gather(Knob):
             "or a list of samples)"
         )
         return Offer(["per_sample"], {"batched": why})
+
+    def applies(self, config: dict[str, Any]) -> bool:
+        return not config.get("device_resident", False)  # resident samples are gathered on the device
 
     def apply(self, state: Any, value: str) -> None:
         state.gather = value

@@ -12,6 +12,11 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 
 class _LoaderKnob(Knob):
+    def applies(self, config: dict[str, Any]) -> bool:
+        # With the samples on the device (device_resident) the loader reads in the calling
+        # process and pins nothing: its workers and pinning do not apply.
+        return not config.get("device_resident", False)
+
     def baseline(self, ctx: SpaceContext) -> Any:
         # A DataLoader given as the dataset is the baseline: its own settings, where they are values.
         value = ctx.loader.get(self.name, self.default)
@@ -43,7 +48,7 @@ class NumWorkers(_LoaderKnob):
 
 class _NeedsWorkers(_LoaderKnob):
     def applies(self, config: dict[str, Any]) -> bool:
-        return config.get("num_workers", 0) > 0
+        return super().applies(config) and config.get("num_workers", 0) > 0
 
 
 @register

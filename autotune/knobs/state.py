@@ -169,6 +169,9 @@ class BuildState:
             (:mod:`autotune.knobs.gather`).
         device_prefetch: Loaders yield batches already on a CUDA device, each copied on a side
             stream while the one before it runs (:class:`~autotune.knobs.prefetch.DevicePrefetcher`).
+        feed_ahead: Batches a background thread makes ahead of the model (0: none).
+        device_resident: Loaders read the samples from a copy on the device
+            (:mod:`autotune.knobs.resident`), kept in ``resident`` across this build's loaders.
     """
 
     model: Any
@@ -199,6 +202,9 @@ class BuildState:
     gather: str = "per_sample"
     gathered: Any = None  # (dataset, its GatheredDataset or None), kept across this build's loaders
     device_prefetch: bool = False
+    feed_ahead: int = 0
+    device_resident: bool = False
+    resident: Any = None  # (dataset, its copy on the device), kept across this build's loaders
 
     def batching(self, lengths: list[int] | None = None) -> Any:
         """The :class:`~autotune.batching.Batching` of this configuration (lengths default to

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.config import Config
-from autotune.errors import ConfigError, TrialError
+from autotune.errors import ConfigError, InputError, TrialError
 
 __all__ = ["applied_as", "apply", "dataloader", "training"]
 
@@ -113,7 +113,6 @@ def _unloaded(dataset: Any, collate_fn: Any) -> tuple[Any, Any]:
     one (its own collate unless ``collate_fn`` is given); anything else as it is."""
     from torch.utils.data import DataLoader
 
-    from autotune.errors import InputError
     from autotune.run.plan import loader_collate
 
     if not isinstance(dataset, DataLoader):
@@ -293,7 +292,8 @@ def dataloader(
             ``device_prefetch`` in the config and a CUDA device, the loader yields batches
             already there, each copied on a side stream while the one before it is used (a
             :class:`~autotune.knobs.prefetch.DevicePrefetcher`; ``batch.to(device)`` is then a
-            no-op). Without ``device`` the prefetcher is off and batches stay on the CPU.
+            no-op). Without ``device`` the prefetcher is off and batches stay on the CPU. With
+            ``feed_ahead``, a background thread makes the batches ahead of the loop.
         **overrides: Any other DataLoader argument (``shuffle=True`` for training, say); with
             any, batches keep the plain order.
 
@@ -325,14 +325,20 @@ def dataloader(
     batching = _batching(dataset, cfg, collate_fn, pad_values)
     collate = batching.collate
     from autotune.knobs.gather import gathered_for
+    from autotune.knobs.resident import host_free_kwargs, on_device
 
-    fast = gathered_for(dataset, state, batching) if "collate_fn" not in overrides else None
-    if fast is not None:
+    resident = state.device_resident and "collate_fn" not in overrides
+    fast = gathered_for(dataset, state, batching) if "collate_fn" not in overrides and not resident else None
+    if resident:
+        dataset, collate = _resident(dataset, device), batching.finish
+    elif fast is not None:
         dataset, collate = fast, batching.finish
     elif cfg["cache_decoded"]:
         from autotune.knobs.cache import cached
 
         dataset = cached(dataset)
+    if on_device(dataset) or resident:  # read on the device: no workers, nothing to pin
+        state.loader_kwargs = host_free_kwargs(state.loader_kwargs)
     plan = batching.sampler(len(dataset))
     if plan is not None and not overrides:
         kwargs = {k: v for k, v in state.loader_kwargs.items() if k != "batch_size"}
@@ -342,19 +348,28 @@ def dataloader(
     return _prefetched(loader, state, device)
 
 
+def _resident(dataset: Any, device: str | None) -> Any:
+    """``dataset``'s samples on ``device`` (the host's memory without one), for ``device_resident``."""
+    from autotune.env import resolve_device
+    from autotune.knobs.resident import resident
+
+    where = resolve_device(device) if device is not None else "cpu"
+    try:
+        return resident(dataset, where)
+    except TrialError as exc:
+        raise InputError(f"{exc}; pass another dataset, or a config with device_resident=False.") from None
+
+
 def _prefetched(loader: Any, state: Any, device: str | None) -> Any:
     """``loader`` behind a :class:`~autotune.knobs.prefetch.DevicePrefetcher` where the config
-    prefetches and ``device`` is a CUDA device, else ``loader``."""
-    if device is None or not state.device_prefetch:
-        return loader
-    from autotune.env import resolve_device
+    feeds ahead, or prefetches and ``device`` is a CUDA device, else ``loader``."""
+    from autotune.knobs.prefetch import fed
 
-    where = resolve_device(device)
-    if not where.startswith("cuda"):
-        return loader
-    from autotune.knobs.prefetch import DevicePrefetcher
+    if device is not None:
+        from autotune.env import resolve_device
 
-    return DevicePrefetcher(loader, where)
+        device = resolve_device(device)
+    return fed(loader, state, device)
 
 
 def _effective_from(config: Any) -> int | None:
@@ -427,7 +442,8 @@ def training(
         )
     except TrialError as exc:  # a config that cannot run here is the caller's input, not a trial's fault
         raise ConfigError(f"This config cannot train here: {exc}.") from None
-    if setup.loader.pin_memory and not torch.cuda.is_available():
-        setup.loader.pin_memory = False
+    inner = getattr(setup.loader, "loader", setup.loader)  # a DevicePrefetcher's DataLoader
+    if inner.pin_memory and not torch.cuda.is_available():
+        inner.pin_memory = False
     apply_settings(setup.settings)
     return setup

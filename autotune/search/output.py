@@ -174,10 +174,12 @@ def _run_claim(
     if late and why_unconfirmed is None:
         why_unconfirmed = f"deadline ({late[0]})"
     claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed, failed[0] if failed else None)
-    if (best.get("config") or {}).get("cache_decoded") and summary.get("mode") != "train":
+    config = best.get("config") or {}
+    if (config.get("cache_decoded") or config.get("device_resident")) and summary.get("mode") != "train":
         # Measured over passes that read the same samples again: true only where use does too.
-        claim["assumes"] = "the same samples are read again (repeated_passes): a cache of decoded samples pays there"
-        claim["sentence"] += "; assuming the same samples are read again, as the decoded-sample cache needs"
+        what = "samples kept on the device" if config.get("device_resident") else "a cache of decoded samples"
+        claim["assumes"] = f"the same samples are read again (repeated_passes): {what} pays there"
+        claim["sentence"] += f"; assuming the same samples are read again, as {what} needs"
     return claim
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from autotune.config import Config
+from autotune.errors import TrialError
 from autotune.knobs import REGISTRY, Stage
 from autotune.knobs.state import BuildExtras, BuildState, wrap
 from autotune.samples import batch_size_of, model_inputs
@@ -82,14 +83,19 @@ def make_loader(
 
     With ``gather="batched"``, samples that are rows of tensors are read a batch at a time
     (:func:`autotune.knobs.gather.gathered`): the same batches, one index per tensor. With
-    ``device_prefetch``, the loader comes wrapped in a
+    ``device_prefetch`` (on CUDA) or ``feed_ahead``, the loader comes wrapped in a
     :class:`~autotune.knobs.prefetch.DevicePrefetcher`, with the loader's length and attributes,
-    whose batches are on the device already: moving them there again copies nothing."""
+    whose batches are made ahead (and on the device already: moving them there again copies
+    nothing)."""
     import random
+
+    from autotune.knobs.resident import host_free_kwargs, on_device
 
     batching = state.batching()
     kwargs = dict(state.loader_kwargs)
     dataset, collate = _source(dataset, state, batching)
+    if on_device(dataset) or state.device_resident:  # read on the device: no workers, nothing to pin
+        kwargs = host_free_kwargs(kwargs)
     sequences = batching.lengths is not None and len(batching.lengths) == len(dataset)
     plan = batching.sampler(len(dataset)) if sequences else None
     if timing and sequences:
@@ -102,18 +108,32 @@ def make_loader(
         loader = torch.utils.data.DataLoader(dataset, batch_sampler=plan, collate_fn=collate, **kwargs)
     else:
         loader = torch.utils.data.DataLoader(dataset, shuffle=False, drop_last=drop_last, collate_fn=collate, **kwargs)
-    if state.device_prefetch:
-        from autotune.knobs.prefetch import DevicePrefetcher
+    from autotune.knobs.prefetch import fed
 
-        return DevicePrefetcher(loader, state.device)
-    return loader
+    return fed(loader, state, state.device)
+
+
+def _check_resident(batching: Any) -> None:
+    """Raise a trial error where ``device_resident`` cannot make the batches the run's collate makes."""
+    from torch.utils.data import default_collate
+
+    if batching.image_multiple != 1 or batching.collate_fn not in (None, default_collate):
+        raise TrialError("unsupported", "device_resident: a collate makes the batches, not default_collate")
 
 
 def _source(dataset: Any, state: BuildState, batching: Any) -> tuple[Any, Any]:
     """What a build's loaders read and the collate that batches it: with ``gather="batched"``,
     the gathered dataset and the batching's finish, where the samples allow it and
     ``default_collate`` is the base collate; else ``dataset`` (through the build's one cache with
-    ``cache_decoded``) and the batching's collate."""
+    ``cache_decoded``) and the batching's collate. With ``device_resident``, the samples' copy on
+    the device (made once per build and dataset) and the batching's finish."""
+    if state.device_resident:
+        if state.resident is None or state.resident[0] is not dataset:
+            from autotune.knobs.resident import resident
+
+            _check_resident(batching)
+            state.resident = (dataset, resident(dataset, state.device))
+        return state.resident[1], batching.finish
     if state.gather == "batched":
         if state.gathered is None or state.gathered[0] is not dataset:  # one check (or stack) per build
             from autotune.knobs.gather import gathered_for

@@ -52,6 +52,8 @@ LOADER_KNOBS = (
     "cache_decoded",
     "gather",
     "device_prefetch",
+    "feed_ahead",
+    "device_resident",
 )
 # The model alone is timed over the timed epoch's batches, cycled, up to this many bytes of them.
 MODEL_BYTES = 512 * 2**20

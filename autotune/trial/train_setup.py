@@ -234,11 +234,7 @@ def prepare(
         raise
     except Exception as exc:
         raise InputError(f"The optimizer factory raised {type(exc).__name__}: {exc}") from exc
-    kwargs = dict(state.loader_kwargs)
-    if sampler is not None:
-        loader = torch.utils.data.DataLoader(dataset, sampler=sampler, **kwargs)
-    else:
-        loader = torch.utils.data.DataLoader(dataset, shuffle=shuffle, drop_last=True, **kwargs)
+    loader = _loader(dataset, state, device, sampler, shuffle)
     return TrainingSetup(
         model=tuned,
         optimizer=optimizer,
@@ -253,6 +249,31 @@ def prepare(
         settings=dict(state.settings),
         channels_last=state.channels_last,
     )
+
+
+def _loader(dataset: Any, state: Any, device: str, sampler: Any, shuffle: bool) -> Any:
+    """The micro-batches' loader through the configuration's data path: the samples on the device
+    (``device_resident``) or gathered a batch at a time (``gather``), then fed ahead
+    (``feed_ahead``, ``device_prefetch``). The same batches as a plain DataLoader's."""
+    from autotune.knobs.gather import as_batch, gathered
+    from autotune.knobs.prefetch import fed
+    from autotune.knobs.resident import host_free_kwargs, on_device, resident
+
+    kwargs = dict(state.loader_kwargs)
+    if state.device_resident:
+        dataset = resident(dataset, device)
+    elif state.gather == "batched":
+        pin = bool(kwargs.get("pin_memory")) and not kwargs.get("num_workers")
+        dataset = gathered(dataset, pin=pin) or dataset
+    if hasattr(dataset, "fields"):  # whole batches come from the dataset
+        kwargs["collate_fn"] = as_batch
+    if on_device(dataset) or state.device_resident:  # read on the device: no workers, nothing to pin
+        kwargs = host_free_kwargs(kwargs)
+    if sampler is not None:
+        loader = torch.utils.data.DataLoader(dataset, sampler=sampler, **kwargs)
+    else:
+        loader = torch.utils.data.DataLoader(dataset, shuffle=shuffle, drop_last=True, **kwargs)
+    return fed(loader, state, device)
 
 
 def check_training(

@@ -34,7 +34,9 @@ def test_on_the_cpu_it_passes_the_loaders_batches_through():
 
 
 def test_make_loader_wraps_the_loader_and_the_timing_loop_reads_it():
-    state = build(TinyCNN(), Config({"batch_size": 8, "device_prefetch": True}), "cpu")
+    prefetch_only = build(TinyCNN(), Config({"batch_size": 8, "device_prefetch": True}), "cpu")
+    assert isinstance(make_loader(image_data(20), prefetch_only), torch.utils.data.DataLoader)  # no copy here
+    state = build(TinyCNN(), Config({"batch_size": 8, "device_prefetch": True, "feed_ahead": 2}), "cpu")
     loader = make_loader(image_data(20), state)
     assert isinstance(loader, DevicePrefetcher) and len(loader) == 3
     batches, _ = timing_batches(image_data(20), state, 1)
@@ -130,3 +132,108 @@ def _sleep_cycles(ms: float) -> int:
     end.record()
     end.synchronize()
     return max(1, int(1_000_000 * ms / start.elapsed_time(end)))
+
+
+# --- feed_ahead: the batches made on a background thread ------------------------------------------
+
+
+def _feeder_threads():
+    import threading
+
+    return [t for t in threading.enumerate() if t.name == "autotune-feeder"]
+
+
+@pytest.mark.parametrize("name", ["TensorDataset", "rows as a dict", "rows as a named tuple", "list of (image, int)"])
+@pytest.mark.parametrize("gather", ["per_sample", "batched"])
+def test_fed_batches_equal_the_loaders_own_in_order(name, gather):
+    from tests.knobs.test_gather import DATASETS, _assert_same
+
+    dataset = DATASETS[name]()
+    plain = build(torch.nn.Identity(), Config({"batch_size": 8, "gather": gather}), "cpu")
+    fed = build(torch.nn.Identity(), Config({"batch_size": 8, "gather": gather, "feed_ahead": 2}), "cpu")
+    for drop_last in (False, True):
+        want = list(make_loader(dataset, plain, drop_last=drop_last))
+        loader = make_loader(dataset, fed, drop_last=drop_last)
+        assert isinstance(loader, DevicePrefetcher) and len(loader) == len(want)
+        _assert_same(list(loader), want)
+    assert not _feeder_threads()
+
+
+def test_fed_batches_keep_the_users_collate_and_loader_workers():
+    def collate(samples):
+        return {"x": torch.stack([s[0] for s in samples]) * 2, "n": len(samples)}
+
+    data = image_data(21)
+    loader = torch.utils.data.DataLoader(data, batch_size=4, num_workers=2, collate_fn=collate)
+    got = list(DevicePrefetcher(loader, "cpu", ahead=4))
+    want = list(torch.utils.data.DataLoader(data, batch_size=4, collate_fn=collate))
+    assert [b["n"] for b in got] == [4, 4, 4, 4, 4, 1]
+    assert all(torch.equal(g["x"], w["x"]) for g, w in zip(got, want, strict=True))
+
+
+def test_a_loop_that_stops_early_leaves_no_thread_nor_loader_worker_behind():
+    import multiprocessing
+
+    loader = torch.utils.data.DataLoader(image_data(200), batch_size=2, num_workers=2)
+    batches = iter(DevicePrefetcher(loader, "cpu", ahead=2))
+    next(batches), next(batches)
+    assert len(_feeder_threads()) == 1
+    batches.close()  # what a ``break`` out of a for loop does, or dropping the iterator
+    assert not _feeder_threads()
+    deadline = time.monotonic() + 10
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()
+
+
+def test_an_endless_loader_stops_with_its_consumer():
+    from autotune.trial.train_setup import FixedOrder
+
+    loader = torch.utils.data.DataLoader(image_data(16), batch_size=4, sampler=FixedOrder(16, 4, seed=0))
+    batches = iter(DevicePrefetcher(loader, "cpu", ahead=2))
+    assert [len(next(batches)[0]) for _ in range(10)] == [4] * 10  # epoch after epoch
+    del batches
+    import gc
+
+    gc.collect()
+    assert not _feeder_threads()
+
+
+class _BadSample(torch.utils.data.Dataset):
+    def __len__(self):
+        return 20
+
+    def __getitem__(self, i):
+        if i == 13:
+            raise ValueError(f"sample {i} is corrupt")
+        return torch.zeros(2)
+
+
+def test_an_error_in_the_feeder_reaches_the_consumer_with_its_own_traceback():
+    import traceback
+
+    loader = torch.utils.data.DataLoader(_BadSample(), batch_size=4)
+    seen = []
+    with pytest.raises(ValueError, match="sample 13 is corrupt") as raised:
+        for batch in DevicePrefetcher(loader, "cpu", ahead=2):
+            seen.append(len(batch))
+    assert seen == [4, 4, 4]  # every batch before the bad one, in order
+    frames = [f.name for f in traceback.extract_tb(raised.value.__traceback__)]
+    assert "__getitem__" in frames  # where it was raised, not only where it was re-raised
+    assert not _feeder_threads()
+
+
+def test_the_user_loader_feeds_ahead_where_the_config_says_so():
+    data = image_data(10)
+    loader = autotune.dataloader(data, {"batch_size": 4, "feed_ahead": 2})
+    assert isinstance(loader, DevicePrefetcher) and loader.ahead == 2 and len(loader) == 3
+    want = list(torch.utils.data.DataLoader(data, batch_size=4))
+    assert all(torch.equal(g[0], w[0]) for g, w in zip(loader, want, strict=True))
+
+
+def test_feed_ahead_is_offered_on_cuda_only(cpu_env):
+    data = describe(image_data())
+    on_cpu = get_knob("feed_ahead").offer(SpaceContext(cpu_env, data, 8))
+    assert on_cpu.values == [0] and "workers" in on_cpu.excluded["2"]
+    cuda = dataclasses.replace(cpu_env, device="cuda:0")
+    assert get_knob("feed_ahead").offer(SpaceContext(cuda, data, 8)).values == [0, 2, 4]
