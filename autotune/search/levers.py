@@ -16,7 +16,14 @@ from autotune.search.space import SearchSpace
 # operation per batch for tensor-backed data, pinned memory with the next batch copied on a side
 # stream, workers kept alive with batches prefetched. A ResNet-50 fed per-sample collated batches
 # from pageable memory sat at 3,000 img/s on an H100 for every model recipe (bf16, compile).
-FEED = ("gather", "pin_memory", "num_workers")
+FEED = ("device_resident", "gather", "pin_memory", "num_workers")
+
+
+def fed(config: Mapping[str, Any]) -> bool:
+    """Whether ``config`` takes the data path's levers (:data:`FEED`'s, the feeder's, the
+    prefetcher's): the feed was worked on, so an input bound left is the host thread's."""
+    keys = ("feed_ahead", "device_resident", "device_prefetch", "num_workers")
+    return config.get("gather") == "batched" or any(config.get(k) for k in keys)
 
 
 # Loader workers on CUDA: as many as this, within the usable CPUs (the expert recipe's 8).
@@ -70,11 +77,15 @@ def _openvino(space: SearchSpace, shape: list[dict[str, Any]], auto: dict[str, A
 
 def _feed(space: SearchSpace, workers: list[int], cores: int, add: Callable[[str, list[dict[str, Any]]], None]) -> None:
     """Add the data path's levers on CUDA (:data:`FEED`) with ``add``."""
+    # The samples kept on the device, where they fit and are read again: no batch crosses the
+    # bus, nothing waits for the host but the launches (fed from a thread of their own first).
+    resident = {"device_resident": (True,)}
+    add("device_resident", _variants(space, {**resident, "feed_ahead": (2, 4)}, resident))
     add("gather", _variants(space, {"gather": ("batched",)}))
-    add(
-        "pin_memory",
-        _variants(space, {"pin_memory": (True,), "device_prefetch": (True,)}, {"pin_memory": (True,)}),
-    )
+    # Pinned batches copied on a side stream, made on the feeder thread (the host's gather or
+    # collate, pin and copy launch off the model's thread), else on the model's.
+    prefetch = {"pin_memory": (True,), "device_prefetch": (True,)}
+    add("pin_memory", _variants(space, {**prefetch, "feed_ahead": (2, 4)}, prefetch, {"pin_memory": (True,)}))
     if workers and space.baseline.get("num_workers") == 0:
         n = _nearest(workers, min(CUDA_WORKERS, cores))
         kept = {"num_workers": (n,), "persistent_workers": (True,), "prefetch_factor": (4, 8)}

@@ -48,7 +48,7 @@ from autotune.config import Config
 from autotune.errors import ConfigError
 from autotune.knobs import REGISTRY
 from autotune.search.cost import HEAVY_KNOBS, build_s, is_costly
-from autotune.search.levers import Lever, levers, size_levers  # re-exported: their former home
+from autotune.search.levers import Lever, fed, levers, size_levers  # re-exported: their former home
 from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
 
 __all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next", "size_levers"]
@@ -305,8 +305,13 @@ class Staged(Screening):
         own = self._own_batches(top, cheap, scores)
         dynamic = [{"compile_dynamic": True}] if top_config.get("padding", "as_given") != "as_given" else []
         # The model alone said the host's kernel launches bound it (small batches, small models):
-        # CUDA graphs replay the launches, first thing around the best.
-        graphs = [{"compile_mode": "reduce-overhead"}] if top.get("bound") == "launch-bound" else []
+        # CUDA graphs replay the launches, first thing around the best. Also where the best still
+        # waits for its input with the feed's levers on: the launches then sit on the host thread
+        # that feeds the device, and the graphs take them off it.
+        bound = top.get("bound")
+        graphs = [{"compile_mode": "reduce-overhead"}] if bound == "launch-bound" or (
+            bound == "input-bound" and self.device.startswith("cuda") and fed(top_config)
+        ) else []  # fmt: skip
         # Each of the recipe's levers (but the batch, which the neighbours cover) taken back out of
         # the best, when the recipe paid: measured only together, one of them may cost inside it.
         ablations = []

@@ -518,6 +518,29 @@ def test_a_launch_bound_best_tries_cuda_graphs_next():
     assert _best_config(study)["compile_mode"] == "reduce-overhead"
 
 
+def test_an_input_bound_best_whose_feed_was_worked_on_tries_cuda_graphs():
+    """The feed fixed (the feeder thread, the data on the device) and still input-bound: the
+    launches sit on the host thread that feeds the device, and CUDA graphs take them off it. A
+    best input-bound with nothing of the feed on gets the feed's levers first, not the graphs."""
+    values = {"batch_size": [8, 16], "feed_ahead": [0, 2], "compile_mode": ["none", "default", "reduce-overhead"]}
+    space = space_of(values)
+    space.baseline.update(batch_size=8)
+
+    def result(c):
+        speed = 1000.0 * (2 if c["feed_ahead"] else 1) * (1.5 if c["compile_mode"] == "reduce-overhead" else 1)
+        bound = "compute-bound" if c["compile_mode"] == "reduce-overhead" else "input-bound"
+        return {"status": "ok", "samples_per_s": speed, "metric_drop": 0.0, "bound": bound}
+
+    table = {k: result(c) for k, c in configs_of(space).items()}
+    study = _run_cuda(space, table, 5)
+    configs = [t.user_attrs["config"] for t in _measured(study)]
+    fed_at = next(i for i, c in enumerate(configs) if c["feed_ahead"])
+    graphs_at = next(i for i, c in enumerate(configs) if c["compile_mode"] == "reduce-overhead")
+    assert fed_at < graphs_at <= fed_at + 2, [Config(c).key() for c in configs]
+    assert configs[graphs_at]["feed_ahead"] == 2
+    assert _best_config(study)["compile_mode"] == "reduce-overhead"
+
+
 def test_a_space_offering_only_cuda_graphs_screens_the_compile_in_that_mode():
     """On an H200 a user's space of compile modes none and reduce-overhead never compiled: the
     compile lever knew only the default modes, bfloat16 ran 0.31x on a small MLP, and the
