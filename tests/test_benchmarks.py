@@ -462,3 +462,23 @@ def test_gpu_benchmark_rows_time_whole_epochs_under_their_own_settings():
         assert gpu_timing.model_alone(row, cpu, stock, len(data), min_s=0.01) > 0
     assert set(seen) == {(torch.bfloat16, False, flags.cudnn_benchmark)}  # autocast, channels-last, the row's flags
     assert gpu_timing.Flags.read() == stock  # given back after the row
+
+
+def test_the_gpu_benchmarks_resident_recipe_slices_batches_on_the_device_and_rows_rotate():
+    from torch.utils.data import TensorDataset
+
+    data = TensorDataset(torch.randn(600, 3, 8, 8), torch.zeros(600, dtype=torch.long))
+    cpu, stock = torch.device("cpu"), gpu_timing.Flags.read()
+    spec = {"model": lambda: torch.nn.Conv2d(3, 4, 3), "collate": None}
+    row = gpu.resident_row(spec, data, cpu, stock, compiled=False)
+    batches = list(row.loader)
+    assert [len(b[0]) for b in batches] == [256, 256, 88] and len(row.loader) == 3
+    assert torch.equal(torch.cat([b[0] for b in batches]), data.tensors[0])
+    with torch.inference_mode():
+        assert gpu_timing.time_epochs(row, cpu, stock, min_s=0.0) > 0
+    record = gpu._row_record(dataclasses.replace(row, rates=[50.0]), 25.0, 100.0)
+    assert record["x_baseline"] == 2.0 and record["of_alone"] == 0.5
+    doc = {"workload": "w", "unit": "images/s", "rows": [record], "claimed_speedup": None, "n_trials": 0,
+           "search_s": 0.0, "wall_s": 0.0}  # fmt: skip
+    assert "| w | resident | 50 images/s | 2.00x | 50% | 256 |" in gpu.table_text([doc])
+    assert [gpu.rotated([1, 2, 3], i)[0] for i in range(4)] == [1, 2, 3, 1]

@@ -237,3 +237,13 @@ def test_feed_ahead_is_offered_on_cuda_only(cpu_env):
     assert on_cpu.values == [0] and "workers" in on_cpu.excluded["2"]
     cuda = dataclasses.replace(cpu_env, device="cuda:0")
     assert get_knob("feed_ahead").offer(SpaceContext(cuda, data, 8)).values == [0, 2, 4]
+
+
+@pytest.mark.gpu
+def test_fed_batches_reach_cuda_in_order_from_the_feeder_thread():
+    loader = torch.utils.data.DataLoader(image_data(40), batch_size=8, pin_memory=True)
+    got = list(DevicePrefetcher(loader, "cuda:0", ahead=2))
+    assert len(got) == 5 and all(x.is_cuda and y.is_cuda for x, y in got)
+    for (x, y), (gx, gy) in zip(loader, got, strict=True):
+        assert torch.equal(x, gx.cpu()) and torch.equal(y, gy.cpu())
+    assert not _feeder_threads()
