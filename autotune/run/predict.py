@@ -65,7 +65,8 @@ class Predictor:
         if self._cached is not None and self._cached[0] is dataset:
             # The same samples again: the same loader (its persistent workers stay up) and order.
             return self._cached[1], self._cached[2], self._cached[3]
-        loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values)
+        # On the model's device, as the trials fed it: the prefetcher's copies, the samples kept there.
+        loader = dataloader(dataset, self.config, collate_fn=collate_fn, pad_values=self.pad_values, device=self.device)
         order = [i for ids in loader.batch_sampler for i in ids]
         self._cached = (dataset, loader, order, inverse_order(order))
         return loader, order, self._cached[3]
@@ -153,7 +154,8 @@ class Predictor:
             for batch in loader:
                 out = call_model(self.model, to_device(batch, where, non_blocking=non_blocking) if move else batch)
                 inputs = sample_inputs(batch)
-                chunks.append((outputs_to_cpu(out), None if inputs is None else inputs.get(MASK_KEY)))
+                mask = None if inputs is None else inputs.get(MASK_KEY)
+                chunks.append((outputs_to_cpu(out), mask.cpu() if isinstance(mask, torch.Tensor) else mask))
         self._compiled(before)
         return gather_outputs(chunks, inverse)
 
