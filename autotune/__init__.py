@@ -54,7 +54,7 @@ _LAZY = {
     "predictor": "autotune.run.predict",
     "Predictor": "autotune.run.predict",
     "profile": "autotune.run.profile",
-    "training": "autotune.run.apply",
+    "training": "autotune.run.training",
     "load_config": "autotune.run.cfg",
     "load": "autotune.deploy.entry",  # torch-free for an OpenVINO artifact, else autotune.deploy.serve.load
     "verify": "autotune.deploy.verify",
@@ -65,13 +65,14 @@ if TYPE_CHECKING:
     from autotune.deploy.entry import load
     from autotune.deploy.verify import verify
     from autotune.report.result import Result
-    from autotune.run.apply import apply, dataloader, training
+    from autotune.run.apply import apply, dataloader
     from autotune.run.cfg import load_config
     from autotune.run.collect import collect
     from autotune.run.optimize import optimize
     from autotune.run.plan import plan
     from autotune.run.predict import Predictor, predict, predictor
     from autotune.run.profile import profile
+    from autotune.run.training import training
 
 
 def __getattr__(name: str) -> Any:

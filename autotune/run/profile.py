@@ -185,7 +185,7 @@ def _profile_inference(
 def _profile_training(
     model: Any, dataset: Any, config: Any, trace: Path, device: str, loss_fn: Any, optimizer: Any
 ) -> dict[str, Any]:
-    from autotune.run.apply import training
+    from autotune.run.training import training
     from autotune.trial.profile import profile_training
 
     if loss_fn is None or optimizer is None:

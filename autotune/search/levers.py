@@ -191,6 +191,18 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
         # threads = cores), then beside the baseline's threads.
         free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
         add("num_workers", [*free, {"num_workers": n}])
+    # Training in several ranks (torchrun, DDP): every GPU, or on a CPU two ranks each on half the
+    # cores. A build of its own (a launch of its processes, seconds), tried once.
+    ranks = [w for w in space.values.get("world_size", ()) if w > 1]
+    if ranks:
+        w = ranks[-1] if cuda else ranks[0]
+        # Each rank takes 1/w of a step's samples: the baseline's micro-batch split w ways first
+        # (it divides the rank's share whenever it divided the effective batch).
+        split = base["batch_size"] // w if base["batch_size"] // w in space.values.get("batch_size", ()) else None
+        variants: list[dict[str, Any]] = [{"world_size": w}]
+        if split is not None:
+            variants.insert(0, {"world_size": w, "batch_size": split})
+        add("world_size", variants)
     for name, value in (
         ("channels_last", True),
         ("optimizer_impl", "fused"),

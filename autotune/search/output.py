@@ -180,6 +180,9 @@ def _run_claim(
         what = "samples kept on the device" if config.get("device_resident") else "a cache of decoded samples"
         claim["assumes"] = f"the same samples are read again (repeated_passes): {what} pays there"
         claim["sentence"] += f"; assuming the same samples are read again, as {what} needs"
+    if config.get("jpeg_draft"):  # what was decoded is not what the user's code alone decodes
+        claim["decoded"] = "JPEG files decoded at reduced scale (DCT scaling), as large as the first resize needs"
+        claim["sentence"] += "; with JPEG files decoded at reduced scale"
     return claim
 
 
@@ -203,6 +206,7 @@ def write_best(
     confirmation rounds' figures, whose ratio is the speedup; the trials' own are kept apart.
     """
     import autotune.report.summary as report
+    from autotune.knobs.distributed import launch_record
 
     claim = _run_claim(summary, baseline, best, confirmed, interrupted, why_unconfirmed)
     keys = (*report.METRIC_KEYS, "batch_size", *(report.TRAIN_KEYS if summary.get("mode") == "train" else ()))
@@ -246,6 +250,8 @@ def write_best(
             # The winner's int8 layers kept float, with their measured error: apply() reuses them.
             "int8": _int8_record(best),
             "rebuild": rebuild or summary.get("rebuild"),
+            # A winner that trains in several processes: the torchrun commands and DDP settings.
+            "launch": launch_record(dict(best["config"]), best),
             "trial_figures": {
                 "best": {k: best.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},
                 "baseline": {k: baseline.get(k) for k in ("samples_per_s", "latency_ms_p95", "cov", "noisy")},

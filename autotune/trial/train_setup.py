@@ -119,6 +119,11 @@ class TrainingSetup:
         non_blocking: Copy batches asynchronously (pinned memory).
         settings: Process-wide settings of the configuration (threads, cuDNN, TF32).
         channels_last: Whether inputs and weights are channels-last.
+        ddp: The ``DistributedDataParallel`` wrapper of ``model`` (``model`` itself, or its
+            compiled form) in a distributed run, else ``None``.
+        no_sync: In a distributed run, all-reduce gradients only on a step's last micro-batch.
+        sampler: The loader's sampler (a ``DistributedSampler`` in a distributed run: call its
+            ``set_epoch`` at each epoch).
     """
 
     model: torch.nn.Module
@@ -133,6 +138,9 @@ class TrainingSetup:
     non_blocking: bool = False
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
     channels_last: bool = False
+    ddp: Any = None
+    no_sync: bool = True
+    sampler: Any = None
 
     def autocast(self) -> Any:
         """The autocast context of the configuration (a no-op without mixed precision)."""
@@ -152,22 +160,30 @@ class TrainingSetup:
             you need the number).
         """
         total = torch.zeros((), device=self.device)
-        for _ in range(self.accumulation_steps):
-            batch = self.to_device(next(batches))
-            with self.autocast():
-                loss = loss_fn(call_model(self.model, batch), batch)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise InputError(
-                    f"`loss_fn` must return a scalar tensor, but returned {type(loss).__name__}"
-                    f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}."
-                )
-            loss = loss.float().reshape(()) / self.accumulation_steps
-            self.scaler.scale(loss).backward()
+        n = self.accumulation_steps
+        for i in range(n):
+            quiet = self.ddp is not None and self.no_sync and i < n - 1
+            with self.ddp.no_sync() if quiet else contextlib.nullcontext():
+                loss = self._backward(next(batches), loss_fn)
             total += loss.detach()
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return total
+
+    def _backward(self, batch: Any, loss_fn: Callable[[Any, Any], torch.Tensor]) -> torch.Tensor:
+        """One micro-batch's forward, loss and (scaled) backward; its share of the step's loss."""
+        batch = self.to_device(batch)
+        with self.autocast():
+            loss = loss_fn(call_model(self.model, batch), batch)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise InputError(
+                f"`loss_fn` must return a scalar tensor, but returned {type(loss).__name__}"
+                f"{tuple(loss.shape) if isinstance(loss, torch.Tensor) else ''}."
+            )
+        loss = loss.float().reshape(()) / self.accumulation_steps
+        self.scaler.scale(loss).backward()
+        return loss
 
 
 class FixedOrder(torch.utils.data.Sampler):

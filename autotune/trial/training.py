@@ -221,7 +221,11 @@ class TrainContext(Context):
             )
 
     def trial(self, config: dict[str, Any], result: dict[str, Any]) -> None:
-        """Train one configuration: guard steps, then timed steps."""
+        """Train one configuration: guard steps, then timed steps (in ``world_size`` ranks under
+        torchrun where it is more than one, :mod:`autotune.trial.ddp`)."""
+        if config.get("world_size", 1) > 1:
+            self._distributed(config, result)
+            return
         device = torch.device(self.spec.device)
         mark = memory_mark(device)
         run = self._guard_run(config)
@@ -251,17 +255,38 @@ class TrainContext(Context):
         result["peak_mem_mib"] = max(0.0, _peak_mib(device) - mark)
         result["n_params"] = self.info["n_params"]
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(setup.model)
-        self._judge(run, result)
+        metric = train_metric(run.setup, self.samples, self.spec.metric) if self.spec.metric is not None else None
+        self._judge(run.losses, result, metric)
 
-    def _judge(self, run: GuardRun, result: dict[str, Any]) -> None:
+    def _distributed(self, config: dict[str, Any], result: dict[str, Any]) -> None:
+        """``config``'s trial in its ranks (:func:`autotune.trial.ddp.launch`), judged as any."""
+        import tempfile
+        from pathlib import Path
+
+        from autotune.trial.ddp import launch
+        from autotune.trial.train_setup import accumulation
+
+        world = int(config["world_size"])
+        effective = self.spec.effective_batch_size or world * int(config["batch_size"])
+        if effective % world:
+            raise TrialError("unsupported", f"the effective batch size {effective} does not split into {world} ranks")
+        accumulation(int(config["batch_size"]), effective // world)  # before the launch: the rank's share
+        with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as folder:
+            got = launch(self.spec, config, Path(folder))
+        losses = got.pop("losses")
+        result.update(got, batch_size=config["batch_size"], n_guard_steps=len(losses))
+        check_curve(GuardRun(None, iter(()), losses, got["skipped_steps"], got["compile_s"]))  # type: ignore[arg-type]
+        result["n_params"] = self.info["n_params"]
+        self._judge(losses, result, got.get("metric"))
+
+    def _judge(self, losses: list[float], result: dict[str, Any], metric: float | None = None) -> None:
         """The guard: the final loss level within ``loss_tolerance`` of the baseline's (relative),
-        or, with a user metric, the metric after the steps within ``max_metric_drop``."""
-        final = final_loss(run.losses)
+        or, with a user metric, ``metric`` (after the steps) within ``max_metric_drop``."""
+        final = final_loss(losses)
         change = (final - self.reference_final) / max(abs(self.reference_final), 1e-12)
-        result.update(loss_first=run.losses[0], loss_final=final, loss_rel_change=change)
+        result.update(loss_first=losses[0], loss_final=final, loss_rel_change=change)
         if self.spec.metric is not None:
-            value = train_metric(run.setup, self.samples, self.spec.metric)
-            result["metric"], result["metric_drop"] = value, self.reference_metric - value
+            result["metric"], result["metric_drop"] = metric, self.reference_metric - metric
             return
         result["metric_drop"] = abs(change)
         if abs(change) > self.spec.loss_tolerance + 1e-12:
@@ -274,12 +299,16 @@ class TrainContext(Context):
                 ),
             )
 
-    def prepare(self, configs: list[dict[str, Any]]) -> list[tuple[TrainingSetup, Iterator[Any]]]:
+    def prepare(self, configs: list[dict[str, Any]]) -> list[tuple[Any, Any]]:
         # Every setup first: building a compiled one resets dynamo, which would throw away the
         # compiled code of those already warmed up and move their compilation into a timed round.
-        setups = [self.setup(config) for config in configs]
-        runs = []
+        # A distributed configuration is timed by launching its ranks in each round.
+        setups = [self.setup(config) if config.get("world_size", 1) == 1 else dict(config) for config in configs]
+        runs: list[Any] = []
         for setup in setups:
+            if isinstance(setup, dict):
+                runs.append((setup, None))
+                continue
             restore(self.pristine)
             with settings_active(setup.settings):
                 batches = iter(setup.loader)
@@ -309,8 +338,12 @@ class TrainContext(Context):
         training mode). ``seed`` and ``windows`` are unused: each round continues the setup's own
         epoch, so rounds already read different batches, over the run's timed steps."""
         setup, batches = prepared
-        with settings_active(setup.settings):
-            m = time_steps(setup, batches, self.spec.loss_fn, self.spec.measure)
+        if isinstance(setup, dict):  # a distributed configuration: its ranks launched for this round
+            m: dict[str, Any] = {}
+            self._distributed(setup, m)
+        else:
+            with settings_active(setup.settings):
+                m = time_steps(setup, batches, self.spec.loss_fn, self.spec.measure)
         row = {k: m[k] for k in ("samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov")}
         row["others_cpu"] = m.get("others_cpu", 0.0)
         return row

@@ -850,3 +850,14 @@ def test_refinement_builds_around_the_quickest_of_a_tie_not_a_compile_within_the
     assert staged._interactions(tied, staged._scores(tied), []) is None  # within the noise: not built again
     lifted = staged._interactions(ahead, staged._scores(ahead), [])
     assert lifted == {**larger, "compile_mode": "default-freezing"}, lifted
+
+
+def test_training_in_two_ranks_is_screened_with_the_micro_batch_split_between_them():
+    """A step's samples split over the ranks: the baseline's micro-batch (the whole effective
+    batch) would not divide a rank's share, so the lever halves it first."""
+    from autotune.search.levers import levers
+
+    space = space_of({"batch_size": [16, 32, 64], "world_size": [1, 2], "optimizer_impl": ["default", "fused"]})
+    space.baseline.update(batch_size=64)
+    found = {lever.name: lever.variants for lever in levers(space, 2, "cpu")}
+    assert found["world_size"] == ({"world_size": 2, "batch_size": 32}, {"world_size": 2})

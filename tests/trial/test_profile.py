@@ -54,7 +54,7 @@ def test_conv_and_channels_last_are_in_their_families(tmp_path):
 
 
 def test_a_training_step_has_forward_backward_and_optimizer_ranges(tmp_path):
-    from autotune.run.apply import training
+    from autotune.run.training import training
 
     data = classification_data()
     setup = training(MLP(), (torch.optim.SGD, {"lr": 0.1}), data, {"batch_size": 16}, device="cpu")

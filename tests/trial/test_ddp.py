@@ -1,0 +1,197 @@
+"""Distributed training trials (``world_size`` > 1): ranks under torchrun, gloo on the CPU, the
+loss curve of one process at the same global effective batch, ``no_sync`` counted in
+all-reduces, faults that leave nothing behind, and the user's own script on two "nodes"."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+import torch
+from torch import nn
+
+from autotune.config import Config
+from autotune.errors import ConfigError
+from autotune.trial.measure import MeasureSettings
+from autotune.trial.runner import InProcessRunner
+from autotune.trial.spec import WorkerSpec
+from tests.models import SmallCNN
+from tests.trial.test_training import _cross_entropy, _digits
+
+
+class KilledOnRank1(SmallCNN):
+    """Rank 1 of a distributed run kills itself in its third forward pass."""
+
+    calls = 0
+
+    def forward(self, x):
+        KilledOnRank1.calls += 1
+        if os.environ.get("RANK") == "1" and KilledOnRank1.calls == 3:
+            os.kill(os.getpid(), 9)
+        return super().forward(x)
+
+
+class HangsOnRank1(SmallCNN):
+    """Rank 1 of a distributed run never ends its third forward pass."""
+
+    calls = 0
+
+    def forward(self, x):
+        HangsOnRank1.calls += 1
+        if os.environ.get("RANK") == "1" and HangsOnRank1.calls == 3:
+            time.sleep(3600)
+        return super().forward(x)
+
+
+def _runner(model=None):
+    spec = WorkerSpec(
+        model=model if model is not None else SmallCNN(),
+        dataset=_digits(),
+        metric=None,
+        device="cpu",
+        baseline=dict(Config({"batch_size": 16})),
+        val_indices=list(range(32)),
+        measure=MeasureSettings(n_windows=2, window_s=0.1, warmup_batches=1, n_remeasure=0),
+        loss_fn=_cross_entropy,
+        mode="train",
+        optimizer=(torch.optim.SGD, {"lr": 0.05}),
+        effective_batch_size=32,
+        n_train_steps=8,
+    )
+    return InProcessRunner(spec)
+
+
+def _ranks_left() -> list:
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        line = " ".join(p.info["cmdline"] or [])
+        if "autotune.trial.ddp" in line or "torch.distributed.run" in line:
+            found.append(line)
+    return found
+
+
+def _settled(deadline_s: float = 20.0) -> list:
+    end = time.monotonic() + deadline_s
+    while _ranks_left() and time.monotonic() < end:
+        time.sleep(0.2)
+    return _ranks_left()
+
+
+def test_two_ranks_train_the_loss_curve_of_one_process_and_no_sync_saves_the_all_reduces():
+    runner = _runner()
+    base = runner.run(dict(Config({"batch_size": 16})), timeout=300)
+    assert base.status == "ok"
+    runs = {
+        "no accumulation": {"batch_size": 16},
+        "accumulation, no_sync": {"batch_size": 8},
+        "accumulation, every step": {"batch_size": 8, "ddp_no_sync": False},
+    }
+    got = {}
+    for name, values in runs.items():
+        result = runner.run(dict(Config({**values, "world_size": 2})), timeout=300)
+        assert result.status == "ok", (name, result.reason)
+        got[name] = result.metrics
+        # The same 32 samples a step (16 or 2 x 8 per rank, 2 ranks), the same initial weights.
+        assert result.metrics["effective_batch_size"] == 32 and result.metrics["world_size"] == 2
+        assert abs(result.metrics["loss_rel_change"]) < 1e-4, (name, result.metrics["loss_final"])
+        assert result.metrics["loss_first"] == pytest.approx(base.metrics["loss_first"], rel=1e-4)
+    buckets = got["no accumulation"]["allreduces_per_step"]
+    assert buckets >= 1 and got["accumulation, no_sync"]["accumulation_steps"] == 2
+    assert got["accumulation, no_sync"]["allreduces_per_step"] == buckets  # only the step's last micro-batch
+    assert got["accumulation, every step"]["allreduces_per_step"] == 2 * buckets
+    assert not _settled()
+
+
+def test_a_rank_killed_mid_step_ends_the_trial_and_leaves_no_process():
+    runner = _runner(KilledOnRank1())
+    assert runner.run(dict(Config({"batch_size": 16})), timeout=300).status == "ok"
+    started = time.monotonic()
+    result = runner.run(dict(Config({"batch_size": 16, "world_size": 2})), timeout=120)
+    assert result.status == "error" and result.kind == "crash", result.reason
+    assert "rank" in result.reason and time.monotonic() - started < 120
+    assert not _settled()
+    assert runner.run(dict(Config({"batch_size": 8})), timeout=300).status == "ok"  # the search goes on
+
+
+@pytest.mark.slow  # waits out a trial limit
+def test_a_rank_hung_in_a_collective_is_stopped_at_the_trials_limit():
+    runner = _runner(HangsOnRank1())
+    assert runner.run(dict(Config({"batch_size": 16})), timeout=300).status == "ok"
+    started = time.monotonic()
+    result = runner.run(dict(Config({"batch_size": 16, "world_size": 2})), timeout=25)
+    assert result.status == "timeout", result.reason
+    assert time.monotonic() - started < 25 + 30
+    assert not _settled()
+
+
+def test_training_outside_torchrun_says_how_to_launch_it():
+    import autotune
+
+    data = [(torch.randn(8), torch.tensor(i % 2)) for i in range(64)]
+    with pytest.raises(ConfigError, match=r"torchrun --standalone --nproc-per-node=2"):
+        autotune.training(nn.Linear(8, 2), (torch.optim.SGD, {"lr": 0.1}), data, {"batch_size": 8, "world_size": 2},
+                          device="cpu")  # fmt: skip
+
+
+USER_SCRIPT = """
+import json, sys, torch
+import torch.distributed as dist
+import autotune
+
+x = torch.randn(256, 8, generator=torch.Generator().manual_seed(0))
+data = [(x[i], (x[i, 0] > 0).long()) for i in range(256)]
+torch.manual_seed(0)
+config = {"batch_size": 8, "world_size": 2, "ddp_bucket_cap_mb": 5}
+t = autotune.training(torch.nn.Linear(8, 2), (torch.optim.SGD, {"lr": 0.5}), data, config, device="cpu",
+                      effective_batch_size=32)
+losses = []
+for epoch in range(3):
+    t.sampler.set_epoch(epoch)
+    batches = iter(t.loader)
+    for _ in range(len(t.loader) // t.accumulation_steps):
+        losses.append(t.step(batches, lambda out, b: torch.nn.functional.cross_entropy(out, b[1])).item())
+weights = [p.detach().clone() for p in t.model.parameters()]
+rank = dist.get_rank()
+print(json.dumps({"rank": rank, "world": dist.get_world_size(), "first": losses[0], "last": losses[-1],
+                  "steps": len(losses), "weights": weights[0].flatten()[:4].tolist()}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_the_users_script_trains_on_two_nodes_meeting_at_a_c10d_rendezvous(tmp_path):
+    """Two torchrun agents (two "machines" of one process each) meet at a local c10d endpoint, as
+    best_config.json's multi-machine command line says, and run the user's own loop."""
+    from autotune.trial.ddp import torchrun_command
+
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(USER_SCRIPT))
+    endpoint = f"127.0.0.1:{_free_port()}"
+    env = {**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
+    agents = [
+        subprocess.Popen(torchrun_command(1, [str(script)], nnodes=2, endpoint=endpoint) + [],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)  # fmt: skip
+        for _ in range(2)
+    ]
+    outputs = [a.communicate(timeout=240) for a in agents]
+    assert all(a.returncode == 0 for a in agents), [o[1][-2000:] for o in outputs]
+    import json
+
+    ranks = sorted((json.loads(line) for o in outputs for line in o[0].splitlines() if line.startswith("{")),
+                   key=lambda r: r["rank"])  # fmt: skip
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["world"] == 2 for r in ranks)
+    assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP kept the replicas equal
+    assert ranks[0]["steps"] == 3 * (256 // 32) and ranks[0]["last"] < ranks[0]["first"]
+    assert not _settled()
+    assert sys.executable  # the agents ran this interpreter
