@@ -55,6 +55,9 @@ class SpaceContext:
     n_quantizable: int | None = None
     # The same samples are read again in use (training epochs, or the user's repeated_passes).
     repeated_passes: bool = False
+    # What the samples' first resize needs of the JPEG files their __getitem__ decodes with PIL
+    # ("shorter side 256"), where decoding them at reduced scale applies (autotune.knobs.decode).
+    jpeg: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)

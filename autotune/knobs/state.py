@@ -203,6 +203,8 @@ class BuildState:
     gathered: Any = None  # (dataset, its GatheredDataset or None), kept across this build's loaders
     device_prefetch: bool = False
     feed_ahead: int = 0
+    jpeg_draft: bool = False
+    drafted: Any = None  # (dataset, its DraftedDataset), kept across this build's loaders
     device_resident: bool = False
     resident: Any = None  # (dataset, its copy on the device), kept across this build's loaders
 

@@ -107,6 +107,15 @@ def _check_model(model: Any) -> None:
         )
 
 
+def _jpeg_rule(dataset: Any) -> str | None:
+    """What the samples' first resize needs of their JPEGs (:func:`autotune.knobs.decode.probe`),
+    in words, or ``None`` where reduced-scale decoding does not apply."""
+    from autotune.knobs.decode import probe
+
+    rule = probe(dataset)
+    return None if rule is None else rule.describe()
+
+
 def _no_calibration(n_samples: int, n_val: int, loss_fn: Any, train_dataset: Any) -> str | None:
     from autotune.samples import calibration_split
 
@@ -173,6 +182,7 @@ def plan(
         repeated_passes=repeated_passes or mode == "train",
         no_calibration=_no_calibration(data.n_samples, n_val, loss_fn, train_dataset),
         n_quantizable=n_quantizable(model),
+        jpeg=_jpeg_rule(inputs.dataset),
         effective_batch_size=None
         if mode != "train" or allow_batch_change
         else (effective_batch_size or baseline_batch_size),

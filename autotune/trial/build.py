@@ -126,7 +126,14 @@ def _source(dataset: Any, state: BuildState, batching: Any) -> tuple[Any, Any]:
     the gathered dataset and the batching's finish, where the samples allow it and
     ``default_collate`` is the base collate; else ``dataset`` (through the build's one cache with
     ``cache_decoded``) and the batching's collate. With ``device_resident``, the samples' copy on
-    the device (made once per build and dataset) and the batching's finish."""
+    the device (made once per build and dataset) and the batching's finish. With ``jpeg_draft``,
+    the samples are read with JPEGs decoded at reduced scale (:mod:`autotune.knobs.decode`)."""
+    if state.jpeg_draft:
+        if state.drafted is None or state.drafted[0] is not dataset:
+            from autotune.knobs.decode import drafted_dataset
+
+            state.drafted = (dataset, drafted_dataset(dataset))
+        dataset = state.drafted[1]
     if state.device_resident:
         if state.resident is None or state.resident[0] is not dataset:
             from autotune.knobs.resident import resident

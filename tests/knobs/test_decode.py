@@ -1,0 +1,140 @@
+"""``jpeg_draft``: JPEG photos decoded at reduced scale where the dataset's own ``__getitem__``
+opens them with PIL and first resizes them, judged by the guard; PNGs, small JPEGs and corrupt
+files are read as before."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("PIL")
+pytest.importorskip("sklearn")
+
+from benchmarks.vision.photos import LightCNN, PhotoFolder, eval_transform, make_photos  # noqa: E402
+
+import autotune  # noqa: E402
+from autotune.config import Config  # noqa: E402
+from autotune.data import describe  # noqa: E402
+from autotune.knobs import SpaceContext, get_knob  # noqa: E402
+from autotune.knobs.decode import DraftedDataset, DraftRule, drafted, probe  # noqa: E402
+from autotune.trial.build import build, make_loader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("photos")
+    make_photos(folder, 6)
+    return PhotoFolder(folder)
+
+
+class Sizes(PhotoFolder):
+    """Records the size PIL hands over after the decode: what was decoded."""
+
+    seen: list = []
+
+    def __getitem__(self, i):
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as image:
+            rgb = image.convert("RGB")
+            Sizes.seen.append(rgb.size)
+            return eval_transform(rgb), 0
+
+
+def test_real_photos_decode_smaller_with_the_same_output_shape_and_close_values(photos):
+    rule = probe(photos)
+    assert rule == DraftRule(shorter=256)
+    sizes = Sizes(photos.paths[0].parent)
+    Sizes.seen.clear()
+    full = [sizes[i][0] for i in range(len(sizes))]
+    reduced = [DraftedDataset(sizes, rule)[i][0] for i in range(len(sizes))]
+    decoded_full, decoded_small = Sizes.seen[: len(sizes)], Sizes.seen[len(sizes) :]
+    for big, small in zip(decoded_full, decoded_small, strict=True):
+        assert small[0] < big[0] and min(small) >= 256  # a DCT scale, still as large as the resize needs
+    for a, b in zip(full, reduced, strict=True):
+        assert a.shape == b.shape == (3, 224, 224)
+        # The same picture: a resize from the DCT-scaled image is a little sharper than PIL's
+        # antialiased one from the full decode (about 5 levels of 255 on average); the guard
+        # judges what that does to the model's outputs.
+        assert torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1] > 0.97
+        assert (a - b).abs().mean() < 0.15
+
+
+def test_pngs_and_small_jpegs_are_left_alone(tmp_path, photos):
+    from PIL import Image
+
+    png = tmp_path / "png"
+    png.mkdir()
+    for i, path in enumerate(photos.paths[:3]):
+        Image.open(path).save(png / f"p{i}.png")
+    assert probe(PhotoFolder(png)) is None  # no JPEG decoded
+    small = tmp_path / "small"
+    small.mkdir()
+    for i, path in enumerate(photos.paths[:3]):
+        Image.open(path).resize((400, 300)).save(small / f"s{i}.jpg", quality=90)
+    assert probe(PhotoFolder(small)) is None  # the resize needs more than half of it
+    big_rule = DraftRule(shorter=256)
+    assert big_rule.request(400, 300) is None
+    with drafted(big_rule):  # a JPEG too small to scale decodes at full size
+        assert Image.open(small / "s0.jpg").convert("RGB").size == (400, 300)
+
+
+def test_a_crop_before_the_resize_keeps_the_full_decode(photos):
+    class CropFirst(PhotoFolder):
+        def __getitem__(self, i):
+            from PIL import Image
+
+            with Image.open(self.paths[i]) as image:
+                return eval_transform(image.convert("RGB").crop((0, 0, 800, 800))), 0
+
+    assert probe(CropFirst(photos.paths[0].parent)) is None
+
+
+def test_a_corrupt_file_raises_what_it_raises_without_the_lever(tmp_path, photos):
+    data = photos.paths[0].read_bytes()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "a.jpg").write_bytes(data[: len(data) // 3])  # cut off mid-scan
+    folder = PhotoFolder(bad)
+    errors = []
+    for dataset in (folder, DraftedDataset(folder, DraftRule(shorter=256))):
+        with pytest.raises(Exception) as raised:
+            dataset[0]
+        errors.append((type(raised.value), str(raised.value)))
+    assert errors[0] == errors[1]
+
+
+def test_offered_where_the_probe_found_a_rule(cpu_env):
+    data = describe([(torch.zeros(3, 8, 8), 0)] * 4)
+    knob = get_knob("jpeg_draft")
+    assert knob.offer(SpaceContext(cpu_env, data, 8)).values == [False]
+    found = SpaceContext(cpu_env, data, 8, jpeg="shorter side 256")
+    assert knob.offer(found).values == [False, True]
+
+
+def test_the_build_and_the_user_loader_read_the_photos_drafted(photos):
+    state = build(torch.nn.Identity(), Config({"batch_size": 4, "jpeg_draft": True}), "cpu")
+    loader = make_loader(photos, state)
+    assert isinstance(loader.dataset, DraftedDataset)
+    assert make_loader(photos, state).dataset is loader.dataset  # one wrapper per build
+    user = autotune.dataloader(photos, {"batch_size": 4, "jpeg_draft": True, "num_workers": 2})
+    got = torch.cat([x for x, _ in user])
+    want = torch.stack([DraftedDataset(photos, DraftRule(shorter=256))[i][0] for i in range(len(photos))])
+    assert torch.equal(got, want)  # in loader workers too
+
+
+@pytest.mark.slow  # a short search on real photos
+def test_a_search_over_photos_picks_reduced_scale_and_its_claim_says_so(photos, tmp_path):
+    result = autotune.optimize(LightCNN().eval(), photos, space={"base": None, "jpeg_draft": [False, True]},
+                               baseline_batch_size=2, n_trials=2, out_dir=tmp_path, export=(), device="cpu",
+                               measure={"n_windows": 2, "window_s": 0.2, "warmup_batches": 1})  # fmt: skip
+    assert result.best_config["jpeg_draft"] is True
+    assert "reduced scale" in result.claim
+
+
+def test_dataclass_rule_is_hashable():
+    assert dataclasses.asdict(DraftRule(size=(224, 224))) == {"shorter": None, "size": (224, 224)}
+    assert np.isfinite(1.0)
