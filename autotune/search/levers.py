@@ -93,6 +93,15 @@ def _feed(space: SearchSpace, workers: list[int], cores: int, add: Callable[[str
             [{"num_workers": n}])  # fmt: skip
 
 
+def _cpu_workers(space: SearchSpace, workers: list[int], cores: int, add: Callable[..., None]) -> None:
+    """Add the loader workers' lever on a CPU with ``add``: workers beside the threads they leave
+    free (a perf guide's recipe: workers plus threads = cores), then beside the baseline's threads."""
+    if workers and space.baseline.get("num_workers") == 0:
+        n = _nearest(workers, min(2, cores))
+        free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
+        add("num_workers", [*free, {"num_workers": n}])
+
+
 def _trims(space: SearchSpace, shape: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The padding lever's variants: trimmed padding with length grouping (``shape``), else alone."""
     trims = shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")})
@@ -151,12 +160,17 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
     # behind the user's own collate, which does the padding).
     image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
     add("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
+    # Photos decoded in __getitem__ and shrunk by its first resize: decoded at the scale the resize
+    # needs (1-2 MP JPEGs to a shorter side of 256 on one core: 22 ms a photo, 10 ms drafted).
+    add("jpeg_draft", _variants(space, {"jpeg_draft": (True,)}))
+    workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
+    cuda = device.startswith("cuda")
+    if found and found[-1].name == "jpeg_draft" and not cuda:  # decode-bound: workers next (see screen)
+        _cpu_workers(space, workers, cores, add)
     add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
     auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
     ov_float, ov_int8 = _openvino(space, shape, auto)
     add("openvino", ov_float)
-    workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
-    cuda = device.startswith("cuda")
     if cuda:
         _feed(space, workers, cores, add)
     ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
@@ -185,24 +199,18 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
         "cache_decoded",
         _variants(space, {"cache_decoded": (True,)}, {"cache_decoded": (True,), "persistent_workers": (True,)}),
     )
-    if workers and base.get("num_workers") == 0 and not cuda:
-        n = _nearest(workers, min(2, cores))
-        # The workers beside the threads they leave free (a perf guide's recipe: workers plus
-        # threads = cores), then beside the baseline's threads.
-        free = _variants(space, {"num_workers": (n,), "num_threads": (max(1, cores - n),)})
-        add("num_workers", [*free, {"num_workers": n}])
+    if not cuda and not any(lever.name == "num_workers" for lever in found):
+        _cpu_workers(space, workers, cores, add)
     # Training in several ranks (torchrun, DDP): every GPU, or on a CPU two ranks each on half the
     # cores. A build of its own (a launch of its processes, seconds), tried once.
     ranks = [w for w in space.values.get("world_size", ()) if w > 1]
     if ranks:
         w = ranks[-1] if cuda else ranks[0]
-        # Each rank takes 1/w of a step's samples: the baseline's micro-batch split w ways first
-        # (it divides the rank's share whenever it divided the effective batch).
+        # Each rank takes 1/w of a step's samples: the baseline's micro-batch split w ways (it
+        # divides the rank's share whenever it divided the effective batch; the whole micro-batch
+        # would not, where it was the effective batch).
         split = base["batch_size"] // w if base["batch_size"] // w in space.values.get("batch_size", ()) else None
-        variants: list[dict[str, Any]] = [{"world_size": w}]
-        if split is not None:
-            variants.insert(0, {"world_size": w, "batch_size": split})
-        add("world_size", variants)
+        add("world_size", [{"world_size": w} if split is None else {"world_size": w, "batch_size": split}])
     for name, value in (
         ("channels_last", True),
         ("optimizer_impl", "fused"),

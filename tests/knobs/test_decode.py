@@ -10,17 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-pytest.importorskip("PIL")
-pytest.importorskip("sklearn")
-
-from benchmarks.vision.photos import LightCNN, PhotoFolder, eval_transform, make_photos  # noqa: E402
-
-import autotune  # noqa: E402
-from autotune.config import Config  # noqa: E402
-from autotune.data import describe  # noqa: E402
-from autotune.knobs import SpaceContext, get_knob  # noqa: E402
-from autotune.knobs.decode import DraftedDataset, DraftRule, drafted, probe  # noqa: E402
-from autotune.trial.build import build, make_loader  # noqa: E402
+import autotune
+from autotune.config import Config
+from autotune.data import describe
+from autotune.knobs import SpaceContext, get_knob
+from autotune.knobs.decode import DraftedDataset, DraftRule, drafted, probe
+from autotune.trial.build import build, make_loader
+from benchmarks.vision.photos import LightCNN, PhotoFolder, eval_transform, make_photos
 
 
 @pytest.fixture(scope="module")

@@ -454,6 +454,7 @@ class _SlowFirstCall(MLP):
         return super().forward(x)
 
 
+@pytest.mark.slow  # CI time (27 s): the other confirmation tests run its rounds; this one prices builds apart
 def test_without_a_time_limit_the_confirmation_counts_its_rounds_not_its_builds():
     """Without a run timeout the confirmation had 90 s plus twice the builds the trials measured
     (a cold compile): a compiled pick's claim took 141-218 s. The builds are now paid as they

@@ -179,11 +179,9 @@ def test_the_users_script_trains_on_two_nodes_meeting_at_a_c10d_rendezvous(tmp_p
     script.write_text(textwrap.dedent(USER_SCRIPT))
     endpoint = f"127.0.0.1:{_free_port()}"
     env = {**os.environ, "PYTHONPATH": os.getcwd(), "OMP_NUM_THREADS": "1"}
-    agents = [
-        subprocess.Popen(torchrun_command(1, [str(script)], nnodes=2, endpoint=endpoint) + [],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path)  # fmt: skip
-        for _ in range(2)
-    ]
+    command = torchrun_command(1, [str(script)], nnodes=2, endpoint=endpoint)
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True, "env": env, "cwd": tmp_path}
+    agents = [subprocess.Popen(command, **pipes) for _ in range(2)]
     outputs = [a.communicate(timeout=240) for a in agents]
     assert all(a.returncode == 0 for a in agents), [o[1][-2000:] for o in outputs]
     import json

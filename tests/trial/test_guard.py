@@ -115,7 +115,11 @@ def accuracy(outputs, batch):
     return (outputs.argmax(1) == batch[1]).float().mean().item()
 
 
-@pytest.mark.parametrize("metric", [None, accuracy], ids=["fidelity", "user-metric"])
+@pytest.mark.parametrize(
+    "metric",
+    [pytest.param(None, marks=pytest.mark.slow), accuracy],  # CI time: fidelity's guard is tested on its own
+    ids=["fidelity", "user-metric"],
+)
 def test_guard_rejects_a_destructive_candidate_even_when_it_is_fastest(tmp_path, cpu_env, metric):
     if not cpu_env.bf16:
         pytest.skip("bfloat16 autocast is not offered on this CPU")

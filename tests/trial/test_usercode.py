@@ -113,6 +113,7 @@ def test_a_cfg_dataset_collate_and_metric_work_in_loader_workers_and_the_claim(t
     assert claim["verdict"] != "failed" and claim["n_rounds"] >= 1, claim["sentence"]
 
 
+@pytest.mark.slow  # CI time: the `autotune run` compile test above runs the compiled case through a run's workers
 @pytest.mark.parametrize("fork", [False, True], ids=["fresh", "forked"])
 def test_a_cfg_model_compiles_in_a_fresh_and_a_forked_worker(tmp_path, fork):
     from autotune.trial.measure import MeasureSettings
