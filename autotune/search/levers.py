@@ -102,6 +102,19 @@ def _cpu_workers(space: SearchSpace, workers: list[int], cores: int, add: Callab
         add("num_workers", [*free, {"num_workers": n}])
 
 
+def _ranks(space: SearchSpace, cuda: bool, add: Callable[..., None]) -> None:
+    """Add training in several ranks (torchrun, DDP) with ``add``: every GPU, or on a CPU two ranks
+    each on half the cores; a launch of its processes (seconds), tried once. Each rank takes 1/w of
+    a step's samples, so the baseline's micro-batch is split w ways (it divides the rank's share
+    whenever it divided the effective batch; the whole micro-batch would not, where it was the
+    effective batch)."""
+    ranks = [w for w in space.values.get("world_size", ()) if w > 1]
+    if ranks:
+        w, base = ranks[-1] if cuda else ranks[0], space.baseline["batch_size"]
+        split = base // w if base // w in space.values.get("batch_size", ()) else None
+        add("world_size", [{"world_size": w} if split is None else {"world_size": w, "batch_size": split}])
+
+
 def _trims(space: SearchSpace, shape: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The padding lever's variants: trimmed padding with length grouping (``shape``), else alone."""
     trims = shape or _variants(space, {"padding": ("trim", "trim_8", "trim_16")})
@@ -201,16 +214,7 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
     )
     if not cuda and not any(lever.name == "num_workers" for lever in found):
         _cpu_workers(space, workers, cores, add)
-    # Training in several ranks (torchrun, DDP): every GPU, or on a CPU two ranks each on half the
-    # cores. A build of its own (a launch of its processes, seconds), tried once.
-    ranks = [w for w in space.values.get("world_size", ()) if w > 1]
-    if ranks:
-        w = ranks[-1] if cuda else ranks[0]
-        # Each rank takes 1/w of a step's samples: the baseline's micro-batch split w ways (it
-        # divides the rank's share whenever it divided the effective batch; the whole micro-batch
-        # would not, where it was the effective batch).
-        split = base["batch_size"] // w if base["batch_size"] // w in space.values.get("batch_size", ()) else None
-        add("world_size", [{"world_size": w} if split is None else {"world_size": w, "batch_size": split}])
+    _ranks(space, cuda, add)
     for name, value in (
         ("channels_last", True),
         ("optimizer_impl", "fused"),

@@ -30,7 +30,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -38,37 +38,12 @@ from typing import Any
 import torch
 
 from autotune.errors import TrialError
+from autotune.trial.ddp_steps import RankSlice
 
 __all__ = ["RankSlice", "launch", "torchrun_command"]
 
 # Seconds a collective may wait for a rank before the process group gives up (a hung rank).
 COLLECTIVE_TIMEOUT_S = 120.0
-
-
-class RankSlice(torch.utils.data.Sampler):
-    """Rank ``rank``'s share of each global batch of ``order``'s stream: of every ``effective``
-    consecutive indices, the ``rank``-th of ``world`` equal slices.
-
-    Example:
-        >>> from autotune.trial.train_setup import FixedOrder
-        >>> stream = FixedOrder(8, 4, seed=0)
-        >>> glob = [i for i, _ in zip(stream, range(8))]
-        >>> ranks = [[i for i, _ in zip(RankSlice(stream, r, 2, 4), range(4))] for r in (0, 1)]
-        >>> ranks[0] == glob[0:2] + glob[4:6] and ranks[1] == glob[2:4] + glob[6:8]
-        True
-    """
-
-    def __init__(self, order: Any, rank: int, world: int, effective: int) -> None:
-        self.order, self.rank, self.world, self.effective = order, rank, world, effective
-
-    def __iter__(self) -> Iterator[int]:
-        share = self.effective // self.world
-        chunk: list[int] = []
-        for index in self.order:
-            chunk.append(index)
-            if len(chunk) == self.effective:
-                yield from chunk[self.rank * share : (self.rank + 1) * share]
-                chunk = []
 
 
 def torchrun_command(world: int, entry: list[str], *, nnodes: int = 1, endpoint: str | None = None) -> list[str]:
@@ -170,7 +145,7 @@ def rank_main(folder: Path) -> None:
 
     import torch.distributed as dist
 
-    from autotune.trial.worker import watch_parent
+    from autotune.trial.parent import watch_parent
 
     _die_with_parent(signal.SIGKILL)
     watch_parent()  # the agent gone: this rank and its loader workers end too

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from autotune.errors import TrialError
 from autotune.samples import call_model
 
-__all__ = ["DDP_KNOBS", "ddp_kwargs", "distribute", "train_rank", "unused_parameters"]
+__all__ = ["DDP_KNOBS", "RankSlice", "ddp_kwargs", "distribute", "join", "train_rank", "unused_parameters"]
 
 # The DDP knobs and the DistributedDataParallel arguments they set.
 DDP_KNOBS = {
@@ -51,6 +51,32 @@ def unused_parameters(model: torch.nn.Module, batch: Any, loss_fn: Any) -> bool:
         model.load_state_dict(saved)
 
 
+class RankSlice(torch.utils.data.Sampler):
+    """Rank ``rank``'s share of each global batch of ``order``'s stream: of every ``effective``
+    consecutive indices, the ``rank``-th of ``world`` equal slices.
+
+    Example:
+        >>> from autotune.trial.train_setup import FixedOrder
+        >>> stream = FixedOrder(8, 4, seed=0)
+        >>> glob = [i for i, _ in zip(stream, range(8))]
+        >>> ranks = [[i for i, _ in zip(RankSlice(stream, r, 2, 4), range(4))] for r in (0, 1)]
+        >>> ranks[0] == glob[0:2] + glob[4:6] and ranks[1] == glob[2:4] + glob[6:8]
+        True
+    """
+
+    def __init__(self, order: Any, rank: int, world: int, effective: int) -> None:
+        self.order, self.rank, self.world, self.effective = order, rank, world, effective
+
+    def __iter__(self) -> Iterator[int]:
+        share = self.effective // self.world
+        chunk: list[int] = []
+        for index in self.order:
+            chunk.append(index)
+            if len(chunk) == self.effective:
+                yield from chunk[self.rank * share : (self.rank + 1) * share]
+                chunk = []
+
+
 class _Counted:
     """How many buckets :func:`_counted_allreduce` all-reduced."""
 
@@ -77,8 +103,6 @@ def train_rank(spec: Any, config: Mapping[str, Any], rank: int, world: int, devi
     torch.manual_seed(spec.seed)
     model = instantiate_model(spec)
     order = FixedOrder(len(spec.dataset), effective, spec.seed)
-    from autotune.trial.ddp import RankSlice
-
     plain = {**config, "world_size": 1, "compile_mode": "none"}  # compiled around DDP, below
     setup = prepare(model, plain, device, optimizer_factory(spec.optimizer), spec.dataset,
                     effective_batch_size=effective // world, sampler=RankSlice(order, rank, world, effective),
@@ -92,7 +116,7 @@ def train_rank(spec: Any, config: Mapping[str, Any], rank: int, world: int, devi
     if spec.metric is not None and rank == 0:  # the user's metric of the trained weights, eager
         import dataclasses
 
-        from autotune.trial.training import train_metric
+        from autotune.trial.train_setup import train_metric
 
         samples = [spec.dataset[i] for i in spec.val_indices]
         guard["metric"] = train_metric(dataclasses.replace(setup, model=ddp.module), samples, spec.metric)

@@ -362,3 +362,28 @@ def optimizer_name(optimizer: Any) -> str:
         or getattr(getattr(optimizer, "func", None), "__name__", None)
         or repr(optimizer)
     )
+
+
+def train_metric(setup: TrainingSetup, samples: list[Any], metric: Any) -> float:
+    """The user's metric after training: the trained weights in eval mode, eager (no
+    recompilation for eval), under the configuration's autocast, over fixed batches."""
+    from torch.utils.data import default_collate
+
+    from autotune.knobs.state import wrap
+
+    inner = unwrap(setup.model)
+    model = wrap(setup, inner)
+    was_training = inner.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(samples), setup.batch_size):
+                batch = default_collate(samples[start : start + setup.batch_size])
+                on_device = setup.to_device(batch)
+                value = float(metric(call_model(model, on_device), on_device))
+                n = len(samples[start : start + setup.batch_size])
+                total, count = total + value * n, count + n
+    finally:
+        inner.train(was_training)
+    return total / count

@@ -21,7 +21,6 @@ import torch
 
 from autotune._pristine import restore
 from autotune.errors import InputError, TrialError
-from autotune.knobs.state import unwrap
 from autotune.trial.build import settings_active
 from autotune.trial.context import Context
 from autotune.trial.measure import (
@@ -29,14 +28,13 @@ from autotune.trial.measure import (
     MeasureSettings,
     _peak_mib,
     _sync,
-    call_model,
     is_busy,
     memory_mark,
     noise_reason,
     size_bytes,
     window_stats,
 )
-from autotune.trial.train_setup import FixedOrder, TrainingSetup, optimizer_factory, prepare
+from autotune.trial.train_setup import FixedOrder, TrainingSetup, optimizer_factory, prepare, train_metric
 
 __all__ = ["TrainContext"]
 
@@ -139,31 +137,6 @@ def time_steps(setup: TrainingSetup, batches: Iterator[Any], loss_fn: Any, setti
         "timed_s": time.perf_counter() - timed_start,
         "n_windows": settings.n_windows,
     }
-
-
-def train_metric(setup: TrainingSetup, samples: list[Any], metric: Any) -> float:
-    """The user's metric after training: the trained weights in eval mode, eager (no
-    recompilation for eval), under the configuration's autocast, over fixed batches."""
-    from torch.utils.data import default_collate
-
-    from autotune.knobs.state import wrap
-
-    inner = unwrap(setup.model)
-    model = wrap(setup, inner)
-    was_training = inner.training
-    model.eval()
-    total, count = 0.0, 0
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(samples), setup.batch_size):
-                batch = default_collate(samples[start : start + setup.batch_size])
-                on_device = setup.to_device(batch)
-                value = float(metric(call_model(model, on_device), on_device))
-                n = len(samples[start : start + setup.batch_size])
-                total, count = total + value * n, count + n
-    finally:
-        inner.train(was_training)
-    return total / count
 
 
 class TrainContext(Context):
