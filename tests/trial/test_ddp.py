@@ -49,7 +49,7 @@ class HangsOnRank1(SmallCNN):
         return super().forward(x)
 
 
-def _runner(model=None):
+def _runner(model=None, optimizer=(torch.optim.SGD, {"lr": 0.05})):
     spec = WorkerSpec(
         model=model if model is not None else SmallCNN(),
         dataset=_digits(),
@@ -60,7 +60,7 @@ def _runner(model=None):
         measure=MeasureSettings(n_windows=2, window_s=0.1, warmup_batches=1, n_remeasure=0),
         loss_fn=_cross_entropy,
         mode="train",
-        optimizer=(torch.optim.SGD, {"lr": 0.05}),
+        optimizer=optimizer,
         effective_batch_size=32,
         n_train_steps=8,
     )
@@ -105,6 +105,19 @@ def test_two_ranks_train_the_loss_curve_of_one_process_and_no_sync_saves_the_all
     assert buckets >= 1 and got["accumulation, no_sync"]["accumulation_steps"] == 2
     assert got["accumulation, no_sync"]["allreduces_per_step"] == buckets  # only the step's last micro-batch
     assert got["accumulation, every step"]["allreduces_per_step"] == 2 * buckets
+    assert not _settled()
+
+
+def test_ddps_own_knobs_and_zero1_train_the_same_curve():
+    """Every DDP knob off its default at once, the optimizer's state sharded (ZeRO-1, with
+    momentum so there is state to shard): the same losses as one process."""
+    runner = _runner(optimizer=(torch.optim.SGD, {"lr": 0.05, "momentum": 0.9}))
+    assert runner.run(dict(Config({"batch_size": 16})), timeout=300).status == "ok"
+    knobs = {"ddp_zero1": True, "ddp_static_graph": True, "ddp_bucket_view": True, "ddp_bucket_cap_mb": 5,
+             "ddp_broadcast_buffers": False}  # fmt: skip
+    result = runner.run(dict(Config({"batch_size": 16, "world_size": 2, **knobs})), timeout=300)
+    assert result.status == "ok", result.reason
+    assert abs(result.metrics["loss_rel_change"]) < 1e-4
     assert not _settled()
 
 
