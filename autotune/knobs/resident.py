@@ -31,7 +31,8 @@ DEVICE_SHARE = 0.5
 
 
 def free_bytes(device: Any) -> int:
-    """Free memory of ``device``: the CUDA device's, or the host's available memory."""
+    """Free memory of ``device``: the CUDA device's free memory now, or on the CPU the machine's
+    memory (the copy then stays in host memory, where the samples are already)."""
     import torch
 
     device = torch.device(device)

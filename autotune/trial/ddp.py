@@ -29,7 +29,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from datetime import timedelta
 from pathlib import Path
@@ -68,13 +67,14 @@ def _threads_per_rank(world: int) -> int:
 
 def launch(spec: Any, config: Mapping[str, Any], folder: Path, limit_s: float | None = None) -> dict[str, Any]:
     """Run ``config``'s distributed trial in ``config["world_size"]`` ranks under torchrun; rank
-    0's result. Raises :class:`TrialError` with the failing rank's error (``crash`` when a rank
-    died, ``timeout`` past ``limit_s``)."""
+    0's result. ``spec`` is a worker spec, or its pickle (:func:`~autotune.trial.spec.pickle_spec`)
+    made once for many launches. Raises :class:`TrialError` with the failing rank's error
+    (``crash`` when a rank died, ``timeout`` past ``limit_s``)."""
     from autotune.trial.spec import pickle_spec
 
     world = int(config["world_size"])
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "spec.pt").write_bytes(pickle_spec(spec))
+    (folder / "spec.pt").write_bytes(spec if isinstance(spec, bytes) else pickle_spec(spec))
     (folder / "config.json").write_text(json.dumps(dict(config)))
     env = {**os.environ, "OMP_NUM_THREADS": str(_threads_per_rank(world)), "PYTHONUNBUFFERED": "1"}
     command = torchrun_command(world, ["-m", "autotune.trial.ddp", str(folder)])
@@ -191,5 +191,4 @@ def _pin(device: str, local: int, world: int) -> str:
 
 
 if __name__ == "__main__":
-    started = time.perf_counter()
     rank_main(Path(sys.argv[1]))

@@ -245,12 +245,21 @@ class TrainContext(Context):
             raise TrialError("unsupported", f"the effective batch size {effective} does not split into {world} ranks")
         accumulation(int(config["batch_size"]), effective // world)  # before the launch: the rank's share
         with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as folder:
-            got = launch(self.spec, config, Path(folder))
+            got = launch(self._pickled_spec(), config, Path(folder))
         losses = got.pop("losses")
         result.update(got, batch_size=config["batch_size"], n_guard_steps=len(losses))
         check_curve(GuardRun(None, iter(()), losses, got["skipped_steps"], got["compile_s"]))  # type: ignore[arg-type]
         result["n_params"] = self.info["n_params"]
         self._judge(losses, result, got.get("metric"))
+
+    def _pickled_spec(self) -> bytes:
+        """The spec as the ranks read it, pickled once for every distributed trial and round (the
+        dataset goes with it)."""
+        if getattr(self, "_spec_bytes", None) is None:
+            from autotune.trial.spec import pickle_spec
+
+            self._spec_bytes = pickle_spec(self.spec)
+        return self._spec_bytes
 
     def _judge(self, losses: list[float], result: dict[str, Any], metric: float | None = None) -> None:
         """The guard: the final loss level within ``loss_tolerance`` of the baseline's (relative),

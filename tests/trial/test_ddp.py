@@ -153,6 +153,33 @@ def test_a_compiled_configuration_compiles_the_ddp_wrapper_and_keeps_the_curve()
     assert not _settled()
 
 
+class WithUnusedHead(SmallCNN):
+    """A second head the forward never calls: DDP needs find_unused_parameters for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.spare = nn.Linear(4, 4)
+
+
+def test_unused_parameters_are_detected_not_guessed_and_the_model_is_left_as_it_was():
+    from autotune.trial.ddp_steps import unused_parameters
+
+    x, y = torch.randn(4, 1, 8, 8), torch.arange(4)
+    for model, unused in ((SmallCNN(), False), (WithUnusedHead(), True)):
+        before = {k: v.clone() for k, v in model.state_dict().items()}
+        assert unused_parameters(model, (x, y), _cross_entropy) is unused
+        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+        assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_model_with_unused_parameters_trains_in_two_ranks_with_them_found():
+    runner = _runner(WithUnusedHead())
+    assert runner.run(dict(Config({"batch_size": 16})), timeout=300).status == "ok"
+    result = runner.run(dict(Config({"batch_size": 16, "world_size": 2})), timeout=300)
+    assert result.status == "ok", result.reason
+    assert result.metrics["find_unused_parameters"] is True and abs(result.metrics["loss_rel_change"]) < 1e-4
+
+
 def test_training_outside_torchrun_says_how_to_launch_it():
     import autotune
 
