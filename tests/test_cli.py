@@ -5,6 +5,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -235,3 +236,37 @@ def test_show_status_and_the_result_report_one_speedup(finished_run, capsys, mon
     assert claim["sentence"] in shown
     report = (finished_run / "report.md").read_text()
     assert claim["sentence"] in report
+
+
+def test_status_without_an_argument_reads_autotune_out(finished_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert main(["status"]) == 2  # nothing there yet: one line that says where it looked
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "autotune-out" in err and "--storage" in err
+    (tmp_path / "autotune-out").symlink_to(finished_run, target_is_directory=True)
+    assert main(["status", "--json"]) == 0
+    default = json.loads(capsys.readouterr().out)
+    assert main(["status", str(finished_run), "--json"]) == 0
+    named = json.loads(capsys.readouterr().out)
+    assert default["groups"] == named["groups"] and default["groups"][0]["n_measured"] >= 1
+    assert main(["status", "autotune-out", "--storage", "sqlite:///x.db"]) == 2  # both: refused
+
+
+def test_version_prints_the_installed_distributions_version(capsys):
+    from importlib import metadata
+
+    from autotune.cli import _DISTRIBUTION
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10: the backport autotune requires there
+        import tomli as tomllib
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())["project"]
+    assert _DISTRIBUTION == project["name"]
+    with pytest.raises(SystemExit) as done:
+        main(["--version"])
+    assert done.value.code == 0
+    assert capsys.readouterr().out == f"autotune {metadata.version(project['name'])}\n"
+    # As a user runs it: the console script's module, in a fresh process.
+    shown = subprocess.run([sys.executable, "-m", "autotune", "--version"], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0 and shown.stdout.strip() == f"autotune {metadata.version(project['name'])}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from autotune.cli.files import (  # noqa: F401  (_print_checks re-exported: tests print checks with it)
     _dashboard,
@@ -25,11 +26,39 @@ from autotune.errors import AutotuneError
 
 __all__ = ["main"]
 
+# pyproject.toml's [project] name: the distribution installs the `autotune` module under another
+# name, since "autotune" on the public index is an unrelated project.
+_DISTRIBUTION = "torch-autotune"
+
+
+def _version() -> str:
+    """The installed distribution's version, else (a source tree never installed) the package's own."""
+    from importlib import metadata
+
+    try:
+        return metadata.version(_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
+        import autotune
+
+        return getattr(autotune, "__version__", "unknown")
+
+
+class _Version(argparse.Action):
+    """``--version``: the version is looked up when asked for, not on every start."""
+
+    def __init__(self, option_strings: list[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any) -> None:
+        print(f"autotune {_version()}")
+        parser.exit()
+
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="autotune", description="Tune a PyTorch model's inference pipeline end to end."
     )
+    parser.add_argument("--version", action=_Version, help="print autotune's version and exit")
     sub = parser.add_subparsers(dest="command", required=True)
     _run_parser(sub.add_parser("run", help="tune the model and dataset defined in a cfg.py"))
     _collect_parser(sub.add_parser("collect", help="the one winner of a shared study: re-measured here, written once"))
@@ -66,7 +95,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     doctor.add_argument("--debug", action="store_true", help="show tracebacks")
     status = sub.add_parser("status", help="progress of a study, also while its workers run")
-    status.add_argument("out_dir", nargs="?", help="a run's output directory (its study.db)")
+    status.add_argument("out_dir", nargs="?", help="a run's output directory (its study.db; default autotune-out)")
     status.add_argument("--storage", help="the study's database URL instead of an output directory")
     status.add_argument("--study", help="study name (needed when the storage holds several)")
     status.add_argument("--json", action="store_true", help="print the status as JSON")

@@ -130,14 +130,23 @@ def _dashboard(args: argparse.Namespace, console: Any) -> int:
 
 def _status(args: argparse.Namespace, console: Any) -> int:
     import json
+    from pathlib import Path
 
     from rich.table import Table
 
     from autotune.search.status import out_dir_status, study_status
 
-    if (args.out_dir is None) == (args.storage is None):
+    if args.out_dir is not None and args.storage is not None:
         raise ConfigError("autotune status takes an output directory or --storage URL (with --study NAME), not both.")
-    data = study_status(args.storage, args.study) if args.storage else out_dir_status(args.out_dir, args.study)
+    out_dir = args.out_dir
+    if out_dir is None and args.storage is None:  # where `autotune run` writes without --out
+        out_dir = "autotune-out"
+        if not (Path(out_dir) / "study.db").is_file():
+            raise ConfigError(
+                "No study.db in autotune-out, the default output directory: give the run's own "
+                "(autotune status OUT_DIR) or its database (--storage URL --study NAME)."
+            )
+    data = study_status(args.storage, args.study) if out_dir is None else out_dir_status(out_dir, args.study)
     if args.json:
         print(json.dumps(data, indent=2, default=str))
         return 0
