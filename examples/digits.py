@@ -1,5 +1,6 @@
 """A cfg.py: a small CNN on scikit-learn's handwritten digits, real data that ships with sklearn.
 
+    pip install -e ".[examples]"  # scikit-learn, for its digits
     autotune run examples/digits.py
 
 The model is trained once, when this file is executed (a few seconds on a CPU), and autotune
@@ -10,8 +11,12 @@ held-out split is ``test_dataset``: tune on ``dataset``, report on ``test_datase
 import time
 
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
+
+try:
+    from sklearn.datasets import load_digits
+except ModuleNotFoundError as exc:  # scikit-learn is the examples extra's, not autotune's own
+    raise ModuleNotFoundError('this example needs scikit-learn: pip install -e ".[examples]"') from exc
 
 # 1,797 grey-scale 8x8 images of the digits 0-9, pixel values 0..16.
 _digits = load_digits()

@@ -1,6 +1,7 @@
 """A cfg.py in training mode: find the fastest training step for a small CNN on scikit-learn's
 handwritten digits that still learns the same way.
 
+    pip install -e ".[examples]"  # scikit-learn, for its digits
     autotune run examples/train_digits.py
 
 Every trial trains the same fresh model (same initial weights, same samples in the same order)
@@ -12,8 +13,12 @@ Then reuse the winner in your own loop::
 """
 
 import torch
-from sklearn.datasets import load_digits
 from torch import nn
+
+try:
+    from sklearn.datasets import load_digits
+except ModuleNotFoundError as exc:  # scikit-learn is the examples extra's, not autotune's own
+    raise ModuleNotFoundError('this example needs scikit-learn: pip install -e ".[examples]"') from exc
 
 mode = "train"
 
