@@ -1,5 +1,7 @@
-"""How the ``autotune`` command prints a run: the space it searches, the result (speedup, the
-best and the baseline, the artifacts, the runtimes, the Pareto front) and a profile."""
+"""How the ``autotune`` command prints a run: the space it searches; the end of a run in a few
+lines (:func:`_print_ending`: the claim, what changed, the artifacts, where the rest is and how to
+use it); and the whole result (:func:`_print_result`: the table, notes, the search's story, where
+the time went, the runtimes, the Pareto front), for ``--verbose`` and ``autotune show``."""
 
 from __future__ import annotations
 
@@ -25,6 +27,90 @@ def _print_space(console: Any, env: Any, data: Any, space: Any) -> None:
         left = "\n".join(f"{', '.join(vs)}: {why}" for why, vs in by_reason.items())  # one reason a line
         table.add_row(name, ", ".join(map(str, values)), str(space.baseline[name]), left)
     console.print(table)
+
+
+def _print_ending(console: Any, result: Any, *, quiet: bool = False) -> None:
+    """The end of a run in about ten lines; with ``quiet``, the claim and the folder alone."""
+    import json
+
+    from autotune.report.summary import claim_text
+
+    path = result.out_dir / "best_config.json"
+    saved = json.loads(path.read_text()) if path.exists() else {}
+    headline, sentence = claim_text(saved.get("speedup") or {})
+    colour = "green" if result.verdict == "speedup" else "yellow"
+    say = lambda text: console.print(text, highlight=False, soft_wrap=True)  # noqa: E731
+    claim = result.claim or sentence or headline
+    say(f"[bold {colour}]speedup: {headline}[/bold {colour}]  {_escape(claim)}")
+    if quiet:
+        say(f"results in {result.out_dir}/")
+        return
+    base, best = result.baseline.get("metric"), result.best.get("metric")
+    if base is not None and best is not None:
+        guard = (saved.get("guard") or {}).get("max_metric_drop")
+        held = f" (allowed drop {guard:g})" if isinstance(guard, (int, float)) else ""
+        say(f"metric: {base:.4f} -> {best:.4f}{held}")
+    say(
+        f"changed: {_changes(saved.get('baseline_config') or {}, result.best_config) or 'nothing (the baseline stands)'}"
+    )
+    for note in filter(None, [_why(result), _busy_note(result)]):
+        say(f"[yellow]{_escape(note)}[/yellow]")
+    artifacts = saved.get("artifacts") or {}
+    if artifacts:
+        say(f"artifacts: {_escape(_artifacts_line(artifacts))}")
+    counts = _counts(result)
+    elapsed = (saved.get("time") or {}).get("total_s")
+    took = f" in {int(elapsed) // 60}:{int(elapsed) % 60:02d}" if elapsed else ""
+    more = f"; {len(result.notes)} note{'s' * (len(result.notes) != 1)} in the report" if result.notes else ""
+    say(f"stopped: {result.stop_reason}{took}{counts}{more}")
+    out = result.out_dir
+    say(f"report: {out}/report.html (or report.md); every detail: autotune show {out}")
+    say(f'use it: fast = autotune.apply(model, "{out}"); loader = autotune.dataloader(dataset, "{out}"); '
+        f'or serve the artifact: autotune.load("{out}").predict(inputs)')  # fmt: skip
+
+
+def _escape(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+def _changes(baseline: dict[str, Any], best: dict[str, Any]) -> str:
+    """The knobs the winner set off the baseline's values: ``batch_size 32 -> 512, ...``."""
+    from autotune.knobs import REGISTRY
+
+    return ", ".join(
+        f"{k} {baseline.get(k)} -> {v}"
+        for k, v in best.items()
+        if k in baseline and baseline[k] != v and (k not in REGISTRY or REGISTRY[k].applies(best))
+    )
+
+
+def _why(result: Any) -> str | None:
+    diagnosis = result.diagnosis or {}
+    return f"why it won: {diagnosis['summary']}" if diagnosis.get("summary") else None
+
+
+def _artifacts_line(artifacts: dict[str, Any]) -> str:
+    parts = []
+    for fmt, art in artifacts.items():
+        if art.get("status") == "ok":
+            files = " + ".join(filter(None, [art.get("path"), art.get("bin_path")]))
+            note = "" if art.get("winner") is not False else ", not the measured winner"
+            parts.append(f"{files} ({fmt}, parity ok{note})")
+        else:
+            parts.append(f"{fmt} FAILED ({art.get('error') or (art.get('parity') or {}).get('reason') or 'unknown'})")
+    return "; ".join(parts)
+
+
+def _counts(result: Any) -> str:
+    if result.study is None:
+        return ""
+    from autotune.report.summary import trial_counts, trial_record
+
+    counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])
+    by = ", ".join(f"{n} {status}" for status, n in counts["by_status"].items())
+    return f" after {counts['n_measured']} trials ({by})"
 
 
 def _print_result(console: Any, result: Any) -> None:

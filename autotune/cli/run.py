@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from autotune.cli.printing import _print_result, _print_space
+from autotune.cli.printing import _print_ending, _print_result, _print_space
 from autotune.errors import ConfigError
 
 
@@ -48,7 +48,12 @@ def _run_parser(run: argparse.ArgumentParser) -> None:
     run.add_argument("--repeated-passes", action="store_true", help=reread)
     run.add_argument("--isolation", choices=("subprocess", "inprocess"), help="where trials run (default subprocess)")
     run.add_argument("--dry-run", action="store_true", help="print the resolved search space and exit")
-    run.add_argument("--quiet", action="store_true", help="print only the final table")
+    run.add_argument(
+        "--quiet", action="store_true", help="no progress: print only the claim and the output folder at the end"
+    )
+    run.add_argument(
+        "--verbose", action="store_true", help="end with every detail (as autotune show), not the short ending"
+    )
     run.add_argument("--json", action="store_true", help="print only the result as JSON on stdout (progress on stderr)")
     run.add_argument("--debug", action="store_true", help="show tracebacks")
 
@@ -169,7 +174,10 @@ def _run(args: argparse.Namespace, console: Any) -> int:
 
         print(json.dumps(run_summary(result.out_dir), indent=2, default=str))
         return 0
-    _print_result(console, result)
+    if args.verbose:
+        _print_result(console, result)
+    else:
+        _print_ending(console, result, quiet=args.quiet)
     return 0
 
 

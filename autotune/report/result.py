@@ -29,7 +29,8 @@ class Result:
         artifacts: Paths of the exported files that passed their parity check, by format.
         study: The Optuna study with every trial.
         out_dir: Where ``best_config.json``, ``trials.csv`` and ``study.db`` were written.
-        stop_reason: ``"budget"``, ``"timeout"``, ``"exhausted"`` (every configuration measured)
+        stop_reason: ``"n_trials"`` (that many measured), ``"timeout"``, ``"budget"`` (the run's
+            ``budget`` called the finish), ``"exhausted"`` (every configuration measured)
             or ``"converged"`` (refinement stopped improving; ``search["converged"]`` says how).
         pareto: With several objectives, the feasible Pareto front (also in ``pareto.json``).
         held_out: With a ``test_dataset``: the baseline's and the winner's metric on it.

@@ -130,7 +130,7 @@ def finalize(run: Run) -> None:
     from autotune.trial.diagnose import diagnose_run
 
     opts, runner = run.options, run.runners[0]  # the first device's worker confirms and exports
-    clock = _Phases()
+    clock = _Phases(getattr(opts.progress, "finish_phase", None))
     early = _only_pick(run)
     if early is not None:
         # One pick, known before its rounds: exported in the search's worker, which holds the
@@ -173,11 +173,14 @@ def finalize(run: Run) -> None:
 class _Phases:
     """Seconds of each phase of the finish, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, say: Any = None) -> None:
         self.rows: list[dict[str, Any]] = []
+        self.say = say  # told as each phase begins: the progress display
 
     @contextlib.contextmanager
     def __call__(self, phase: str) -> Iterator[None]:
+        if self.say is not None:
+            self.say(phase)
         started = time.perf_counter()
         try:
             yield

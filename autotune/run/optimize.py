@@ -24,7 +24,7 @@ def optimize(
     metric: Callable[[Any, Any], float] | None = None,
     max_metric_drop: float = 0.01,
     objectives: Sequence[str] | str | None = None,
-    n_trials: int = 30,
+    n_trials: int | None = None,
     timeout: float | None = None,
     device: str = "auto",
     out_dir: str | Path = "autotune-out",
@@ -83,7 +83,10 @@ def optimize(
         objectives: What to optimize, any of ``throughput`` (max), ``latency`` (p95, min),
             ``size`` (compressed bytes, min), ``memory`` (peak, min) and ``metric`` (max); default
             the preset's own (``shrink`` declares size and latency), else ``("throughput",)``.
-        n_trials: Measured trials in the study (a resumed study counts its earlier ones).
+        n_trials: Measured trials in the study (a resumed study counts its earlier ones); default
+            30. Given none of ``n_trials``, ``timeout`` and ``budget``, the run also has a
+            ``budget`` of 10 minutes: it ends at 30 trials or within 10 minutes, whichever comes
+            first, and its first lines say so.
         timeout: Seconds for the whole call, counted from its start; ``None`` for no limit. The
             search ends a quarter of it (20 to 90 s, at most half) before the deadline, a trial
             still running then is stopped; the rounds that confirm the winner and the held-out
@@ -201,14 +204,13 @@ def optimize(
 
     started = time.monotonic()  # a budget or timeout counts from the call
 
-    from autotune.run.options import Options, parse_duration
+    from autotune.run.options import Options
     from autotune.run.progress import display
     from autotune.run.stages import execute
 
-    limits = [t for t in (timeout, None if budget is None else parse_duration(budget)) if t is not None]
-    options["progress"] = display(progress, timeout=min(limits) if limits else None, n_trials=n_trials)
-    shown = options["progress"] if hasattr(options["progress"], "__enter__") else contextlib.nullcontext()
-    opts = Options(**options)  # checked before the display starts
+    opts = Options(**{**options, "progress": None})  # checked before the display starts
+    opts = opts.replace(progress=display(progress, timeout=opts.limit_s, n_trials=opts.n_trials))
+    shown = opts.progress if hasattr(opts.progress, "__enter__") else contextlib.nullcontext()
     with shown:
         result = execute(model, dataset, opts, started)
     from autotune.run.hints import space_note

@@ -24,15 +24,24 @@ def _clock(seconds: float) -> str:
 
 
 class PlainProgress:
-    """One line per trial::
+    """One line per trial, and one as a slow phase (a compile, a conversion, a calibration) or a
+    phase of the finish begins::
 
-        [  3/30]     12s  trial   2  infeasible      6,745 samples/s  best 1.82x  amp_dtype=bfloat16: metric dropped ...
+        [ 3/30] 0:12/10:00  ok              6,745 samples/s  best 1.82x  amp_dtype=bfloat16
+        [ 4/30] 0:14/10:00  compiling                          best 1.82x  compile_mode=default
+                0:40/10:00  finishing: confirmation
+
+    One counter (trials measured, the running one counted), one time format (elapsed, and of the
+    run's time bound where it has one).
 
     Args:
         console: A ``rich`` console to print on.
-        timeout: The search's time budget in seconds, shown as time left; ``None`` for none.
-        n_trials: The trial budget, shown before the first trial reports it.
+        timeout: The run's time bound in seconds (``budget`` or ``timeout``); ``None`` for none.
+        n_trials: The trial budget.
     """
+
+    # Phases worth a line of their own off a terminal: those that run for seconds with nothing else to show.
+    SLOW = ("compiling", "converting", "calibrating", "pruning")
 
     def __init__(self, console: Any, timeout: float | None = None, n_trials: int = 0) -> None:
         self.console, self.timeout = console, timeout
@@ -42,6 +51,8 @@ class PlainProgress:
         self.best = 0.0
         self.n_done, self.n_total = 0, n_trials
         self.last = "measuring the baseline"
+        self.running: tuple[str, str, float] | None = None  # (what runs, its phase, since when)
+        self.finishing: str | None = None  # why the search stopped, once it has
 
     def __enter__(self) -> PlainProgress:
         self.start = time.monotonic()
@@ -53,15 +64,38 @@ class PlainProgress:
     @property
     def best_text(self) -> str:
         # The trials' own ratio, before any confirmation: not the claim.
-        return f"best trial {self.best / self.baseline:.2f}x" if self.baseline else "best -"
+        return f"best {self.best / self.baseline:.2f}x" if self.baseline else "best -"
+
+    def clock(self) -> str:
+        """Elapsed, and of the time bound where there is one: ``0:12/10:00``."""
+        elapsed = _clock(time.monotonic() - self.start)
+        return elapsed if self.timeout is None else f"{elapsed}/{_clock(self.timeout)}"
 
     def budget_text(self) -> str:
-        """What is left of the budget: trials, and time when there is a timeout."""
-        n_left = max(0, self.n_total - self.n_done)
-        left = f"{n_left} trial{'' if n_left == 1 else 's'} left"
+        """What is left: trials (until the search stopped), and time when there is a bound."""
+        if self.finishing is not None:
+            left = f"search stopped ({self.finishing}): finishing"
+        else:
+            n_left = max(0, self.n_total - self.n_done)
+            left = f"{n_left} trial{'' if n_left == 1 else 's'} left"
         if self.timeout is not None:
             left += f", {_clock(self.timeout - (time.monotonic() - self.start))} of {_clock(self.timeout)} left"
         return left
+
+    def header(self, env: Any, space: Any, opts: Any, out: Any) -> None:
+        """The run's first lines: the device, the data, the space, the output folder and the bound."""
+        what = env.gpu_name or env.cpu_capability
+        preset = opts.space if isinstance(opts.space, str) else "custom"
+        bound = f"{opts.n_trials} trials"
+        if opts.limit_s is not None:
+            kind = "budget" if opts.budget is not None and opts.budget == opts.limit_s else "timeout"
+            bound += f" or {_clock(opts.limit_s)} ({kind}), whichever ends first"
+        lines = [
+            f"autotune: {opts.mode} on {env.device} ({what}); results in {out}/",
+            f"space: {len(space.values)} knobs, up to {space.size():,} configurations ({preset}); bound: {bound}",
+        ]
+        for line in lines:
+            self.console.print(line, highlight=False, soft_wrap=True, markup=False)
 
     def begin(self, study: Any, n_trials: int, *, resume: bool = False) -> None:
         """Take in the trials ``study`` holds before this run measures any: the baseline (whose
@@ -89,15 +123,24 @@ class PlainProgress:
         if rec.get("status") == "ok" and sps:
             self.best = max(self.best, sps)
 
+    def changes(self, config: dict[str, Any]) -> str:
+        """The knobs of ``config`` that differ from the baseline's."""
+        return " ".join(f"{k}={v}" for k, v in config.items() if self.baseline_config.get(k) != v)
+
     def _update(self, rec: dict[str, Any], n_done: int, n_total: int) -> str:
         """Fold one trial into the state; return what it changed or why it failed."""
         self.n_done, self.n_total = n_done, n_total
+        self.running = None
         self._fold(rec)
-        changed = " ".join(f"{k}={v}" for k, v in rec.get("config", {}).items() if self.baseline_config.get(k) != v)
+        changed = self.changes(rec.get("config", {}))
         noisy = f" [noisy: {rec['noise']}]" if rec.get("noisy") else ""
         if rec.get("status") == "ok":
             return ("(baseline)" if rec.get("baseline") else changed) + noisy
         return f"{changed}: {rec.get('reason')}" if changed else str(rec.get("reason"))
+
+    def counter(self) -> str:
+        """``[ 3/30]``: trials measured (the running one counted)."""
+        return f"[{self.n_done:>2}/{self.n_total}]"
 
     def line(self, rec: dict[str, Any], detail: str) -> str:
         """The trial's line, with rich markup for its status."""
@@ -110,22 +153,47 @@ class PlainProgress:
         style = style.get(status, "red")
         sps = rec.get("samples_per_s")
         speed = f"{sps:>10,.0f} samples/s" if sps else " " * 20
-        elapsed = time.monotonic() - self.start
-        left = f"  {_clock(self.timeout - elapsed)} left" if self.timeout is not None else ""
         # escape: the detail's "[noisy: ...]" and reasons are text, not rich markup to drop
         return (
-            f"[{self.n_done:>3}/{self.n_total}] {elapsed:6.0f}s{left}  trial {rec['number']:>3}  "
-            f"[{style}]{status:<10}[/{style}] {speed}  {self.best_text}  {escape(detail)}"
+            f"{escape(self.counter())} {self.clock()}  [{style}]{status:<10}[/{style}] {speed}  "
+            f"{self.best_text}  {escape(detail)}"
         )
 
     def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
         detail = self._update(rec, n_done, n_total)
         self.console.print(self.line(rec, detail), highlight=False, soft_wrap=True)
 
+    def phase(self, phase: str, trial: tuple[int, dict[str, Any]] | None = None) -> None:
+        """The running trial (``trial``: its number and configuration) entered ``phase``."""
+        if trial is None or self.finishing is not None:
+            return
+        what = self.changes(trial[1]) or "(baseline)"
+        self.running = (what, phase, time.monotonic())
+        if any(phase.startswith(p) for p in self.SLOW):
+            self.console.print(
+                f"[{self.n_done + 1:>2}/{self.n_total}] {self.clock()}  {phase:<10} {' ' * 20}  {self.best_text}  {what}",
+                highlight=False,
+                soft_wrap=True,
+                markup=False,
+            )
+
+    def finish_phase(self, phase: str) -> None:
+        """A phase of the finish (selection, confirmation, export, profile) begins."""
+        self.running = None
+        self.last = f"finishing: {phase}"
+        self.console.print(f"{' ' * len(self.counter())} {self.clock()}  finishing: {phase}", highlight=False,
+                           soft_wrap=True, markup=False)  # fmt: skip
+
+    def search_done(self, reason: str | None) -> None:
+        """The search stopped (``reason``: ``n_trials``, ``converged``, ``budget``, ...): no more trials count down."""
+        self.finishing = reason or "done"
+        self.running = None
+
 
 class LiveProgress(PlainProgress):
-    """On a terminal: the trial lines scroll above a live footer with the bar, the elapsed time,
-    what is left of the budget, the best speedup so far and the last trial's status and reason."""
+    """On a terminal: the trial lines scroll above a live footer with the bar, the clock and
+    what is left of the bound, the best speedup so far, and what runs now (the trial's changes
+    and its phase, or the finish's phase)."""
 
     def __init__(self, console: Any, timeout: float | None = None, n_trials: int = 0) -> None:
         super().__init__(console, timeout, n_trials)
@@ -139,13 +207,18 @@ class LiveProgress(PlainProgress):
 
         head = Table.grid(padding=(0, 2))
         head.add_row(
-            Text(f"trial {self.n_done}/{self.n_total or '?'}", style="bold"),
+            Text(f"{self.n_done}/{self.n_total or '?'} trials", style="bold"),
             ProgressBar(total=max(1, self.n_total), completed=self.n_done, width=30, complete_style="green"),
-            Text(f"elapsed {_clock(time.monotonic() - self.start)}"),
+            Text(self.clock()),
             Text(self.budget_text()),
             Text(self.best_text, style="bold green" if self.baseline and self.best > self.baseline else ""),
         )
-        return Group(head, Text(f"last: {self.last}", overflow="ellipsis", no_wrap=True, style="dim"))
+        if self.running is not None:
+            what, phase, since = self.running
+            now = f"now: {phase} ({_clock(time.monotonic() - since)}): {what}"
+        else:
+            now = f"last: {self.last}"
+        return Group(head, Text(now, overflow="ellipsis", no_wrap=True, style="dim"))
 
     def __enter__(self) -> LiveProgress:
         from rich.live import Live
@@ -164,10 +237,13 @@ class LiveProgress(PlainProgress):
     def __call__(self, rec: dict[str, Any], n_done: int, n_total: int) -> None:
         detail = self._update(rec, n_done, n_total)
         status = "screened" if rec.get("kind") == "screened" else rec.get("status")
-        self.last = f"trial {rec['number']} {status}: {detail}"
-        if n_done >= n_total:
-            self.last += " - search done: re-measuring the finalists, diagnosing, exporting"
+        self.last = f"{status}: {detail}"
         self.console.print(self.line(rec, detail), highlight=False, soft_wrap=True)
+
+    def phase(self, phase: str, trial: tuple[int, dict[str, Any]] | None = None) -> None:
+        if trial is None or self.finishing is not None:
+            return
+        self.running = (self.changes(trial[1]) or "(baseline)", phase, time.monotonic())  # the footer shows it
 
 
 def make_progress(

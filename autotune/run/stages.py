@@ -137,6 +137,7 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", out / "compile-cache")
     for runner in runners:
         runner.deadline = deadline
+        runner.on_phase = getattr(opts.progress, "phase", None)  # what the running trial does, for the display
     return Run(opts, out, env, space, study, runners, ids, timing, summary, deadline=deadline)
 
 
@@ -171,6 +172,10 @@ def search(run: Run) -> None:
         trial_timeout=opts.trial_timeout,
         strategy=_strategy(run),
     )
+    if run.stop_reason == "timeout" and opts.budget is not None and opts.budget == opts.limit_s:
+        run.stop_reason = "budget"  # the planned end, not a hard stop
+    if hasattr(opts.progress, "search_done"):
+        opts.progress.search_done(run.stop_reason)
 
 
 def _strategy(run: Run) -> Any:
@@ -263,6 +268,8 @@ def execute(model: Any, dataset: Any, opts: Options, started: float | None = Non
     started = time.monotonic() if started is None else started
     deadline = None if opts.limit_s is None else started + opts.limit_s
     run = prepare(model, dataset, opts, deadline)
+    if hasattr(opts.progress, "header"):
+        opts.progress.header(run.env, run.space, run.options, run.out)
     _say_if_too_small(run)
     seconds = run.summary["time"] = {"prepare_s": round(time.monotonic() - started, 1)}
     try:

@@ -227,7 +227,7 @@ def run_workers(
         options: The other keyword arguments of :func:`~autotune.search.study.run_trials`.
 
     Returns:
-        ``"budget"`` if any worker saw the budget filled, else ``"timeout"`` or ``"exhausted"``.
+        ``"n_trials"`` if any worker saw the trial count reached, else ``"timeout"`` or ``"exhausted"``.
     """
     stop = threading.Event()
     with _ctrl_c_sets(stop):
@@ -320,7 +320,7 @@ def _run_workers(
         raise errors[0]
     if any(isinstance(o, KeyboardInterrupt) for o in outcomes):
         raise KeyboardInterrupt
-    for reason in ("budget", "timeout", "converged"):
+    for reason in ("n_trials", "timeout", "converged"):
         if reason in outcomes:
             return reason
     return "exhausted"

@@ -263,7 +263,7 @@ def run_trials(
             baseline's cost fits.
 
     Returns:
-        Why the loop stopped: ``"budget"``, ``"timeout"``, ``"exhausted"`` or, with the staged
+        Why the loop stopped: ``"n_trials"`` (that many measured), ``"timeout"``, ``"exhausted"`` or, with the staged
         strategy, ``"converged"`` (refinement stopped improving: see
         :func:`autotune.search.phases.converged`; the reason is the study's ``converged`` attribute).
 
@@ -291,7 +291,7 @@ def run_trials(
         view.raise_if_baseline_failed()
         limits.learn(view.baseline)
         if view.n_measured >= n_trials:
-            return "budget"
+            return "n_trials"
         if view.n_measured + len(view.claims) >= n_trials:
             # The rest of the budget is being measured; a dead worker's claim is freed after the grace period.
             waiting = _say_waiting(view.claims, waiting, study)
@@ -425,7 +425,11 @@ def _one_trial(
     else:
         limit, at_deadline = limits.for_config(config, finished)
         fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space, config)
-        result = runner.run(config, timeout=limit, fidelity=fidelity)
+        runner.running = (trial.number, config)  # the display names it while it runs
+        try:
+            result = runner.run(config, timeout=limit, fidelity=fidelity)
+        finally:
+            runner.running = None
         result.metrics.update(attrs, ran=result.metrics.get("ran", True))
         if stop is not None and stop.is_set() and result.status == "crash":
             raise KeyboardInterrupt  # its worker was killed to stop: no result to keep

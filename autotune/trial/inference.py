@@ -46,6 +46,7 @@ from autotune.trial.measure import (
     noise_reason,
     size_bytes,
 )
+from autotune.trial.phase import build_phase, say
 from autotune.trial.spec import WorkerSpec
 
 __all__ = ["TrialContext"]
@@ -204,6 +205,7 @@ class TrialContext(Context, ArtifactExport):
         torch.manual_seed(self.spec.seed)
         mark = memory_mark(self.spec.device)  # before the build: the trial's memory is its own
         began = time.perf_counter()
+        say(build_phase(config))
         state = self.build(config)
         # The build before the warm-up (the model's copy, a pruning, an export, a calibration):
         # what every later build of it costs again, in a confirmation's worker or the export.
@@ -235,6 +237,7 @@ class TrialContext(Context, ArtifactExport):
             )
             return
         guard_start = time.perf_counter()
+        say("checking the metric")
         value = guard_value(self, state)
         result["guard_s"] = self._guard_s = time.perf_counter() - guard_start
         result["metric"] = value

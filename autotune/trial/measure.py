@@ -31,6 +31,7 @@ from autotune.trial.epochs import (  # noqa: F401  (re-exported: their former ho
 )
 from autotune.trial.interference import GpuSharing, Interference, run_pids
 from autotune.trial.memory import _peak_mib, memory_mark
+from autotune.trial.phase import say
 from autotune.trial.warmup import compile_counts, compiles_per_shape, fallback_note, shape_batches
 
 __all__ = [
@@ -361,6 +362,7 @@ def measure(
         cached_before, fell_back = _cache_counts(), compile_counts()[1]
         with settings_active(state.settings), torch.inference_mode():
             start = time.perf_counter()
+            say("compiling" if state.compile_mode != "none" else "warming up")
             for batch in _shapes_first(dataset, state, batches, seed):
                 call_model(state.model, to_device(batch, device, non_blocking=state.non_blocking))
             for _ in range(n_warm):
@@ -371,6 +373,7 @@ def measure(
             cache_hits, cache_misses = (now - then for now, then in zip(_cache_counts(), cached_before, strict=True))
             compiled_before = _compiled_frames()
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
+            say("timing")
             timed_start = time.perf_counter()
             align = _aligned_at(dataset, state, batches)
             clock = clock_windows and align is not None and not batches.restarts

@@ -41,6 +41,16 @@ class Runner:
     deadline: float | None = None
     # What a restart costs: the last start's seconds (``None`` before one), or a fork's where later workers fork.
     start_s: float | None = None
+    # Called with each phase the running trial enters (:mod:`autotune.trial.phase`) and
+    # :attr:`running`; ``None``: nobody listens.
+    on_phase: Any = None
+    # The trial being measured, as (number, configuration); ``None`` between trials (a call's phases).
+    running: tuple[int, dict[str, Any]] | None = None
+
+    def said(self, phase: str) -> None:
+        """The running trial entered ``phase``: tell :attr:`on_phase`."""
+        if self.on_phase is not None:
+            self.on_phase(phase, self.running)
 
     def bounded(self, seconds: float) -> float:
         """``seconds``, or less: no more than what is left until :attr:`deadline` (0 once past it)."""
@@ -121,6 +131,9 @@ class InProcessRunner(Runner):
         limit = self.bounded(asked)
         if limit <= 0:
             return _not_started(started)
+        from autotune.trial.phase import listen
+
+        listen(self.said)
         try:
             with alarm(limit):
                 result = self._ctx.run_trial(config, fidelity)
@@ -255,10 +268,13 @@ class SubprocessRunner(Runner):
     def _wait_unguarded(self, timeout: float, doing: str) -> tuple[Any, ...]:
         if self._proc is None:
             return ("fail", "crash", f"the worker was gone while {doing}")
+        until = time.monotonic() + timeout
         try:
-            ready = self._recv.poll(timeout)
-            if ready:
-                return self._recv.recv()
+            while ready := self._recv.poll(max(0.0, until - time.monotonic())):
+                reply = self._recv.recv()
+                if reply[0] != "phase":
+                    return reply
+                self.said(reply[1])  # what the trial does now: news for the display, not its result
         except (EOFError, OSError):
             ready = True
         if not ready:

@@ -34,6 +34,7 @@ from autotune.trial.measure import (
     size_bytes,
     window_stats,
 )
+from autotune.trial.phase import say
 from autotune.trial.train_setup import FixedOrder, TrainingSetup, optimizer_factory, prepare, train_metric
 
 __all__ = ["TrainContext"]
@@ -201,6 +202,9 @@ class TrainContext(Context):
             return
         device = torch.device(self.spec.device)
         mark = memory_mark(device)
+        say(
+            "compiling, then checking the loss" if config.get("compile_mode", "none") != "none" else "checking the loss"
+        )
         run = self._guard_run(config)
         setup = run.setup
         result.update(
@@ -212,6 +216,7 @@ class TrainContext(Context):
             n_guard_steps=len(run.losses),
         )
         check_curve(run)
+        say("timing")
         with settings_active(setup.settings):
             result.update(time_steps(setup, run.batches, self.spec.loss_fn, self.spec.measure))
         # Training continues from where it is, so a noisy measurement is timed again on the next steps.

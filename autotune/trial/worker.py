@@ -5,7 +5,7 @@ and talks to it over two pipes with pickled messages::
 
     parent -> ("init", spec, checked)   worker -> ("ready", info) | ("fail", kind, message)
                                         (checked: False, or what the first worker learned of the baseline)
-    parent -> ("trial", config_dict)    worker -> ("result", TrialResult)
+    parent -> ("trial", config_dict)    worker -> ("phase", name) ..., ("result", TrialResult)
     parent -> ("call", name, *args)     worker -> ("result", dict)   (name: rounds, held_out, export, diagnose, profile)
     parent -> ("stop",)
 
@@ -63,6 +63,9 @@ def serve(conn: Any) -> None:
         conn.send(("fail", "error", one_line(exc)))
         return
     conn.send(("ready", {**ctx.info, "init_s": time.perf_counter() - began}))
+    from autotune.trial.phase import listen
+
+    listen(lambda phase: conn.send(("phase", phase)))  # read by the runner while it waits
     while True:
         message = conn.recv()
         if message[0] == "trial":

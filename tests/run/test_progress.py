@@ -40,10 +40,11 @@ def test_plain_progress_prints_one_line_per_trial():
             progress(rec, n_done, 4)
     lines = console.file.getvalue().splitlines()
     assert len(lines) == 3
-    assert re.fullmatch(r"\[  1/4\] +\d+s  trial   0  ok +1,000 samples/s  best trial 1\.00x  \(baseline\)", lines[0])
-    assert re.fullmatch(r"\[  2/4\] +\d+s  trial   1  ok +2,500 samples/s  best trial 2\.50x  batch_size=32", lines[1])
+    # One counter (trials measured), one time format (m:ss).
+    assert re.fullmatch(r"\[ 1/4\] 0:0\d  ok +1,000 samples/s  best 1\.00x  \(baseline\)", lines[0])
+    assert re.fullmatch(r"\[ 2/4\] 0:0\d  ok +2,500 samples/s  best 2\.50x  batch_size=32", lines[1])
     assert re.fullmatch(
-        r"\[  3/4\] +\d+s  trial   2  oom +best trial 2\.50x  batch_size=64: OutOfMemoryError: Tried to allocate 64 MiB",
+        r"\[ 3/4\] 0:0\d  oom +best 2\.50x  batch_size=64: OutOfMemoryError: Tried to allocate 64 MiB",
         lines[2],
     )
 
@@ -67,17 +68,35 @@ def test_a_trial_refused_after_screening_reads_screened_not_error():
         progress({"number": 1, "status": "error", "kind": "screened", "reason": reason,
                   "config": {**BASE, "num_threads": 1}}, 1, 4)  # fmt: skip
     line = console.file.getvalue().splitlines()[1]
-    assert re.search(r"trial   1  screened +best trial", line), line
+    assert re.search(r"\] 0:0\d  screened +best 1\.00x", line), line
     assert "error" not in line
 
 
-def test_with_a_timeout_each_line_says_the_time_left():
+def test_with_a_time_bound_each_line_says_the_time_of_it():
     console = _console()
     with PlainProgress(console, timeout=600, n_trials=4) as progress:
         rec, n_done = _records()[0]
         progress(rec, n_done, 4)
-    assert re.match(r"\[  1/4\] +\d+s  (9:59|10:00) left  trial   0", console.file.getvalue())
+    assert re.match(r"\[ 1/4\] 0:0\d/10:00  ok", console.file.getvalue())
     assert progress.budget_text().startswith("3 trials left, ")
+    progress.search_done("converged")  # a stopped search stops counting down trials
+    assert progress.budget_text().startswith("search stopped (converged): finishing, ")
+
+
+def test_a_slow_phase_gets_a_line_naming_the_running_trial_and_the_finish_its_phases():
+    console = _console()
+    with PlainProgress(console, timeout=600, n_trials=4) as progress:
+        progress(*_records()[0][:1], 1, 4)
+        progress.phase("building", (1, {**BASE, "compile_mode": "default"}))  # quick: no line
+        progress.phase("compiling", (1, {**BASE, "compile_mode": "default"}))
+        progress.phase("timing", (1, {**BASE, "compile_mode": "default"}))
+        progress.phase("timing", None)  # a call's phase (the confirmation rounds): not a trial's
+        progress.search_done("n_trials")
+        progress.finish_phase("confirmation")
+    lines = console.file.getvalue().splitlines()
+    assert len(lines) == 3, lines
+    assert re.fullmatch(r"\[ 2/4\] 0:0\d/10:00  compiling +best 1\.00x  compile_mode=default", lines[1])
+    assert re.fullmatch(r" +0:0\d/10:00  finishing: confirmation", lines[2])
 
 
 def test_quiet_shows_nothing_and_a_terminal_gets_the_live_display():
@@ -88,19 +107,22 @@ def test_quiet_shows_nothing_and_a_terminal_gets_the_live_display():
     with progress:
         for rec, n_done in _records():
             progress(rec, n_done, 4)
-        assert progress.last.startswith("trial 2 oom: batch_size=64: OutOfMemoryError")
+        assert progress.last.startswith("oom: batch_size=64: OutOfMemoryError")
         footer = Console(file=io.StringIO(), width=200, color_system=None)
         footer.print(progress)
-    out = footer.file.getvalue()
-    assert "trial 3/4" in out and "1 trial left" in out and "of 1:00 left" in out and "best trial 2.50x" in out
-    assert "trial   1  ok" in console.file.getvalue()  # the trial lines scroll above the footer
+        out = footer.file.getvalue()
+        assert "3/4 trials" in out and "1 trial left" in out and "of 1:00 left" in out and "best 2.50x" in out
+        progress.phase("calibrating", (3, {**BASE, "quantization": "int8_dynamic"}))
+        footer.print(progress)  # the footer names what runs now, and its phase
+        assert "now: calibrating (0:00): quantization=int8_dynamic" in footer.file.getvalue()
+    assert "] 0:00/1:00  ok" in console.file.getvalue()  # the trial lines scroll above the footer
 
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0}
 NOISY = r"( \[noisy: [^]]*\])?"  # a shared machine can make any measurement noisy
 # A trial far below the best so far stops after its first window, and its line says so.
 STOPPED = r"(: stopped after 1 of \d+ windows: .*)?"
-TRIAL_LINE = re.compile(r"\[ *(\d+)/(\d+)\] +\d+s  trial +\d+  (\w+) .*  (best trial [\d.]+x|best -)  (.*)$")
+TRIAL_LINE = re.compile(r"\[ *(\d+)/(\d+)\] [\d:/]+  (\w+) .*  (best [\d.]+x|best -)  (.*)$")
 
 
 def _tiny(out_dir, **kwargs):
@@ -142,7 +164,7 @@ def test_optimize_off_a_terminal_prints_plain_lines_and_a_resumed_run_says_what_
     lines = _trial_lines(err)
     assert [m.group(1, 2) for m in lines] == [("3", "3")], err
     # The kept baseline is the reference: the best so far is known, one knob is named.
-    assert lines[0].group(4).startswith("best trial ")
+    assert lines[0].group(4).startswith("best ")
     assert re.fullmatch(rf"batch_size=(16|32){NOISY}{STOPPED}", lines[0].group(5)), err
 
 

@@ -1,0 +1,52 @@
+"""What a trial is doing now, for the progress display: building, converting, calibrating,
+compiling, timing, checking the metric.
+
+The code of a trial calls :func:`say` as it enters a phase; the process that shows progress sets
+the sink with :func:`listen` (a worker process sends each phase to the run over its pipe, an
+in-process run calls the display directly). Without a sink, :func:`say` does nothing, and a
+sink that fails is ignored: a phase is news, never a reason for a trial to fail.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["build_phase", "listen", "say"]
+
+_sink: Callable[[str], None] | None = None
+
+
+def listen(sink: Callable[[str], None] | None) -> None:
+    """Send every phase :func:`say` names to ``sink`` (``None``: to nobody)."""
+    global _sink
+    _sink = sink
+
+
+def say(phase: str) -> None:
+    """The running trial enters ``phase``."""
+    if _sink is not None:
+        try:
+            _sink(phase)
+        except Exception:  # the display's trouble is not the trial's
+            pass
+
+
+def build_phase(config: Mapping[str, Any]) -> str:
+    """What building ``config`` mostly does, in a word or two.
+
+    Example:
+        >>> build_phase({"runtime": "openvino", "ov_precision": "int8_static"})
+        'converting and calibrating'
+        >>> build_phase({"runtime": "torch", "prune_ratio": 0.3}), build_phase({"runtime": "torch"})
+        ('pruning', 'building')
+    """
+    runtime = config.get("runtime", "torch")
+    int8 = config.get("quantization", "none") != "none" or "int8" in str(config.get("ov_precision", "")) + str(
+        config.get("ort_precision", "")
+    )
+    if runtime != "torch":
+        return "converting and calibrating" if int8 else "converting"
+    if config.get("prune_ratio", 0.0):
+        return "pruning"
+    return "calibrating" if int8 else "building"
