@@ -104,6 +104,11 @@ def _cpuinfo_field(name: str) -> str | None:
     return None
 
 
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``, else the platform's), ``None`` where neither says."""
+    return _cpuinfo_field("model name") or platform.processor() or None
+
+
 def _physical_cores() -> int | None:
     try:
         import psutil
@@ -182,7 +187,7 @@ def cpu_info() -> dict[str, Any]:
     usable = _affinity_cpus()
     flags = _cpu_flags()
     return {
-        "model": _cpuinfo_field("model name") or platform.processor() or None,
+        "model": cpu_model(),
         "machine": platform.machine(),
         "logical_cores": logical,
         "physical_cores": _physical_cores(),
@@ -410,7 +415,7 @@ class Env:
         data["machine"] = platform.machine()
         data["executable"] = sys.executable
         data["cpu_count"] = os.cpu_count()
-        data["cpu_model"] = _cpuinfo_field("model name") or platform.processor() or None
+        data["cpu_model"] = cpu_model()
         flags = _cpu_flags()  # the vector and matrix units int8 and bfloat16 speed depends on
         data["cpu_isa"] = [f for f in ISA_FLAGS if f in flags]
         return data

@@ -84,15 +84,22 @@ class PlainProgress:
 
     def header(self, env: Any, space: Any, opts: Any, out: Any) -> None:
         """The run's first lines: the device, the data, the space, the output folder and the bound."""
-        what = env.gpu_name or env.cpu_capability
+        if env.gpu_name:
+            what = env.gpu_name
+        else:
+            from autotune.env import cpu_model
+
+            model = cpu_model() or "CPU"
+            what = f"{model}, {env.cpu_threads} threads, {env.cpu_capability}{', bf16' if env.bf16 else ''}"
         preset = opts.space if isinstance(opts.space, str) else "custom"
+        searched = sum(len(v) > 1 for v in space.values.values())
         bound = f"{opts.n_trials} trials"
         if opts.limit_s is not None:
             kind = "budget" if opts.budget is not None and opts.budget == opts.limit_s else "timeout"
             bound += f" or {_clock(opts.limit_s)} ({kind}), whichever ends first"
         lines = [
             f"autotune: {opts.mode} on {env.device} ({what}); results in {out}/",
-            f"space: {len(space.values)} knobs, up to {space.size():,} configurations ({preset}); bound: {bound}",
+            f"space: {searched} knobs searched, up to {space.size():,} configurations ({preset}); bound: {bound}",
         ]
         for line in lines:
             self.console.print(line, highlight=False, soft_wrap=True, markup=False)

@@ -177,3 +177,22 @@ def test_progress_false_prints_nothing_and_a_wrong_value_is_refused(tmp_path, ca
     assert not _trial_lines(out + err) and "samples/s" not in out + err
     with pytest.raises(autotune.ConfigError, match=r"`progress` must be True .* but got 'yes'"):
         _tiny(tmp_path / "b", progress="yes")
+
+
+def test_the_header_names_the_device_the_space_the_folder_and_the_bound():
+    import torch
+
+    from autotune.run.options import Options
+    from autotune.run.plan import plan
+
+    opts = Options()  # no n_trials, timeout or budget: the default bound, said
+    assert (opts.n_trials, opts.budget) == (30, 600.0)
+    env, _, space = plan(torch.nn.Linear(4, 2), [(torch.randn(4), 0)] * 64, **opts.plan_args())
+    console = _console()
+    PlainProgress(console).header(env, space, opts, "autotune-out")
+    first, second = console.file.getvalue().splitlines()
+    assert first.startswith("autotune: inference on cpu (") and first.endswith("results in autotune-out/")
+    searched = sum(len(v) > 1 for v in space.values.values())
+    assert second.startswith(f"space: {searched} knobs searched, up to {space.size():,} configurations (default)")
+    assert second.endswith("bound: 30 trials or 10:00 (budget), whichever ends first")
+    assert Options(n_trials=5).budget is None and Options(timeout=60).budget is None  # a bound given is the bound
