@@ -175,6 +175,8 @@ class PlainProgress:
         if trial is None or self.finishing is not None:
             return
         what = self.changes(trial[1]) or "(baseline)"
+        if self.running is not None and self.running[:2] == (what, phase):
+            return  # the same phase again (a measurement repeated): said once
         self.running = (what, phase, time.monotonic())
         if any(phase.startswith(p) for p in self.SLOW):
             self.console.print(
