@@ -5,7 +5,9 @@
   A block preceded by ``<!-- skip: why -->`` is not run; it is reported as a skipped test.
 - docs/cli.md documents every subcommand and long flag of the real parser, and every flag a page
   names exists under that name: in cli.md's sections, in any ``autotune CMD ...`` command line,
-  and in any inline code span (benchmark scripts' flags checked against their sources).
+  and in any inline code span (benchmark scripts' flags checked against their sources). The
+  ``autotune run`` synopses of the README and cli.md, and cfg.md's precedence table, list every
+  flag of its parser.
 - docs/api.md's signatures are the functions' own, its tables name only real keywords and
   ``Result`` attributes; cfg.md's names are the ones cfg.py may define.
 - docs/knobs/ has an entry for every registered knob, listing every value it knows, and the
@@ -13,7 +15,8 @@
 - docs/README.md links every page, and every relative link (and its #anchor) resolves: no page
   is exempt.
 - Install lines name this project's distribution and its real extras, never the unrelated
-  ``autotune`` on PyPI; the README's user install pulls no contributor extra.
+  ``autotune`` on PyPI; the README's user install pulls no contributor extra, and its table of
+  extras names every requirement of each (the core's too).
 """
 
 import argparse
@@ -269,6 +272,8 @@ def _readme_section(title: str) -> str:
 def test_readme_measurement_paragraph_matches_the_claims_code():
     """The README's "How it measures" states what claims.py does, with its constants."""
     from autotune.search import claims
+    from autotune.search.result import SELECT_GAIN
+    from autotune.search.select import FINALIST_SHARE
 
     text = _readme_section("How it measures")
     assert f"{claims.LEVEL:.0%} interval" in text
@@ -276,10 +281,14 @@ def test_readme_measurement_paragraph_matches_the_claims_code():
     assert f"wider than +-{claims.MAX_CLAIM_WIDTH:.0%}" in text
     assert "geometric mean" in text and "Student-t" in text
     assert f"split over {claims.CONFIRM_PROCESSES} fresh worker processes" in text
+    # The selection: finalists near the fastest trial, timed against it, which a finalist
+    # displaces only by the margin search/result.py holds (not a ratio to the baseline).
+    assert f"within {1 - FINALIST_SHARE:.0%} of the fastest" in text
+    assert f"at least {SELECT_GAIN - 1:.0%} faster" in text and "the baseline is not timed here" in text
     for verdict in ("includes 1.0", "below 1.0"):
         assert verdict in text
     # What an earlier version of the protocol did, and the code no longer does.
-    for stale in ("median of baseline/best pair ratios", "fastest on re-measurement"):
+    for stale in ("median of baseline/best pair ratios", "fastest on re-measurement", "best ratio to the baseline"):
         assert stale not in text
     # Fidelity is judged per output kind, not by relative error alone.
     assert "relative error for other outputs" not in (ROOT / "README.md").read_text()
@@ -355,8 +364,15 @@ def test_every_flag_in_a_command_line_exists_for_its_command():
     assert not wrong, f"flags the code lacks: {', '.join(sorted(set(wrong)))}"
 
 
+def _top_flags() -> set[str]:
+    """The long flags of ``autotune`` itself, before any command (``--version``)."""
+    from autotune.cli import _parser
+
+    return {f for action in _parser()._actions for f in action.option_strings if f.startswith("--")}
+
+
 def test_every_flag_a_page_names_exists():
-    known = set().union(*_all_flags().values()) | _FOREIGN
+    known = set().union(*_all_flags().values()) | _top_flags() | _FOREIGN
     for source in (ROOT / "benchmarks").rglob("*.py"):
         known |= set(re.findall(r"[\"'](--[a-z][\w-]*)[\"'=]", source.read_text()))
     unknown = set()
@@ -388,6 +404,59 @@ def test_every_command_is_in_both_command_lists():
     for where, text in (("README.md", listing), ("docs/cli.md", cli_listing)):
         listed = set(re.findall(r"^autotune (\w+)", text, re.MULTILINE))
         assert listed == set(commands), f"{where}'s command list: {sorted(listed)} != {sorted(commands)}"
+
+
+def _run_flags() -> list[str]:
+    """Every long flag of ``autotune run``, read from the parser the command builds, so a flag
+    added there without docs fails the tests below."""
+    from autotune.cli.run import _run_parser
+
+    parser = argparse.ArgumentParser()
+    _run_parser(parser)
+    return [
+        flag
+        for action in parser._actions
+        if action.help != argparse.SUPPRESS
+        for flag in action.option_strings
+        if flag.startswith("--") and flag != "--help"
+    ]
+
+
+def _run_synopsis(block: str) -> str:
+    """The ``autotune run`` lines of a listing: its first line and the indented ones under it."""
+    lines = block.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("autotune run "))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith(" ")), len(lines))
+    return "\n".join(lines[start:end])
+
+
+def test_run_synopses_list_every_flag_of_autotune_run():
+    readme = (ROOT / "README.md").read_text()
+    synopses = {
+        "README.md": _run_synopsis(_FENCED.findall(readme[readme.index("## Command line") :])[0]),
+        "docs/cli.md": _run_synopsis(
+            _FENCED.findall(_sections((DOCS / "cli.md").read_text(), "##")["`autotune run`"])[0]
+        ),
+    }
+    missing = [
+        f"{where}: {flag}"
+        for where, text in synopses.items()
+        for flag in _run_flags()
+        if not re.search(rf"\[{re.escape(flag)}(?![\w-])", text)
+    ]
+    assert not missing, f"autotune run's synopsis lacks: {', '.join(missing)}"
+
+
+# Flags that shape only what a run prints, not what it does: the cfg.py has no option for them.
+_OUTPUT_FLAGS = {"--dry-run", "--quiet", "--verbose", "--json", "--debug"}
+
+
+def test_cfg_precedence_table_maps_every_flag_of_autotune_run():
+    sections = _sections((DOCS / "cfg.md").read_text(), "##")
+    rows = re.findall(r"^\| (`--.+?) \| (`.+?) \|$", sections["Precedence"], re.MULTILINE)
+    mapped = {flag for flags, _ in rows for flag in _FLAG.findall(flags)}
+    missing = sorted(set(_run_flags()) - _OUTPUT_FLAGS - mapped)
+    assert not missing, f"docs/cfg.md's precedence table lacks: {', '.join(missing)}"
 
 
 def test_cli_help_and_reference_agree_on_what_the_timeout_bounds():
@@ -502,6 +571,29 @@ def test_install_lines_name_this_distribution_and_its_real_extras():
             if re.search(r"pip install ['\"]?autotune\b(?!-)", line):
                 wrong.append(f"{_rel(path)}: 'pip install autotune' installs another project")
     assert not wrong, "; ".join(wrong)
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.match(r"[A-Za-z0-9][\w.-]*", requirement).group(0)
+
+
+def test_readme_extras_table_names_every_requirement_of_each_extra():
+    """The table of extras lists what each installs, the core's included, so a new dependency
+    without a word in the README fails here."""
+    project = _project()
+    rows = {}  # extra -> what its row says it brings; "(none)" is the core
+    for cell, brings in re.findall(r"^\| ([^|]+?) \| ([^|]+) \|", _readme_raw("Install"), re.MULTILINE):
+        for extra in re.findall(r"`([\w-]+)`", cell) or [cell]:
+            rows[extra] = brings
+    wanted = {"(none)": project["dependencies"], **project["optional-dependencies"]}
+    missing = [f"the row of {extra}" for extra in wanted if extra not in rows]
+    missing += [
+        f"{extra}: {name}"
+        for extra, requirements in wanted.items()
+        for name in map(_requirement_name, requirements)
+        if not re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", rows.get(extra, ""), re.IGNORECASE)
+    ]
+    assert not missing, f"the README's extras table lacks: {', '.join(missing)}"
 
 
 def test_the_readme_user_install_is_cpu_torch_then_the_package_without_contributor_extras():
