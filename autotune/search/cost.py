@@ -30,19 +30,13 @@ __all__ = [
 # Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
 # baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
 HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetune_steps", "ort_precision")
-# Before any heavy build was measured: at least this many seconds, or this many baseline trials.
+# A pruning's prior (a structural pruning and its fine-tuning), before one was measured.
 HEAVY_PRIOR_S = 15.0
-HEAVY_PRIOR_FACTOR = 3.0
 # Knobs that make a build of another price under the same heavy knobs: OpenVINO's int8 (NNCF's
 # calibration, the fallback's ranking: 13-20 s of real MiniLM) against its float builds (2 s).
 # Priced as OpenVINO's float trials (8 s), a 3-minute budget started one with 18 s left, and it
-# was killed at the deadline; a first one is priced as another heavy build, 15 s at least.
+# was killed at the deadline; a first one is priced with a calibration (FIRST_BUILD_S).
 PRICE_KNOBS = (*HEAVY_KNOBS, "ov_precision", "int8_fallback")
-# An int8 build over a float build of the same runtime: NNCF's calibration and the fallback's
-# ranking of real MiniLM took 11-17 s more than OpenVINO's float trial on the same batches, in
-# eight runs. Priced as base + the slowest compile (19 s), a 3-minute budget's first OpenVINO
-# int8 (its largest lever) was 29 s, and not started with 26 s left; it took 16-23 s elsewhere.
-CALIBRATION_S = 18.0
 # Confirmation rounds the finish must have time for (the least a claim is made from), and the
 # worker processes they are split over.
 FINISH_ROUNDS = 3
@@ -110,12 +104,13 @@ def trial_cost_s(
     """Predicted wall seconds of a trial of ``config``, each trial counted as measured once
     (:func:`once_s`): the longest measured trial that built the same heavy knobs (compile mode,
     runtime, ...; for the cheap kind, a trial other than the baseline's where one ran its
-    windows: the baseline's also computes the reference outputs), else the baseline's plus the
-    longest heavy build measured so far (or a prior: the larger of :data:`HEAVY_PRIOR_S` and
-    :data:`HEAVY_PRIOR_FACTOR` baseline trials; :data:`HEAVY_PRIOR_S` at least for a first int8
-    build, which calibrates). Builds of another precision under the same runtime are of another kind
-    (:data:`PRICE_KNOBS`): a first int8 build under a runtime whose float builds were measured
-    costs the slowest of them and :data:`CALIBRATION_S`. 0 before the baseline was measured.
+    windows: the baseline's also computes the reference outputs), else a cheap trial of it plus
+    what its build is made of (a compile, a runtime's conversion, a calibration, a pruning), each
+    part priced by the most a trial that made it took, or by its measured prior
+    (:data:`FIRST_BUILD_S`, by the model's parameters). Builds of another precision under the
+    same runtime are of another kind (:data:`PRICE_KNOBS`): a first int8 build under a runtime
+    whose float builds were measured costs the slowest of them and a calibration. 0 before the
+    baseline was measured.
 
     Priced from the baseline's wall time, a cheap trial of real MiniLM cost 34 s (its windows
     measured twice, and the reference outputs) where it took 13: a 3-minute budget's search
@@ -125,8 +120,8 @@ def trial_cost_s(
         >>> base = {"config": {"compile_mode": "none", "batch_size": 8}, "ran": True, "wall_s": 2.0}
         >>> trial_cost_s({"compile_mode": "none", "batch_size": 32}, [base], base)
         2.0
-        >>> trial_cost_s({"compile_mode": "default", "batch_size": 8}, [base], base)
-        17.0
+        >>> trial_cost_s({"compile_mode": "default", "batch_size": 8}, [base], base)  # a compile's prior
+        22.0
         >>> done = {"config": {"compile_mode": "default", "batch_size": 8}, "ran": True, "wall_s": 40.0,
         ...         "compile_s": 30.0}
         >>> trial_cost_s({"compile_mode": "default", "batch_size": 32}, [base, done], base)
@@ -146,9 +141,9 @@ def trial_cost_s(
         return max(once_s(r) for r in full or same)
     if not kind:
         return base_s
-    heavy = [float(r.get("compile_s") or 0.0) for r in measured if _kind(r["config"], base_config)]
-    if not heavy:
-        return base_s + max(HEAVY_PRIOR_S, HEAVY_PRIOR_FACTOR * base_s)
+    # The same configuration built as the baseline's: what its batches and loader cost.
+    cheap = trial_cost_s({k: v for k, v in config.items() if k not in PRICE_KNOBS} | _cheap_part(base_config),
+                         records, baseline)  # fmt: skip
     # The same runtime's float builds (not another int8 of it, which calibrated too), and a calibration.
     floats = [
         r
@@ -157,11 +152,80 @@ def trial_cost_s(
         and not _calibrates(_kind(r["config"], base_config))
     ]
     if floats and _calibrates(kind):
-        return max(once_s(r) for r in floats) + CALIBRATION_S
-    # A calibration costs at least the prior's seconds, not its share of the baseline: at three
-    # baseline trials, a first int8 build of real MiniLM was priced 40 s, took 20, and a 3-minute
-    # budget never tried it with 31 s left.
-    return base_s + max(max(heavy), HEAVY_PRIOR_S if _calibrates(kind) else 0.0)
+        return max(once_s(r) for r in floats) + _part_s("calibrate", measured, baseline)
+    # A first build of its kind: a cheap trial and what its build is made of, each part priced
+    # by what it cost in the trials that made one, else by its prior (FIRST_BUILD_S).
+    return cheap + sum(_part_s(part, measured, baseline) for part in _parts(kind))
+
+
+# What a first build of a kind adds to a cheap trial, part by part, before a trial made that part:
+# seconds, plus seconds per million parameters of the model. Measured on 2 cores (Intel Xeon,
+# AVX-512 with AMX; torch 2.13 CPU, OpenVINO 2026.4), from the trials of three real runs: the
+# quickstart's MLP (85 thousand parameters), a light CNN on JPEG photos (142 thousand) and
+# all-MiniLM-L6-v2 on real text (22.7 million).
+# - compile: torch.compile's first compile (``compile_s``): the MLP 17-29 s, MiniLM on trimmed
+#   lengths 52-57 s.
+# - openvino: ``convert_model`` and ``compile_model`` (``ov_convert_s``): the MLP 0.6 s, the CNN
+#   1.3 s, MiniLM 2.1-5.0 s. Priced as a heavy build before (the baseline's trial and the larger
+#   of 15 s and three of them: 56 s for MiniLM), a budget never ran OpenVINO (a 7-s trial), the
+#   Hugging Face pipeline's winner.
+# - onnxruntime, torchscript: the ONNX export (dynamo and onnxslim) and the TorchScript trace,
+#   not in those runs' spaces: taken as twice and as half OpenVINO's conversion, which captures
+#   the same graph; the first trial that exports replaces the guess with its ``onnx_export_s``.
+# - calibrate: NNCF's calibration and the fallback's ranking (``int8_made_s``): the MLP 2.5 s,
+#   the CNN 5.4 s, MiniLM 16.8-22.0 s.
+# - prune: a structural pruning and its fine-tuning steps: the heavy build's old prior.
+FIRST_BUILD_S = {
+    "compile": (20.0, 1.5),
+    "openvino": (1.0, 0.2),
+    "onnxruntime": (2.0, 0.4),
+    "torchscript": (0.5, 0.1),
+    "calibrate": (3.0, 0.8),
+    "prune": (HEAVY_PRIOR_S, 0.0),
+}
+# The trial attribute that says what each part cost where a trial made it.
+_PART_SECONDS = {"compile": "compile_s", "openvino": "ov_convert_s", "onnxruntime": "onnx_export_s",
+                 "calibrate": "int8_made_s", "prune": "build_s", "torchscript": "build_s"}  # fmt: skip
+
+
+def _cheap_part(base: Mapping[str, Any]) -> dict[str, Any]:
+    """The baseline's values of the knobs that price a build: a configuration without its builds."""
+    return {k: base[k] for k in PRICE_KNOBS if k in base}
+
+
+def _parts(kind: tuple[Any, ...]) -> list[str]:
+    """What a build of ``kind`` is made of: a compile, a runtime's conversion, a calibration, a pruning.
+
+    Example:
+        >>> _parts((("runtime", "openvino"), ("ov_precision", "int8_static")))
+        ['openvino', 'calibrate']
+        >>> _parts((("compile_mode", "default"),)), _parts((("prune_ratio", 0.3),))
+        (['compile'], ['prune'])
+    """
+    knobs = dict(kind)
+    parts = ["compile"] if knobs.get("compile_mode", "none") != "none" else []
+    if knobs.get("runtime", "torch") in FIRST_BUILD_S:
+        parts.append(knobs["runtime"])
+    if _calibrates(kind):
+        parts.append("calibrate")
+    if knobs.get("prune_ratio") or knobs.get("finetune_steps"):
+        parts.append("prune")
+    return parts
+
+
+def _part_s(part: str, measured: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any]) -> float:
+    """Seconds ``part`` of a build costs: the most a trial that made it took (its own attribute),
+    else its prior for the baseline's parameter count (:data:`FIRST_BUILD_S`)."""
+    key = _PART_SECONDS[part]
+    made = [
+        float(r[key])
+        for r in measured
+        if r.get(key) and part in _parts(_kind(r["config"], (baseline.get("config") or {})))
+    ]
+    if made:
+        return max(made)
+    fixed, per_million = FIRST_BUILD_S[part]
+    return fixed + per_million * float(baseline.get("n_params") or 0.0) / 1e6
 
 
 def build_s(record: Mapping[str, Any]) -> float:
