@@ -12,7 +12,15 @@ from typing import Any
 
 from autotune.errors import TrialError
 
-__all__ = ["export_winner", "finalize", "finish_reserve", "overrun_margin", "rounds_budget", "worth_selecting"]
+__all__ = [
+    "export_winner",
+    "finalize",
+    "finish_reserve",
+    "overrun_margin",
+    "reserve_s",
+    "rounds_budget",
+    "worth_selecting",
+]
 
 Run = Any  # autotune.run.stages.Run (not imported: stages imports this module)
 
@@ -38,13 +46,34 @@ def finish_reserve(run: Run, records: list[dict[str, Any]]) -> float:
     processes = {} if runner.restarts else {"n_processes": 1}
     predicted = finish_s(baseline, best, runner.start_s, diagnose=not run.options.train, exports=exports, **processes)
     least = finish_s(baseline, best, 0.0, diagnose=False, n_rounds=2, n_processes=1, exports=exports)
-    return max(least + REPORT_S, min(RESERVE_SHARE * run.options.limit_s, max(5.0, 1.25 * predicted) + REPORT_S))
+    return reserve_s(run.options.limit_s, least, predicted)
+
+
+def reserve_s(limit_s: float, least_s: float, predicted_s: float) -> float:
+    """The finish's reserve in a run of ``limit_s`` seconds: the predicted finish and a quarter
+    more (at most :data:`RESERVE_SHARE` of the run), never less than the least finish that
+    confirms a claim (``least_s``), and never more than :data:`MAX_RESERVE_SHARE` of the run.
+
+    Example:
+        >>> reserve_s(600.0, 20.0, 30.0)  # a long run: the prediction and a quarter
+        45.5
+        >>> reserve_s(180.0, 40.0, 90.0)  # the least finish over the share
+        72.0
+        >>> reserve_s(90.0, 62.0, 80.0)  # a short budget's search keeps half of it
+        45.0
+    """
+    wanted = max(least_s + REPORT_S, min(RESERVE_SHARE * limit_s, max(5.0, 1.25 * predicted_s) + REPORT_S))
+    return min(MAX_RESERVE_SHARE * limit_s, wanted)
 
 
 # The most of a run's time the finish may keep from the search: a prediction made from the
 # baseline alone (a worker start, a trial's wall time) is pessimistic, and on a 45 s quickstart
 # run a 60% reserve left the search one trial.
 RESERVE_SHARE = 0.4
+# Never more than this share of the run, whatever the least finish: a 90-s budget of real text
+# kept 67 s for its finish after a 23-s start, refused the recipe trial (15 s) and ended at 45 s
+# with the baseline. A finish that does not fit in half the run confirms what its time allows.
+MAX_RESERVE_SHARE = 0.5
 
 
 # With a timeout, the selection and confirmation rounds take at most this share of the time the

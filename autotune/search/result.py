@@ -98,7 +98,7 @@ def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max:
     # Each round is at most one trial's work per configuration.
     return runner.call("rounds", configs, n_min, n_max, kw.get("target"), kw.get("max_s"), kw.get("diagnose", False),
                        kw.get("drawn", 0), until_s, kw.get("builds_free", False), kw.get("windows", 0),
-                       n_trials=len(configs) * n_max)  # fmt: skip
+                       kw.get("window_s", 0.0), n_trials=len(configs) * n_max)  # fmt: skip
 
 
 def select(
@@ -153,6 +153,7 @@ def confirm(
     fresh: bool = True,
     builds_free: bool = False,
     ready: bool = False,
+    window_s: float = 0.0,
 ) -> dict[str, Any]:
     """Fresh interleaved rounds of the baseline and the pick alone: the claim, over
     ``n_processes`` fresh worker processes (default :data:`~autotune.search.claims.CONFIRM_PROCESSES`).
@@ -162,7 +163,8 @@ def confirm(
     timed in the first process's first round. With ``builds_free`` (a run without a time limit),
     ``max_s`` counts the rounds, not the workers' starts and builds. With ``ready``, the
     runner's worker is a fresh one already (the selection's): the first process's rounds run
-    in it, on the builds its selection rounds made.
+    in it, on the builds its selection rounds made. ``window_s``: each timed window's seconds
+    (0: the timing settings'; see :func:`round_window`).
 
     Returns:
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
@@ -175,7 +177,7 @@ def confirm(
     groups, pids, why = _process_rounds(runner, [baseline["config"], pick["config"]], n_min, n_max,
                                         n_processes or CONFIRM_PROCESSES, fresh=fresh, builds_free=builds_free,
                                         target=target, max_s=max_s, diagnose=diagnose, drawn=CONFIRM_DRAWS,
-                                        ready=ready)  # fmt: skip
+                                        ready=ready, window_s=window_s)  # fmt: skip
     rounds = [r for g in groups for r in g]
     ratios = [r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in rounds]
     processes = [geomean([r[1]["samples_per_s"] / r[0]["samples_per_s"] for r in g]) for g in groups]
@@ -322,6 +324,33 @@ def _affordable(
     return finalists[:1], [{"trial": f["number"], "not_selected": why} for f in finalists[1:]]
 
 
+# A confirmation round's window holds at least this many of the baseline's batches, and lasts
+# at least ROUND_WINDOW_MIN_S: a fast model's rounds are short and many, a slow one's keep the
+# timing settings' windows. The quickstart's MLP (an epoch in 22 ms) timed 5 rounds of 0.4-s
+# windows in 10 s, one of them at 0.65x, and could not tell its 1.75x pick from 1.0.
+ROUND_WINDOW_BATCHES = 40
+ROUND_WINDOW_MIN_S = 0.1
+
+
+def round_window(baseline: dict[str, Any], settings: Any) -> tuple[float, int]:
+    """Seconds of a confirmation round's windows, sized to the baseline's batches (at most the
+    timing settings' ``window_s``), and how many times more rounds that many seconds hold.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> settings = SimpleNamespace(window_s=0.4)
+        >>> round_window({"samples_per_s": 180_000.0, "config": {"batch_size": 32}}, settings)  # a small MLP
+        (0.1, 4)
+        >>> round_window({"samples_per_s": 100.0, "config": {"batch_size": 32}}, settings)  # real text
+        (0.4, 1)
+    """
+    sps, batch = baseline.get("samples_per_s"), (baseline.get("config") or {}).get("batch_size")
+    if not sps or not batch:
+        return settings.window_s, 1
+    window = min(settings.window_s, max(ROUND_WINDOW_MIN_S, ROUND_WINDOW_BATCHES * batch / sps))
+    return window, max(1, int(settings.window_s / window))
+
+
 def claim_speedup(
     runner: Any,
     baseline: dict[str, Any],
@@ -383,9 +412,11 @@ def claim_speedup(
         one = half is not None and half < 2 * (need_s + float(getattr(runner, "start_s", None) or 0.0))
         n_min = n_rounds if half is None else min(2 if one else 3, n_rounds)
         diagnose = diagnose and not one
-        confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds, diagnose=diagnose,
-                            max_s=confirm_max if half is None else half, builds_free=half is None,
-                            n_processes=1 if one else None, fresh=not one, ready=bool(ready))  # fmt: skip
+        window_s, more = round_window(baseline, settings)
+        confirmed = confirm(runner, baseline, pick, settings, n_min=n_min, n_max=3 * n_rounds * more,
+                            diagnose=diagnose, max_s=confirm_max if half is None else half, builds_free=half is None,
+                            n_processes=1 if one else None, fresh=not one, ready=bool(ready),
+                            window_s=window_s)  # fmt: skip
     except TrialError as exc:  # the study stands; the claim is this failure, with its message
         if exc.kind == "deadline":  # cut off by the run's deadline: unconfirmed, not failed
             return finalists[0], None, [{"error": str(exc), "deadline": True}]

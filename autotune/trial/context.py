@@ -132,7 +132,9 @@ class Context:
         """What :meth:`time_round` times for each configuration, ready (built, warmed up)."""
         raise NotImplementedError
 
-    def time_round(self, prepared: Any, diagnose: bool, seed: int = 0, windows: int = 0) -> dict[str, Any]:
+    def time_round(
+        self, prepared: Any, diagnose: bool, seed: int = 0, windows: int = 0, window_s: float = 0.0
+    ) -> dict[str, Any]:
         """One round's timing of a prepared configuration: ``samples_per_s``, latencies, ``cov``,
         ``others_cpu`` (and, with ``diagnose``, its loader and model alone), reading the batches
         ``seed`` draws (see :func:`~autotune.trial.measure.measure`), over ``windows`` timed
@@ -151,6 +153,7 @@ class Context:
         until_s: float | None = None,
         builds_free: bool = False,
         windows: int = 0,
+        window_s: float = 0.0,
     ) -> dict[str, Any]:
         """Measure ``configs`` in interleaved rounds whose order alternates (A, B, C / C, B, A).
 
@@ -171,7 +174,8 @@ class Context:
         the rounds' time and not the builds' (each configuration's build and its first warm-up,
         a compile from the run's cache): a run without a time limit gives its claim the same
         rounds whatever its pick costs to build. ``windows``: timed windows per configuration
-        in a round (0: :meth:`time_round`'s own number).
+        in a round (0: :meth:`time_round`'s own number); ``window_s``: seconds each (0: the
+        timing settings' ``window_s``).
 
         Returns:
             ``{"rounds": [[{"samples_per_s", "latency_ms_p50", "latency_ms_p95", "cov",
@@ -202,7 +206,7 @@ class Context:
             row: list[dict[str, Any]] = [{} for _ in prepared]
             for i in range(len(prepared)) if r % 2 == 0 else reversed(range(len(prepared))):
                 restore(self.pristine)
-                row[i] = self.time_round(prepared[i], diagnose and not rounds, seed, windows)
+                row[i] = self.time_round(prepared[i], diagnose and not rounds, seed, windows, window_s)
             if not rounds:  # the first warm-up of each build: its compile, where it has one
                 built += sum(float(c.pop("warmup_s", 0.0)) for c in row)
             rounds.append(row)

@@ -310,7 +310,9 @@ class TrialContext(Context, ArtifactExport):
         self._kept = list(zip(configs, states, strict=True))
         return states
 
-    def time_round(self, prepared: BuildState, diagnose: bool, seed: int = 0, windows: int = 0) -> dict[str, Any]:
+    def time_round(
+        self, prepared: BuildState, diagnose: bool, seed: int = 0, windows: int = 0, window_s: float = 0.0
+    ) -> dict[str, Any]:
         # A round is one ratio of the claim's interval, which the rounds' spread makes honest:
         # its windows need not be a trial's. With five, a round of real MiniLM and its slow
         # baseline took about 18 s, and the five rounds a claim needs most of a run's finish.
@@ -322,7 +324,8 @@ class TrialContext(Context, ArtifactExport):
         spec = self.spec.measure
         n_warm = min(1, spec.warmup_batches) if warm and not workers else spec.warmup_batches
         n_windows = min(windows or ROUND_WINDOWS, spec.n_windows)
-        settings = dataclasses.replace(spec, n_windows=n_windows, warmup_batches=n_warm)
+        settings = dataclasses.replace(spec, n_windows=n_windows, warmup_batches=n_warm,
+                                       window_s=min(window_s or spec.window_s, spec.window_s))  # fmt: skip
         mark = memory_mark(prepared.device, collect=False) if warm else None
         m = measure(prepared, self.spec.dataset, settings, seed=seed, mem_mark=mark, clock_windows=True)
         prepared.info["round_timed"] = True

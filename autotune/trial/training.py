@@ -319,10 +319,15 @@ class TrainContext(Context):
         return profile_training(setup, epochs(), self.spec.loss_fn, trace)
 
     def time_round(
-        self, prepared: tuple[TrainingSetup, Iterator[Any]], diagnose: bool, seed: int = 0, windows: int = 0
+        self,
+        prepared: tuple[TrainingSetup, Iterator[Any]],
+        diagnose: bool,
+        seed: int = 0,
+        windows: int = 0,
+        window_s: float = 0.0,
     ) -> dict[str, Any]:
         """Training throughput of one warmed-up setup, continuing its training (no diagnosis in
-        training mode). ``seed`` and ``windows`` are unused: each round continues the setup's own
+        training mode). ``seed``, ``windows`` and ``window_s`` are unused: each round continues the setup's own
         epoch, so rounds already read different batches, over the run's timed steps."""
         setup, batches = prepared
         if isinstance(setup, dict):  # a distributed configuration: its ranks launched for this round

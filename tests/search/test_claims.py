@@ -741,3 +741,32 @@ def test_a_budget_weighs_a_fresh_workers_start_before_splitting_its_least_confir
     runner.calls.clear()
     claim_speedup(runner, baseline, [pick], 3, False, FAST, diagnose=False, budget_s=40.0, need_s=10.0)
     assert runner.calls[0] == "restart" and runner.calls.count("restart") == 2
+
+
+def test_a_fast_models_confirmation_rounds_are_short_and_many(monkeypatch):
+    """The quickstart's MLP ran an epoch in 22 ms, yet each round timed 0.4-s windows: 5 rounds in
+    10 s could not tell a 1.75x pick from 1.0. Windows sized to the baseline's batches give a
+    fast model short rounds, and more of them in the same time; a slow model keeps its windows."""
+    import autotune.trial.inference as inference
+    from autotune.run.options import DEFAULT_MEASURE
+    from autotune.search.result import round_window
+    from autotune.trial.measure import MeasureSettings
+
+    defaults = MeasureSettings(**DEFAULT_MEASURE)
+    fast = {"samples_per_s": 200_000.0, "config": {"batch_size": 32}}
+    window, more = round_window(fast, defaults)
+    assert window < defaults.window_s and more == int(defaults.window_s / window) > 1
+    assert round_window({"samples_per_s": 90.0, "config": {"batch_size": 32}}, defaults) == (defaults.window_s, 1)
+    settings = _context(MLP()).spec.measure
+    window = settings.window_s / 3  # this test's timing settings are short already
+    seen = []
+    real = inference.measure
+    monkeypatch.setattr(
+        inference, "measure", lambda state, data, s, **kw: seen.append(s.window_s) or real(state, data, s, **kw)
+    )
+    ctx = _context(MLP())
+    same = dict(Config({"batch_size": 8}))
+    ctx.rounds([same, same], 2, 2, window_s=window)
+    assert seen == [window] * 4  # every window of every round: the short one
+    ctx.rounds([same, same], 2, 2)
+    assert seen[4:] == [settings.window_s] * 4
