@@ -1,6 +1,12 @@
-"""One hook: tests marked ``gpu`` are skipped where CUDA is absent (checked when they run, not at collection)."""
+"""One hook: tests marked ``gpu`` are skipped where CUDA is absent (checked when they run, not at
+collection). Runs in tests keep their compile cache per run (``OUT/compile-cache``), so a test's
+first build is a first build whatever ran before it; tests of the machine-wide cache set their own."""
+
+import os
 
 import pytest
+
+os.environ.setdefault("AUTOTUNE_CACHE_DIR", "run")
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

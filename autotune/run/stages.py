@@ -91,7 +91,7 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
 
     from autotune.run.plan import materialize, plan, unpack
     from autotune.search.limits import FIRST_TRIAL_TIMEOUT_S
-    from autotune.search.parallel import check_devices, start_runners, worker_ids
+    from autotune.search.parallel import check_devices, machine_cache_dir, start_runners, worker_ids
     from autotune.search.study import open_study
 
     out = check_out_dir(opts.out_dir)
@@ -134,7 +134,7 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     if deadline is not None:  # a worker (re)start never waits past the run's deadline
         limit = max(1.0, min(limit, deadline - time.monotonic()))
-    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", out / "compile-cache")
+    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", machine_cache_dir(out))
     for runner in runners:
         runner.deadline = deadline
         runner.on_phase = getattr(opts.progress, "phase", None)  # what the running trial does, for the display
