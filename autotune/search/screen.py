@@ -216,11 +216,18 @@ class Screening:
     def _scores(self, records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         """Score by key of every configuration with a result (``None``: it failed or missed the guard)."""
         scores: dict[str, float | None] = {}
+        refused = []
         for r in records:
-            # A trial not started for the deadline counts as failed here, so the search moves on
-            # to a cheaper lever (a resumed run still measures it: see search.record._has_result).
-            if "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
+            if r.get("kind") == "deadline" and not r.get("ran"):
+                refused.append(r)
+            elif "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
                 scores.setdefault(r["key"], _score(r, self.key, self.maximize))
+        # A trial not started for the deadline counts as failed here, so the search moves on to a
+        # cheaper lever, until it is queued again and measured (search.study._requeue_refused; a
+        # resumed run measures it too: see search.record._has_result).
+        for r in refused:
+            if "key" in r:
+                scores.setdefault(r["key"], None)
         return scores
 
     def screened(self, records: Sequence[Mapping[str, Any]]) -> dict[str, tuple[dict[str, Any], float | None]]:

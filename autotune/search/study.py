@@ -308,7 +308,8 @@ def run_trials(
         elif strategy is not None and view.baseline is not None:
             from autotune.search.strategy import queue_next
 
-            queue_next(study, strategy, n_trials)
+            if not _requeue_refused(study, limits):  # a lever refused for time, now affordable, comes back
+                queue_next(study, strategy, n_trials)
         outcome = _ask_and_run(
             study,
             runner,
@@ -329,6 +330,35 @@ def run_trials(
             return "timeout"
         # A refusal of a value left out after screening costs no budget: many in a row, the space is spent.
         repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened") else 0
+
+
+def _requeue_refused(study: optuna.Study, limits: _Limits) -> bool:
+    """Queue again the first trial not started for the deadline whose configuration now fits in
+    what the search has left: its price fell (a trial of its runtime measured what its build
+    costs) or the finish's reserve did (a cheaper pick). Each refused trial is queued again once;
+    return whether one was.
+
+    A budget's first OpenVINO trial of real MiniLM was refused at 54 s (priced 56 s), and the
+    next 54 s went to nine cheap trials at 0.4-0.7x of the best: the lever that won the same
+    pipeline's 16-trial run never came back.
+    """
+    trials = study.get_trials(deepcopy=False)
+    finished = _finished(study)
+    measured = {t.user_attrs.get("key") for t in finished if _has_result(t.user_attrs)}
+    waiting = {t.user_attrs.get("queued_key") for t in trials if not t.state.is_finished()}
+    requeued = {t.user_attrs.get("requeue_of") for t in trials}
+    for t in finished:
+        attrs = t.user_attrs
+        if attrs.get("kind") != "deadline" or attrs.get("ran") or t.number in requeued or "config" not in attrs:
+            continue
+        if attrs.get("key") in measured or attrs.get("key") in waiting:
+            continue
+        if limits.too_late(attrs["config"], finished) is not None:
+            continue
+        study.enqueue_trial(dict(t.params), user_attrs={"phase": attrs.get("phase"), "queued_key": attrs.get("key"),
+                                                        "requeue_of": t.number})  # fmt: skip
+        return True
+    return False
 
 
 def _ask_and_run(study: optuna.Study, *args: Any) -> str | None:

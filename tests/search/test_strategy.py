@@ -861,3 +861,24 @@ def test_training_in_two_ranks_is_screened_with_the_micro_batch_split_between_th
     space.baseline.update(batch_size=64)
     found = {lever.name: lever.variants for lever in levers(space, 2, "cpu")}
     assert found["world_size"] == ({"world_size": 2, "batch_size": 32},)
+
+
+def test_a_trial_refused_for_time_counts_as_failed_until_its_requeue_is_measured():
+    """The screening moves on past a lever refused for the deadline; once the lever is queued
+    again and measured (search.study._requeue_refused), its measurement is its score."""
+    space = space_of(SPACE)
+    staged = Staged(space, ["throughput"])
+    refused = {"key": "k", "status": "timeout", "kind": "deadline", "ran": False}
+    measured = {"key": "k", "status": "ok", "ran": True, "samples_per_s": 250.0, "metric_drop": 0.0}
+    assert staged._scores([refused]) == {"k": None}
+    assert staged._scores([refused, measured]) == {"k": 250.0}
+
+
+def test_the_next_configurations_do_not_depend_on_the_trial_budget():
+    """Under a budget, a user who sets n_trials=200 gets the order a 16-trial run gets: what comes
+    next depends on the records (and, in the study loop, the time left), not on the trial count."""
+    space, table = _table(_independent)
+    study, _ = _run(space, table, 3)
+    records = [t.user_attrs for t in _measured(study)]
+    staged = Staged(space, ["throughput"])
+    assert staged.next_configs(records, 16) == staged.next_configs(records, 200)

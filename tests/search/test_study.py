@@ -315,3 +315,42 @@ def test_a_failing_configuration_is_told_as_pruned_so_the_sampler_learns_from_it
     states = {name: _tell(study, study.ask(), o, ["throughput"], 0.01).state for name, o in outcomes.items()}
     pruned, failed = optuna.trial.TrialState.PRUNED, optuna.trial.TrialState.FAIL
     assert states == {"error": pruned, "oom": pruned, "unsupported": pruned, "deadline": failed, "skipped": failed}
+
+
+def test_a_lever_refused_for_time_is_queued_again_once_its_price_fits():
+    """A budget's first OpenVINO trial of real MiniLM was refused at 54 s (priced 56 s) and never
+    came back, though the next 54 s went to trials at 0.4-0.7x of the best. Once its price fits
+    in what the search has left, a refused trial is queued again, first, and only once."""
+    import optuna
+    from optuna.distributions import CategoricalDistribution
+    from optuna.trial import TrialState, create_trial
+
+    from autotune.search.study import _requeue_refused
+
+    study = optuna.create_study()
+    dist = {"runtime": CategoricalDistribution(["torch", "openvino"])}
+
+    def add(runtime, **attrs):
+        state = TrialState.COMPLETE if attrs.get("status") == "ok" else TrialState.FAIL
+        study.add_trial(create_trial(params={"runtime": runtime}, distributions=dist, state=state,
+                                     value=1.0 if state == TrialState.COMPLETE else None,
+                                     user_attrs={"key": runtime, "config": {"runtime": runtime}, **attrs}))  # fmt: skip
+
+    add("torch", status="ok", ran=True, baseline=True)
+    add("openvino", status="timeout", kind="deadline", ran=False, phase="screen")
+
+    class Limits:
+        fits = False
+
+        def too_late(self, config, finished):
+            return None if self.fits else "not started: it would take about 56 s"
+
+    limits = Limits()
+    assert not _requeue_refused(study, limits)  # still too dear: left as it is
+    limits.fits = True
+    assert _requeue_refused(study, limits)
+    queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
+    assert [(t.system_attrs["fixed_params"], t.user_attrs["requeue_of"], t.user_attrs["phase"]) for t in queued] == [
+        ({"runtime": "openvino"}, 1, "screen")
+    ]
+    assert not _requeue_refused(study, limits)  # queued once, not again
