@@ -24,7 +24,7 @@ from typing import Any, Literal, overload
 import torch
 from torch import nn
 
-from autotune._quiet import quiet_torchao
+from autotune.compress._quiet import quiet_torchao
 from autotune.errors import ConfigError, TrialError
 from autotune.samples import map_tensors, model_inputs
 

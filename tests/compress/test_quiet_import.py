@@ -51,7 +51,7 @@ class _Records(logging.Handler):
 
 
 def test_the_quiet_context_drops_only_the_known_messages():
-    from autotune._quiet import quiet_torchao
+    from autotune.compress._quiet import quiet_torchao
 
     torchao_log, pytree_log = logging.getLogger("torchao"), logging.getLogger("torch.utils._pytree")
     seen = _Records()  # on the loggers themselves: torch's own logger does not propagate to the root
