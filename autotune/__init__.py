@@ -44,7 +44,7 @@ __all__ = [
 
 _LAZY = {
     "Config": "autotune.config",
-    "Result": "autotune.report.result",
+    "Result": "autotune.record",
     "apply": "autotune.run.apply",
     "collect": "autotune.run.collect",
     "dataloader": "autotune.run.apply",
@@ -64,7 +64,7 @@ if TYPE_CHECKING:
     from autotune.config import Config
     from autotune.deploy.entry import load
     from autotune.deploy.verify import verify
-    from autotune.report.result import Result
+    from autotune.record import Result
     from autotune.run.apply import apply, dataloader
     from autotune.run.cfg import load_config
     from autotune.run.collect import collect

@@ -112,7 +112,7 @@ FLOORS = (
     ("export",),
     ("batching",),
     ("shapes",),
-    ("data", "samples", "env", "errors", "_pristine", "_lazy"),
+    ("data", "samples", "env", "errors", "record", "_pristine", "_lazy"),
 )
 # The imports that still run up a floor, each with a comment at its line that says why: the
 # guard's judgement (trial/fidelity.py, a leaf) shared by export/parity.py and compress/fallback.py.

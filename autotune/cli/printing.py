@@ -106,7 +106,8 @@ def _artifacts_line(artifacts: dict[str, Any]) -> str:
 def _counts(result: Any) -> str:
     if result.study is None:
         return ""
-    from autotune.report.summary import trial_counts, trial_record
+    from autotune.record import trial_record
+    from autotune.report.summary import trial_counts
 
     counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])
     by = ", ".join(f"{n} {status}" for status, n in counts["by_status"].items())
@@ -131,7 +132,8 @@ def _print_result(console: Any, result: Any) -> None:
     for note in result.notes:
         console.print(f"note: {note}", highlight=False, soft_wrap=True)
     if result.study is not None:  # the count the progress lines and both reports give
-        from autotune.report.summary import trial_counts, trial_record, trials_sentence
+        from autotune.record import trial_record
+        from autotune.report.summary import trial_counts, trials_sentence
 
         counts = trial_counts([trial_record(t) for t in result.study.get_trials(deepcopy=False)])
         console.print(f"trials: {trials_sentence(counts)}", highlight=False, soft_wrap=True)
@@ -191,7 +193,8 @@ def _busy_note(result: Any) -> str | None:
     """The report's warning when the machine was busy during the run, for the terminal."""
     import json
 
-    from autotune.report.summary import busy_note, trial_record
+    from autotune.record import trial_record
+    from autotune.report.summary import busy_note
 
     path = result.out_dir / "best_config.json"
     speedup = (json.loads(path.read_text()).get("speedup") or {}) if path.exists() else {}
@@ -246,7 +249,8 @@ def _print_runtimes(console: Any, result: Any) -> None:
     from rich.table import Table
 
     from autotune.knobs import REGISTRY
-    from autotune.report.summary import best_by, trial_record
+    from autotune.record import trial_record
+    from autotune.report.summary import best_by
 
     if result.study is None:  # `autotune show` of a run whose storage cannot be opened
         return

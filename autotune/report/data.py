@@ -25,7 +25,7 @@ class RunFiles:
     Attributes:
         out_dir: The output directory.
         best: The contents of ``best_config.json``.
-        records: One flat dict per trial (as :func:`autotune.report.summary.trial_record` makes them),
+        records: One flat dict per trial (as :func:`autotune.record.trial_record` makes them),
             from the study, or from ``trials.csv`` when the study cannot be opened.
         study: The Optuna study, or ``None`` when its storage cannot be opened.
         study_error: Why the study could not be opened, if it could not.
@@ -146,7 +146,7 @@ def load_run(out_dir: str | Path, study: Any = None) -> RunFiles:
         except Exception as exc:  # the files alone still make a report
             study, error = None, f"{type(exc).__name__}: {' '.join(str(exc).split())}"
     if study is not None:
-        from autotune.report.summary import trial_record
+        from autotune.record import trial_record
 
         records = [trial_record(t) for t in study.get_trials(deepcopy=False)]
     else:
@@ -158,7 +158,7 @@ def load_run(out_dir: str | Path, study: Any = None) -> RunFiles:
 
 def load_result(out_dir: str | Path) -> Any:
     """The :class:`~autotune.Result` of the finished run in ``out_dir``, from its files."""
-    from autotune.report.result import Result
+    from autotune.record import Result
 
     run = load_run(out_dir)
     best, speedup = run.best, run.best.get("speedup") or {}

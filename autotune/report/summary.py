@@ -8,12 +8,9 @@ import json
 import os
 from collections import Counter
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from autotune.knobs import REGISTRY
-
-if TYPE_CHECKING:
-    from optuna.trial import FrozenTrial
 
 __all__ = [
     "COMPARE_NOTE",
@@ -30,7 +27,6 @@ __all__ = [
     "int8_lines",
     "pipeline_note",
     "summary_rows",
-    "trial_record",
     "trials_sentence",
 ]
 
@@ -74,14 +70,6 @@ def _measured(record: dict[str, Any]) -> bool:
         return record["ran"] in (True, "True", "true")
     # trials.csv of a run written before it had the "ran" column: a finished status, not by a rule
     return record["status"] in _STATUSES and record.get("kind") not in _NOT_RUN_KINDS
-
-
-def trial_record(trial: FrozenTrial) -> dict[str, Any]:
-    """A trial's stored result as one flat dict."""
-    attrs = dict(trial.user_attrs)
-    attrs["number"] = trial.number
-    attrs["state"] = trial.state.name
-    return attrs
 
 
 def trial_counts(records: list[dict[str, Any]]) -> dict[str, Any]:

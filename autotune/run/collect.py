@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.errors import ConfigError
 
 if TYPE_CHECKING:
-    from autotune.report.result import Result
+    from autotune.record import Result
     from autotune.run.options import Options
 
 __all__ = ["collect", "collect_options"]

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from autotune.run.plan import plan
 
 if TYPE_CHECKING:
-    from autotune.report.result import Result
+    from autotune.record import Result
 
 __all__ = ["optimize", "plan"]
 

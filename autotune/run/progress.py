@@ -107,7 +107,7 @@ class PlainProgress:
     def begin(self, study: Any, n_trials: int, *, resume: bool = False) -> None:
         """Take in the trials ``study`` holds before this run measures any: the baseline (whose
         knobs the lines leave out), the best so far and the count; say what was kept, if any."""
-        from autotune.report.summary import trial_record
+        from autotune.record import trial_record
         from autotune.search.record import n_measured
 
         for rec in (trial_record(t) for t in study.get_trials(deepcopy=False)):

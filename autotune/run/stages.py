@@ -74,7 +74,7 @@ class Run:
         return self.options.select or self.space.select
 
     def records(self) -> list[dict[str, Any]]:
-        from autotune.report.summary import trial_record
+        from autotune.record import trial_record
 
         return [trial_record(t) for t in self.study.get_trials(deepcopy=False)]
 

@@ -12,7 +12,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial
 
-from autotune.report.summary import trial_record
+from autotune.record import trial_record
 from autotune.search.cost import HEAVY_KNOBS, is_costly, trial_cost_s
 from autotune.search.record import _finished
 from autotune.search.space import SearchSpace

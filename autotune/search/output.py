@@ -1,6 +1,6 @@
 """The result files of a search: ``best_config.json`` (the claim, the figures shown for the
 winner and the baseline, the int8 record, what :func:`autotune.apply` needs to rebuild the
-winner) with the :class:`~autotune.report.result.Result` it stands for, and ``pareto.json``.
+winner) with the :class:`~autotune.record.Result` it stands for, and ``pareto.json``.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autotune.report.result import Result
+from autotune.record import Result
 
 __all__ = ["figures_note", "write_best", "write_pareto"]
 
@@ -128,7 +128,8 @@ def _counts(study: Any) -> dict[str, Any]:
     """``n_measured`` and ``n_repeats`` of ``study``'s trials, as the reports count them."""
     if study is None:
         return {}
-    from autotune.report.summary import trial_counts, trial_record
+    from autotune.record import trial_record
+    from autotune.report.summary import trial_counts
 
     counts = trial_counts([trial_record(t) for t in study.get_trials(deepcopy=False)])
     return {"n_measured": counts["n_measured"], "n_repeats": counts["n_repeats"]}

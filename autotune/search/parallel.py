@@ -380,7 +380,7 @@ def write_hardware_groups(
     import optuna
 
     import autotune.report.summary as report
-    from autotune.report.summary import trial_record
+    from autotune.record import trial_record
     from autotune.search.output import write_best
     from autotune.search.result import baseline_and_best
     from autotune.search.storage import family, hardware_slug, storage_of

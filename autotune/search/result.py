@@ -1,7 +1,7 @@
 """The end of a search: the winner re-measured against the baseline, and the claim.
 
 The result files are written by :mod:`autotune.search.output`, and the :class:`Result` is
-defined in :mod:`autotune.report.result`; this module re-exports both, their former home.
+defined in :mod:`autotune.record`; this module re-exports both, their former home.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.report.result import Result
+from autotune.record import Result
 from autotune.search.output import (  # noqa: F401  (re-exported: tests import _claim_fields from here)
     _claim_fields,
     figures_note,
@@ -53,7 +53,7 @@ SELECT_GAIN = 1.03
 
 
 def baseline_and_best(study: Any, objectives: Sequence[str], select: Any, required: bool = True) -> Any:
-    from autotune.report.summary import trial_record
+    from autotune.record import trial_record
     from autotune.search.select import choose
 
     records = [trial_record(t) for t in study.get_trials(deepcopy=False)]

@@ -23,7 +23,7 @@ def _when(value: Any) -> str | None:
 
 
 def _group(storage: Any, member: Any) -> dict[str, Any]:
-    from autotune.report.summary import trial_record
+    from autotune.record import trial_record
     from autotune.search.select import OBJECTIVES, choose
 
     trials = storage.get_all_trials(storage.get_study_id_from_name(member.study_name), deepcopy=False)

@@ -34,7 +34,7 @@ from optuna.trial import FrozenTrial, TrialState
 from autotune.config import Config
 from autotune.errors import ConfigError, TrialError
 from autotune.knobs import REGISTRY
-from autotune.report.summary import trial_record
+from autotune.record import trial_record
 from autotune.search.limits import (  # noqa: F401  (re-exported: tests and users import them from here)
     COMPILE_ALLOWANCE_S,
     FIRST_TRIAL_TIMEOUT_S,

@@ -1,14 +1,28 @@
-"""The :class:`Result` of a run: what :func:`autotune.optimize` returns, and what
-:func:`autotune.report.data.load_result` reads back from a finished run's files.
+"""The record of a run, on the bottom floor so that every phase may read it: what a trial
+stores (:func:`trial_record`, its result as one flat dict) and the :class:`Result` of a run
+(what :func:`autotune.optimize` returns, and what :func:`autotune.report.data.load_result`
+reads back from a finished run's files).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Result"]
+if TYPE_CHECKING:
+    from optuna.trial import FrozenTrial
+
+__all__ = ["Result", "trial_record"]
+
+
+def trial_record(trial: FrozenTrial) -> dict[str, Any]:
+    """A trial's stored result as one flat dict: its user attributes (a
+    :class:`~autotune.trial.spec.TrialResult` as ``to_attrs`` stores it), its number and state."""
+    attrs = dict(trial.user_attrs)
+    attrs["number"] = trial.number
+    attrs["state"] = trial.state.name
+    return attrs
 
 
 @dataclasses.dataclass
