@@ -15,9 +15,10 @@ def test_optimize_takes_exactly_the_options():
     defaults = {
         n: p.default for n, p in inspect.signature(autotune.optimize).parameters.items() if n in Options.names()
     }
-    # optimize() resolves these two before Options holds them: the export formats, and progress
-    # (True: the display on stderr) into the display object.
-    resolved = {"export": None, "progress": True}
+    # optimize() resolves these before Options holds them: the export formats, progress (True:
+    # the display on stderr) into the display object, and the bound of a run given none (30
+    # trials within a 10-minute budget).
+    resolved = {"export": None, "progress": True, "n_trials": None, "budget": None}
     assert defaults == {n: getattr(Options(), n) for n in Options.names() if n not in resolved} | resolved
 
 
