@@ -68,3 +68,40 @@ def test_join_without_a_shared_storage_is_refused_in_one_line():
     assert Options(join=True, storage="sqlite:///shared.db").join
     with pytest.raises(autotune.ConfigError, match="no `storage` was given"):
         Options(storage="sqlite:///shared.db").replace(join=True, storage=None)
+
+
+# The command line's flags, by the option each sets (where the names differ).
+CLI_NAMES = {"trials": "n_trials", "out": "out_dir", "study": "study_name", "heartbeat": "heartbeat_interval_s",
+             "grace": "grace_period_s", "no_profile": "profile"}  # fmt: skip
+# Flags that set no option: what the command prints, and the cfg file itself.
+CLI_ONLY = {"help", "cfg", "dry_run", "quiet", "verbose", "json", "debug"}
+# Options a flag cannot carry (functions, objects, datasets, mappings): cfg.py defines them, at
+# its top level or in its `options` dict (docs/cfg.md).
+CFG_ONLY = {"metric", "max_metric_drop", "objectives", "baseline_batch_size", "n_val", "measure", "n_verify_pairs",
+            "n_finalists", "select", "loss_fn", "train_dataset", "prune_ignore", "test_dataset", "sampler",
+            "optimizer", "effective_batch_size", "allow_batch_change", "loss_tolerance", "n_train_steps",
+            "progress", "output_kind", "collate_fn", "pad_values", "mode"}  # fmt: skip
+# What a trial worker needs of the options: the rest (the study, the budget, the export) is the run's.
+WORKER = {"metric", "device", "measure", "seed", "loss_fn", "train_dataset", "prune_ignore", "test_dataset",
+          "max_metric_drop", "mode", "optimizer", "effective_batch_size", "n_train_steps", "loss_tolerance",
+          "output_kind", "collate_fn"}  # fmt: skip
+
+
+def test_the_options_the_cli_and_the_worker_spec_are_kept_in_step():
+    """One declaration, Options, and two views of it: every flag of `autotune run` sets an option
+    (or says how to print), every option is a flag or cfg.py's alone, and the worker's spec holds
+    the options a trial reads under their own names. A new option lands in one of these lists."""
+    import argparse
+    import dataclasses
+
+    from autotune.cli.run import _run_parser
+    from autotune.trial.spec import WorkerSpec
+
+    parser = argparse.ArgumentParser()
+    _run_parser(parser)
+    flags = {a.dest for a in parser._actions} - CLI_ONLY
+    options = set(Options.names())
+    assert {CLI_NAMES.get(f, f) for f in flags} <= options, "a flag that sets no option"
+    assert options - {CLI_NAMES.get(f, f) for f in flags} == CFG_ONLY, "an option neither a flag nor cfg.py's"
+    spec = {f.name for f in dataclasses.fields(WorkerSpec)}
+    assert spec & options == WORKER
