@@ -271,8 +271,8 @@ def _readme_section(title: str) -> str:
 
 def test_readme_measurement_paragraph_matches_the_claims_code():
     """The README's "How it measures" states what claims.py does, with its constants."""
-    from autotune.search import claims
-    from autotune.search.result import SELECT_GAIN
+    from autotune.run import claims
+    from autotune.run.rounds import SELECT_GAIN
     from autotune.search.select import FINALIST_SHARE
 
     text = _readme_section("How it measures")
@@ -282,7 +282,7 @@ def test_readme_measurement_paragraph_matches_the_claims_code():
     assert "geometric mean" in text and "Student-t" in text
     assert f"split over {claims.CONFIRM_PROCESSES} fresh worker processes" in text
     # The selection: finalists near the fastest trial, timed against it, which a finalist
-    # displaces only by the margin search/result.py holds (not a ratio to the baseline).
+    # displaces only by the margin run/rounds.py holds (not a ratio to the baseline).
     assert f"within {1 - FINALIST_SHARE:.0%} of the fastest" in text
     assert f"at least {SELECT_GAIN - 1:.0%} faster" in text and "the baseline is not timed here" in text
     for verdict in ("includes 1.0", "below 1.0"):

@@ -1,4 +1,4 @@
-"""The run's phase: the options, :func:`optimize` as stages, :func:`plan`, cfg.py files, and applying a found configuration."""
+"""The run's phase: the options, :func:`optimize` as stages, :func:`plan`, cfg.py files, the finish (the selection and confirmation rounds, the claim, the result files), and applying a found configuration."""
 
 from autotune._lazy import exports
 
@@ -16,5 +16,12 @@ __all__, __getattr__, __dir__ = exports(
         "load_config": "cfg",
         "collect": "collect",
         "make_progress": "progress",
+        "select": "rounds",
+        "confirm": "rounds",
+        "claim_speedup": "rounds",
+        "write_best": "output",
+        "interval": "claims",
+        "judge": "claims",
+        "enough_rounds": "claims",
     },
 )

@@ -50,7 +50,7 @@ def collect(
             ``resume`` or ``devices``, which a collect sets itself.
 
     Returns:
-        The :class:`~autotune.search.result.Result`, as :func:`autotune.optimize` returns it.
+        The :class:`~autotune.record.Result`, as :func:`autotune.optimize` returns it.
 
     Raises:
         ConfigError: no such study, none of its trials was measured on this machine's hardware,

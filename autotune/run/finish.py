@@ -230,7 +230,7 @@ def _only_pick(run: Run) -> dict[str, Any] | None:
     """The finalist the finish will confirm, where it is the only one (nothing to select) and
     the run has no deadline, exports and infers: it can be exported before its rounds."""
     import autotune.search.select as select
-    from autotune.search.result import baseline_and_best
+    from autotune.run.rounds import baseline_and_best
 
     opts = run.options
     # In process, the export's state would stay in the process that times the rounds.
@@ -253,9 +253,9 @@ def _confirm(run: Run, runner: Any, exported_s: float | None = None) -> None:
     pick against the baseline, in what the deadline leaves; ``exported_s``: the seconds the
     export took, where it is done (a share of the finish already spent)."""
     import autotune.search.select as select
+    from autotune.run.output import write_pareto
+    from autotune.run.rounds import baseline_and_best, claim_speedup
     from autotune.search.cost import export_s, finish_s
-    from autotune.search.output import write_pareto
-    from autotune.search.result import baseline_and_best, claim_speedup
 
     opts = run.options
     run.baseline, run.best = baseline_and_best(run.study, run.objectives, run.select)

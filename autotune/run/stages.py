@@ -203,15 +203,14 @@ def _story(run: Run, best: dict[str, Any]) -> dict[str, Any]:
 
 
 def write(run: Run, *, interrupted: bool = False) -> Any:
-    """Write the run's files and return its :class:`~autotune.search.result.Result`.
+    """Write the run's files and return its :class:`~autotune.record.Result`.
 
     An interrupted run writes what it has: the best trial so far against the baseline,
     unconfirmed; with no finished baseline there is nothing to write and it returns ``None``.
     """
     from autotune.report.html import write_reports_safely
-    from autotune.search.output import write_best
-    from autotune.search.parallel import write_hardware_groups
-    from autotune.search.result import baseline_and_best
+    from autotune.run.output import write_best, write_hardware_groups
+    from autotune.run.rounds import baseline_and_best
 
     if interrupted:
         picked = baseline_and_best(run.study, run.objectives, run.select, required=False)

@@ -1,4 +1,4 @@
-"""The search: the Optuna study and its storage, the search space, claims from interleaved rounds, the pick among finalists, parallel workers and their status."""
+"""The search: the Optuna study and its storage, the search space, the Pareto front and the finalists, parallel workers and their status."""
 
 from autotune._lazy import exports
 
@@ -12,14 +12,6 @@ __all__, __getattr__, __dir__ = exports(
         "run_trials": "study",
         "trial_record": "study",
         "make_sampler": "study",
-        "Result": "result",
-        "select": "result",
-        "confirm": "result",
-        "claim_speedup": "result",
-        "write_best": "output",
-        "interval": "claims",
-        "judge": "claims",
-        "enough_rounds": "claims",
         "choose": "select",
         "pareto_front": "select",
         "open_storage": "storage",

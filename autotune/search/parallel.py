@@ -1,7 +1,7 @@
 """Many workers on one study: one per listed device of this machine, each driving its own worker
 process, all sharing the study through its storage (:mod:`autotune.search.study` says how they
-coordinate), and the result files of every hardware group of a study measured on several kinds
-of hardware.
+coordinate). The result files of every hardware group of a study measured on several kinds of
+hardware are written at the finish (:func:`autotune.run.output.write_hardware_groups`).
 
 Workers on other machines are other ``autotune run --join`` processes; nothing here talks to
 them, the storage does.
@@ -13,7 +13,6 @@ import contextlib
 import copy
 import dataclasses
 import os
-import shutil
 import signal
 import socket
 import threading
@@ -25,7 +24,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["check_devices", "close_runners", "run_workers", "start_runners", "worker_ids", "write_hardware_groups"]
+__all__ = ["check_devices", "close_runners", "run_workers", "start_runners", "worker_ids"]
 
 
 def _normalize(item: Any) -> str:
@@ -362,57 +361,3 @@ def _run_workers(
         if reason in outcomes:
             return reason
     return "exhausted"
-
-
-def write_hardware_groups(
-    out: Path, study: Any, summary: dict[str, Any], objectives: Sequence[str], select: Any
-) -> dict[str, str]:
-    """For a study measured on several kinds of hardware, write ``by_hardware/<slug>/`` per group.
-
-    Each group's folder holds its ``trials.csv`` and ``best_config.json``. This machine's group
-    gets a copy of ``best_config.json`` (verified here); another group's winner is its own best
-    measurement against its own baseline, unverified here (it cannot be re-measured on this
-    hardware), stamped with that group's environment.
-
-    Returns:
-        Folder by hardware key; empty when the study has one group (nothing is written).
-    """
-    import optuna
-
-    import autotune.report.summary as report
-    from autotune.record import trial_record
-    from autotune.search.output import write_best
-    from autotune.search.result import baseline_and_best
-    from autotune.search.storage import family, hardware_slug, storage_of
-
-    storage = storage_of(study)
-    members = family(storage, summary["study"]["name"])
-    if len(members) < 2:
-        return {}
-    written = {}
-    for member in members:
-        hardware = member.user_attrs.get("hardware", "unknown")
-        folder = out / "by_hardware" / hardware_slug(hardware)
-        folder.mkdir(parents=True, exist_ok=True)
-        written[hardware] = str(folder)
-        if member.study_name == study.study_name:
-            for name in ("best_config.json", "trials.csv"):
-                if (out / name).exists():
-                    shutil.copyfile(out / name, folder / name)
-            continue
-        group = optuna.load_study(study_name=member.study_name, storage=storage)
-        report.write_trials_csv(folder / "trials.csv", [trial_record(t) for t in group.get_trials(deepcopy=False)])
-        group_objectives = member.user_attrs.get("objectives") or list(objectives)
-        picked = baseline_and_best(group, group_objectives, select, required=False)
-        if picked is None:
-            continue  # no baseline measured there yet
-        drop = ("finalists", "diagnosis", "held_out", "artifacts")
-        group_summary = {k: v for k, v in summary.items() if k not in drop}
-        group_summary.update(
-            env=member.user_attrs.get("env", {}),
-            objectives=group_objectives,
-            study={**summary["study"], "optuna_study": member.study_name, "hardware": hardware},
-        )
-        write_best(folder, group_summary, *picked, confirmed=None, stop_reason="measured elsewhere", study=group,
-                   why_unconfirmed="measured by other workers, on hardware this one is not")  # fmt: skip
-    return written

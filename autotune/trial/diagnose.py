@@ -379,7 +379,7 @@ def diagnose_run(
         runner: A :class:`~autotune.trial.runner.Runner` whose worker has a ``diagnose`` call.
         baseline: The baseline's trial record (``config``, ``key``, ``samples_per_s``).
         best: The winner's trial record.
-        confirmed: :func:`autotune.search.result.confirm`'s result, or ``None``.
+        confirmed: :func:`autotune.run.rounds.confirm`'s result, or ``None``.
 
     Returns:
         ``{"baseline": {...}, "best": {...}, "summary": sentence}``, or with ``"error"`` (and

@@ -1,6 +1,6 @@
 """Intervals on paired ratios: the geometric mean of interleaved rounds' ratios, its Student-t
 interval on their logs, and when rounds may stop. The rounds run inside the worker
-(:meth:`autotune.trial.context.Context.rounds`); :mod:`autotune.search.claims` judges them.
+(:meth:`autotune.trial.context.Context.rounds`); :mod:`autotune.run.claims` judges them.
 """
 
 from __future__ import annotations

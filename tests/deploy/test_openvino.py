@@ -179,7 +179,7 @@ def test_an_openvino_int8_winner_is_told_as_nncf_int8_on_openvino():
     """The result's int8 entry of an OpenVINO int8 winner names OpenVINO and its precision, not
     torch's quantization knob (which such a winner leaves at none); apply rebuilds it on the
     run's calibration draw."""
-    from autotune.search.output import _int8_record, _rebuild_record
+    from autotune.run.output import _int8_record, _rebuild_record
 
     config = {"runtime": "openvino", "ov_precision": "int8_static", "quantization": "none", "int8_fallback": "auto"}
     best = {"config": config, "int8_kept": ["head"], "float_bytes": 4000, "size_bytes": 1300}

@@ -199,7 +199,7 @@ def _cpu(batch):
 
 
 def test_a_resident_winners_claim_names_what_it_assumes():
-    from autotune.search.output import _run_claim
+    from autotune.run.output import _run_claim
 
     base = {"config": {"batch_size": 8}, "samples_per_s": 100.0, "key": "a"}
     best = {"config": {"batch_size": 8, "device_resident": True}, "samples_per_s": 300.0, "key": "b"}

@@ -124,7 +124,8 @@ def test_a_worker_start_that_cannot_be_ready_before_the_deadline_is_not_begun(tm
 
 def test_a_confirmation_the_deadline_leaves_no_time_for_is_unconfirmed_and_keeps_the_best():
     """Before, a deadline that cut the confirmation off was reported as "failed", with no claim."""
-    from autotune.search.result import _claim_fields, claim_speedup
+    from autotune.run.output import _claim_fields
+    from autotune.run.rounds import claim_speedup
 
     baseline = {"number": 0, "key": "a", "samples_per_s": 100.0, "config": dict(Config({"batch_size": 8}))}
     pick = {"number": 3, "key": "b", "samples_per_s": 180.0, "config": dict(Config({"batch_size": 32}))}
@@ -251,7 +252,7 @@ def test_a_budget_that_holds_one_least_confirmation_but_not_two_confirms_in_one_
     rounds, none ended, and the claim was "unconfirmed"; in one fresh process, the worker's start
     took most of the 60 s. Under twice the least confirmation's cost the rounds run in the
     search's own worker; with room for two, in two fresh ones."""
-    import autotune.search.result as result
+    import autotune.run.rounds as result
 
     asked = []
     real = result._process_rounds
@@ -293,7 +294,7 @@ def test_rounds_the_deadline_would_cut_short_come_back_with_what_they_timed():
 
 
 def _reply(runner, configs, n_min):
-    from autotune.search.result import _rounds_reply
+    from autotune.run.rounds import _rounds_reply
 
     return _rounds_reply(runner, configs, n_min, n_min)
 
@@ -302,7 +303,7 @@ def test_a_budget_that_holds_the_confirmation_but_not_a_selection_confirms_the_f
     """A 3-minute budget's selection among two finalists took 50 of its 61 s: the confirmation
     was killed with nothing timed, and the run claimed nothing. Where two selection rounds and
     the least confirmation do not both fit, the fastest trial is confirmed alone."""
-    import autotune.search.result as result
+    import autotune.run.rounds as result
 
     measured = []
     real = result._rounds_reply

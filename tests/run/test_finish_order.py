@@ -41,7 +41,7 @@ def test_the_only_finalist_is_exported_before_its_confirmation_rounds(tmp_path):
 def test_a_pick_the_rounds_do_not_keep_has_its_files_replaced_by_the_winners(tmp_path, monkeypatch):
     """The confirmation may find no measurable speedup: the baseline then stands, and what was
     exported of the pick before the rounds must not stay behind as the run's files."""
-    import autotune.search.result as result
+    import autotune.run.rounds as result
 
     real = result.claim_speedup
 

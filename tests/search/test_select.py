@@ -92,7 +92,7 @@ def test_a_finalist_displaces_the_fastest_trial_only_by_running_3_percent_faster
     """Real text: OpenVINO bf16 at a batch of 64 was picked over 32 (the fastest trial) at 1.007
     of it over two one-window rounds (0.95 and 1.06); re-timed, 32 ran 6% faster. A finalist
     within the noise of the fastest trial does not displace it; one clearly faster does."""
-    from autotune.search.result import select
+    from autotune.run.rounds import select
 
     finalists = [{"number": 11, "config": {"batch_size": 32}}, {"number": 12, "config": {"batch_size": 64}}]
     pick, table = select(_Rounds([[1000.0, 953.0], [1000.0, 1064.0]]), finalists, 2)

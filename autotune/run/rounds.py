@@ -1,7 +1,7 @@
-"""The end of a search: the winner re-measured against the baseline, and the claim.
+"""The rounds at the end of a search: the finalists timed against each other (the selection),
+the pick re-measured against the baseline (the confirmation), and the claim.
 
-The result files are written by :mod:`autotune.search.output`, and the :class:`Result` is
-defined in :mod:`autotune.record`; this module re-exports both, their former home.
+:mod:`autotune.run.claims` judges the rounds; :mod:`autotune.run.output` writes the result files.
 """
 
 from __future__ import annotations
@@ -12,15 +12,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from autotune.errors import InputError
-from autotune.record import Result
-from autotune.search.output import (  # noqa: F401  (re-exported: tests import _claim_fields from here)
-    _claim_fields,
-    figures_note,
-    write_best,
-    write_pareto,
-)
 
-__all__ = ["Result", "baseline_and_best", "claim_speedup", "confirm", "select", "write_best", "write_pareto"]
+__all__ = ["baseline_and_best", "claim_speedup", "confirm", "select"]
 
 
 # Seconds of confirmation rounds a run without a timeout gives its pick, besides the workers'
@@ -156,7 +149,7 @@ def confirm(
     window_s: float = 0.0,
 ) -> dict[str, Any]:
     """Fresh interleaved rounds of the baseline and the pick alone: the claim, over
-    ``n_processes`` fresh worker processes (default :data:`~autotune.search.claims.CONFIRM_PROCESSES`).
+    ``n_processes`` fresh worker processes (default :data:`~autotune.run.claims.CONFIRM_PROCESSES`).
 
     Rounds continue until the ratio's 95% interval is within +-``target`` or ``n_max`` rounds
     (or ``max_s`` seconds) are spent. With ``diagnose``, the loader alone and the model alone are
@@ -168,9 +161,9 @@ def confirm(
 
     Returns:
         ``{"claim": judge(...), "baseline": figures, "best": figures, "rounds": n}``, see
-        :func:`autotune.search.claims.judge`.
+        :func:`autotune.run.claims.judge`.
     """
-    from autotune.search.claims import CONFIRM_DRAWS, CONFIRM_PROCESSES, TARGET_HALF_WIDTH, judge, shortfall
+    from autotune.run.claims import CONFIRM_DRAWS, CONFIRM_PROCESSES, TARGET_HALF_WIDTH, judge, shortfall
     from autotune.trial.intervals import geomean
 
     target = TARGET_HALF_WIDTH if target is None else target

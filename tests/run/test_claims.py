@@ -10,8 +10,9 @@ import torch
 
 from autotune._pristine import restore, snapshot
 from autotune.config import Config
-from autotune.search.claims import CONFIRM_DRAWS, MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
-from autotune.search.result import _claim_fields, claim_speedup
+from autotune.run.claims import CONFIRM_DRAWS, MAX_CLAIM_WIDTH, geomean, half_width, interval, judge
+from autotune.run.output import _claim_fields
+from autotune.run.rounds import claim_speedup
 from autotune.trial.inference import TrialContext
 from autotune.trial.measure import MeasureSettings
 from autotune.trial.runner import InProcessRunner
@@ -359,7 +360,7 @@ def test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_
     from the next process's: the claim must not rest on one process. Its rounds are split over two
     worker processes, each drawing batches no other round read, and its interval contains both
     processes' ratios."""
-    from autotune.search.result import confirm
+    from autotune.run.rounds import confirm
     from autotune.trial.runner import SubprocessRunner, pickle_spec
 
     spec = WorkerSpec(model=_SleepyMLP(), dataset=classification_data(128), metric=None, device="cpu",
@@ -400,7 +401,7 @@ def test_a_confirmation_cut_short_by_its_time_budget_says_how_many_rounds_and_pr
     """Two fresh worker processes are planned; a budget of a fraction of a second leaves the
     second no time after the first's least rounds: the claim says it rests on those rounds in
     one process, and why."""
-    from autotune.search.result import confirm
+    from autotune.run.rounds import confirm
     from autotune.trial.runner import SubprocessRunner, pickle_spec
 
     spec = WorkerSpec(model=MLP(), dataset=classification_data(128), metric=None, device="cpu",
@@ -423,7 +424,7 @@ def test_rounds_run_in_this_process_say_so_in_the_claim():
     ctx = _context(MLP())
     runner = InProcessRunner.__new__(InProcessRunner)
     runner._ctx, runner.info = ctx, ctx.info
-    from autotune.search.result import confirm
+    from autotune.run.rounds import confirm
 
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
     pick = _record(1, dict(Config({"batch_size": 32})), 300.0)
@@ -474,7 +475,7 @@ def test_without_a_time_limit_the_confirmation_counts_its_rounds_not_its_builds(
 def test_the_loader_and_the_model_alone_are_timed_in_the_first_round_only():
     """The diagnosis explains the claim: timed apart in every round, it made a confirmation half
     as long again; from one round per process, the figures still come from the claim's rounds."""
-    from autotune.search.result import _figures
+    from autotune.run.rounds import _figures
 
     ctx = _context(MLP())
     configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))]
@@ -491,7 +492,7 @@ def test_the_loader_and_the_model_alone_are_timed_in_the_first_round_only():
 def test_a_confirmation_times_the_loader_and_the_model_alone_in_its_first_process_only():
     """Timed apart in each process's first round, the halves took 10 s a configuration of a
     second process's rounds of real MiniLM: one process's explain the claim as well."""
-    from autotune.search.result import confirm
+    from autotune.run.rounds import confirm
 
     runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
@@ -507,7 +508,7 @@ def test_a_confirmation_times_the_loader_and_the_model_alone_in_its_first_proces
 def test_the_least_rounds_of_a_confirmation_are_split_over_its_processes_not_rounded_up_in_each():
     """Five rounds asked for over two processes were three in each: six rounds, one of them a
     whole round of the slow baseline more than asked for."""
-    from autotune.search.result import confirm
+    from autotune.run.rounds import confirm
 
     runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
@@ -524,7 +525,7 @@ def test_without_a_time_limit_the_rounds_keep_the_finish_within_a_quarter_of_the
     besides the starts, builds and export still made the finish 35% of a 16-trial run. The
     rounds have what keeps the whole finish within a quarter of the run, split as before, never
     more than before and never under the floor."""
-    from autotune.search.result import CONFIRM_S, SELECT_S
+    from autotune.run.rounds import CONFIRM_S, SELECT_S
 
     class Spy(InProcessRunner):
         limits: list = []
@@ -560,7 +561,7 @@ def test_without_a_time_limit_the_least_rounds_run_in_both_processes_however_sho
     """A run without a deadline gives its rounds a share of its time; short as that may be, the
     least confirmation (its rounds in two fresh processes) is run: at 20 s, a claim of real
     MiniLM came from 3 rounds in 1 process."""
-    from autotune.search.result import confirm
+    from autotune.run.rounds import confirm
 
     runner = _TwoProcesses()
     baseline = _record(0, dict(Config({"batch_size": 8})), 100.0)
@@ -749,7 +750,7 @@ def test_a_fast_models_confirmation_rounds_are_short_and_many(monkeypatch):
     fast model short rounds, and more of them in the same time; a slow model keeps its windows."""
     import autotune.trial.inference as inference
     from autotune.run.options import DEFAULT_MEASURE
-    from autotune.search.result import round_window
+    from autotune.run.rounds import round_window
     from autotune.trial.measure import MeasureSettings
 
     defaults = MeasureSettings(**DEFAULT_MEASURE)
