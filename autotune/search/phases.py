@@ -7,7 +7,8 @@ The staged strategy (:mod:`autotune.search.strategy`) marks each configuration i
 its phase (``recipe``, ``screen``, ``compose``); the baseline is ``baseline``, and whatever the sampler
 proposed is ``refine`` (``tpe`` under plain TPE, whose warm start is TPE's own). Only measured
 trials count, as the terminal counts them: a repeat answered from an earlier trial, a skipped
-claim or a refusal costs no budget and is not a trial here.
+claim or a refusal costs no budget and is not a trial here. The story is told in sentences by
+:mod:`autotune.report.story`.
 """
 
 from __future__ import annotations
@@ -15,19 +16,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from autotune.report.story import fidelity_line, story_lines, time_line
 from autotune.search.cost import is_costly
 
-__all__ = [
-    "CONVERGED_AFTER",
-    "PHASES",
-    "converged",
-    "fidelity_line",
-    "phase_of",
-    "search_story",
-    "story_lines",
-    "time_line",
-]
+__all__ = ["CONVERGED_AFTER", "PHASES", "converged", "phase_of", "search_story"]
 
 PHASES = ("baseline", "recipe", "screen", "compose", "refine", "tpe")
 

@@ -2,7 +2,8 @@
 
 import optuna
 
-from autotune.search.phases import converged, search_story, story_lines
+from autotune.report.story import story_lines
+from autotune.search.phases import converged, search_story
 from autotune.search.strategy import Staged
 from autotune.search.study import make_sampler, run_trials
 from benchmarks.replay import TableRunner, configs_of, space_of

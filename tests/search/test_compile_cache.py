@@ -3,8 +3,9 @@
 import pytest
 
 from autotune.config import Config
+from autotune.report.story import story_lines
 from autotune.search.parallel import compile_cache_env, start_runners
-from autotune.search.phases import search_story, story_lines
+from autotune.search.phases import search_story
 from autotune.trial.measure import MeasureSettings
 from autotune.trial.runner import SubprocessRunner, pickle_spec
 from autotune.trial.spec import WorkerSpec

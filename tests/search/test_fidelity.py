@@ -8,7 +8,8 @@ import torch
 from optuna.trial import TrialState
 
 from autotune.config import Config
-from autotune.search.phases import search_story, story_lines
+from autotune.report.story import story_lines
+from autotune.search.phases import search_story
 from autotune.search.study import SCREEN_SHARE, trial_fidelity
 from autotune.trial.build import build
 from autotune.trial.inference import TrialContext
