@@ -21,4 +21,15 @@ _registered = sorted(REGISTRY.values(), key=lambda k: (k.order, k.name))
 REGISTRY.clear()
 REGISTRY.update({k.name: k for k in _registered})
 
-__all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "get_knob", "register"]
+__all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "declared", "get_knob", "register"]
+
+
+def declared(attr: str) -> tuple[str, ...]:
+    """The names of the knobs that declare ``attr`` (``heavy``, ``prices``, ``held``,
+    ``first_tier``: see :class:`Knob`), in registry order.
+
+    Example:
+        >>> "compile_mode" in declared("heavy"), "batch_size" in declared("heavy")
+        (True, False)
+    """
+    return tuple(name for name, knob in REGISTRY.items() if getattr(knob, attr))

@@ -27,6 +27,7 @@ def _ort_providers() -> list[str]:
 @register
 class Runtime(Knob):
     name = "runtime"
+    heavy = True
     order = 40
     modes = ("inference",)
     stage = Stage.COMPILE
@@ -187,6 +188,7 @@ class OrtProvider(_OrtKnob):
 @register
 class OrtPrecision(_OrtKnob):
     name = "ort_precision"
+    heavy = True
     order = 71
     choices = ("fp32", "fp16", "int8_dynamic", "int8_static")
     default = "fp32"

@@ -94,6 +94,28 @@ class Knob:
     # its baseline value.
     modes: ClassVar[tuple[str, ...]] = ("inference", "train")
 
+    # What the staged search (autotune.search) knows of the knob. A knob with a lever of its own
+    # declares it here and is screened without any other module naming it; a lever that sets
+    # several knobs together (trimmed padding with length grouping, a runtime with its precision,
+    # loader workers beside threads, the data path on CUDA) is written in autotune/search/levers.py.
+    # ``screen``: the lever's variants in order of promise, each a value of the knob, or a mapping
+    # of knobs to the values preferred for each (the first the space offers, not the baseline's);
+    # ``()``: no lever of its own.
+    screen: ClassVar[tuple[Any, ...]] = ()
+    # Where the lever is screened among all levers (lower first; search/levers.py gives the ranks
+    # of the levers it writes: padding 10, image shapes 20, OpenVINO 50, int8 60, compile 70).
+    screen_rank: ClassVar[int] = 1000
+    # Screened in the first tier: alone on the baseline before anything is composed.
+    first_tier: ClassVar[bool] = False
+    # A change of the knob costs a build of its own (a compile, an export, a calibration, a
+    # pruning): the search prices it by the builds of its kind (autotune.search.cost), screens it
+    # after the cheap levers and keeps it at the fastest build's value while refining.
+    heavy: ClassVar[bool] = False
+    # Not a build of its own, but another price for one (a runtime's int8 against its float).
+    prices: ClassVar[bool] = False
+    # Kept with the build's kind while refining (autotune.search.strategy), like a heavy knob.
+    held: ClassVar[bool] = False
+
     def offer(self, ctx: SpaceContext) -> Offer:
         """Values this knob can take on ``ctx.env`` for ``ctx.data``."""
         return Offer(list(self.choices))

@@ -54,6 +54,7 @@ class PaddedToCaptured(torch.nn.Module):
 @register
 class CompileMode(Knob):
     name = "compile_mode"
+    heavy = True
     order = 60
     stage = Stage.COMPILE
     choices = (
@@ -116,6 +117,7 @@ class CompileMode(Knob):
 @register
 class CompileDynamic(Knob):
     name = "compile_dynamic"
+    held = True
     order = 61
     stage = Stage.COMPILE
     choices = (False, True)

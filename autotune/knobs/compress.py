@@ -26,6 +26,7 @@ def _extras(state: Any, knob: str) -> Any:
 @register
 class PruneRatio(Knob):
     name = "prune_ratio"
+    heavy = True
     order = 30
     modes = ("inference",)
     stage = Stage.STRUCTURE
@@ -45,6 +46,7 @@ class PruneRatio(Knob):
 @register
 class PruneMethod(Knob):
     name = "prune_method"
+    held = True
     order = 31
     modes = ("inference",)
     stage = Stage.STRUCTURE
@@ -93,6 +95,7 @@ class PruneMethod(Knob):
 @register
 class FinetuneSteps(Knob):
     name = "finetune_steps"
+    heavy = True
     order = 32
     modes = ("inference",)
     stage = Stage.STRUCTURE
@@ -126,6 +129,7 @@ class FinetuneSteps(Knob):
 @register
 class Quantization(Knob):
     name = "quantization"
+    heavy = True
     order = 41
     modes = ("inference",)
     stage = Stage.WEIGHTS
@@ -216,6 +220,8 @@ class _Int8Setting(Knob):
 @register
 class Int8Fallback(_Int8Setting):
     name = "int8_fallback"
+    prices = True
+    held = True
     order = 74  # after quantization and ort_precision, whose values decide whether it applies
     torch_methods = ("int8_dynamic", "int8_weight_only", "int8_static")
     ort_methods = _INT8_ORT
@@ -243,6 +249,7 @@ class Int8Fallback(_Int8Setting):
 @register
 class Int8PerChannel(_Int8Setting):
     name = "int8_per_channel"
+    held = True
     order = 75  # after quantization and ort_precision, whose values decide whether it applies
     torch_methods = ort_methods = ("int8_dynamic",)
     choices = (False, True)

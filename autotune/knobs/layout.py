@@ -10,6 +10,8 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 @register
 class ChannelsLast(Knob):
     name = "channels_last"
+    screen = (True,)
+    screen_rank = 120
     order = 51
     stage = Stage.WEIGHTS
     choices = (False, True)

@@ -41,6 +41,8 @@ class _OvKnob(Knob):
 @register
 class OvPrecision(_OvKnob):
     name = "ov_precision"
+    prices = True
+    held = True
     order = 65  # after runtime; before int8_fallback, which applies to int8_static
     choices = ("fp32", "bf16", "int8_static")
     default = "fp32"

@@ -10,6 +10,9 @@ from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 @register
 class AmpDtype(Knob):
     name = "amp_dtype"
+    screen = ("bfloat16", "float16")
+    screen_rank = 40
+    first_tier = True
     order = 50
     stage = Stage.WEIGHTS
     choices = ("float32", "bfloat16", "float16")

@@ -62,6 +62,8 @@ class _CudaOnly(Knob):
 @register
 class CudnnBenchmark(_CudaOnly):
     name = "cudnn_benchmark"
+    screen = (True,)
+    screen_rank = 140
     order = 81
     stage = Stage.RUNTIME
     help = "Let cuDNN time its convolution algorithms for each shape and keep the fastest. CUDA only."
@@ -78,6 +80,8 @@ class CudnnBenchmark(_CudaOnly):
 @register
 class Tf32(_CudaOnly):
     name = "tf32"
+    screen = (True,)
+    screen_rank = 150
     order = 82
     stage = Stage.RUNTIME
     help = (

@@ -16,6 +16,9 @@ from autotune.knobs.base import Knob, Stage, register
 @register
 class OptimizerImpl(Knob):
     name = "optimizer_impl"
+    screen = ("fused",)
+    screen_rank = 130
+    first_tier = True
     order = 90
     stage = Stage.RUNTIME
     modes = ("train",)

@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.knobs import declared
+
 __all__ = [
     "HEAVY_KNOBS",
     "build_s",
@@ -28,15 +30,16 @@ __all__ = [
 ]
 
 # Knobs whose change costs a build of its own (a compile, an export, a calibration) beyond the
-# baseline's: a configuration that changes one is priced by the builds of its kind measured so far.
-HEAVY_KNOBS = ("compile_mode", "runtime", "quantization", "prune_ratio", "finetune_steps", "ort_precision")
+# baseline's, as each knob declares (``heavy``): a configuration that changes one is priced by the
+# builds of its kind measured so far.
+HEAVY_KNOBS = declared("heavy")
 # A pruning's prior (a structural pruning and its fine-tuning), before one was measured.
 HEAVY_PRIOR_S = 15.0
 # Knobs that make a build of another price under the same heavy knobs: OpenVINO's int8 (NNCF's
 # calibration, the fallback's ranking: 13-20 s of real MiniLM) against its float builds (2 s).
 # Priced as OpenVINO's float trials (8 s), a 3-minute budget started one with 18 s left, and it
 # was killed at the deadline; a first one is priced with a calibration (FIRST_BUILD_S).
-PRICE_KNOBS = (*HEAVY_KNOBS, "ov_precision", "int8_fallback")
+PRICE_KNOBS = (*HEAVY_KNOBS, *declared("prices"))
 # Confirmation rounds the finish must have time for (the least a claim is made from), and the
 # worker processes they are split over.
 FINISH_ROUNDS = 3

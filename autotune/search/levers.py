@@ -10,6 +10,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from autotune.knobs import REGISTRY
 from autotune.search.space import SearchSpace
 
 # On CUDA the data path to the device is tuned like the model, ahead of compile: one index
@@ -146,8 +147,29 @@ def _builds(space: SearchSpace, shape: list[dict[str, Any]]) -> list[tuple[str, 
     return [*found, ("torchscript", _variants(space, {"runtime": ("torchscript",)}))]
 
 
+# Where each lever written here is screened among all (lower first); a knob with a lever of its
+# own declares its rank (``screen_rank``, :class:`autotune.knobs.Knob`): JPEG drafts 30, autocast
+# 40, the decoded cache 100, channels-last 120, the optimizer 130, cuDNN's benchmark 140, TF32
+# 150, flushed denormals 160.
+RANKS = {"padding": 10, "image_shape": 20, "workers_decoding": 35, "openvino": 50, "feed": 55, "int8": 60,
+         "compile_mode": 70, "torchscript": 75, "batch_size": 80, "num_threads": 90, "workers": 105,
+         "world_size": 110}  # fmt: skip
+
+
+def _own(space: SearchSpace) -> list[tuple[int, Lever]]:
+    """The levers the knobs declare for themselves (``screen``), with their ranks."""
+    found = []
+    for name, knob in REGISTRY.items():
+        options = [v if isinstance(v, Mapping) else {name: (v,)} for v in knob.screen]
+        variants = _variants(space, *options)
+        if variants:
+            found.append((knob.screen_rank, Lever(name, tuple(variants))))
+    return found
+
+
 def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") -> list[Lever]:
-    """The levers the space offers, in order of promise (the order they are screened in).
+    """The levers the space offers, in order of promise (the order they are screened in): those
+    written here (:data:`RANKS`) and those the knobs declare (:func:`_own`).
 
     Only values the space offers are used, so what the Env rules out (bfloat16 without
     AVX-512 or AMX, int8 without a quantizable layer, compile without a compiler, padding on
@@ -161,69 +183,48 @@ def levers(space: SearchSpace, cores: int | None = None, device: str = "cpu") ->
     """
     base = space.baseline
     cores = cores or base.get("num_threads") or 1
-    found: list[Lever] = []
+    found = _own(space)
 
-    def add(name: str, variants: list[dict[str, Any]]) -> None:
-        if variants:
-            found.append(Lever(name, tuple(variants)))
+    def at(rank: int) -> Callable[[str, list[dict[str, Any]]], None]:
+        def add(name: str, variants: list[dict[str, Any]]) -> None:
+            if variants:
+                found.append((rank, Lever(name, tuple(variants))))
+
+        return add
 
     shape = _variants(space, {"padding": ("trim", "trim_8", "trim_16"), "length_grouping": (16, 4, 64)})
-    add("padding", _trims(space, shape))
+    at(RANKS["padding"])("padding", _trims(space, shape))
     # Images of many sizes: padded to fewer shapes and batched with their like (grouping alone
     # behind the user's own collate, which does the padding).
     image = _variants(space, {"image_padding": ("largest_32", "largest_16"), "size_grouping": (16, 4, 64)})
-    add("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
-    # Photos decoded in __getitem__ and shrunk by its first resize: decoded at the scale the resize
-    # needs (1-2 MP JPEGs to a shorter side of 256 on one core: 22 ms a photo, 10 ms drafted).
-    add("jpeg_draft", _variants(space, {"jpeg_draft": (True,)}))
+    at(RANKS["image_shape"])("image_shape", image or _variants(space, {"size_grouping": (16, 4, 64)}))
     workers = [n for n in space.values.get("num_workers", ()) if n and n > 0]
     cuda = device.startswith("cuda")
-    if found and found[-1].name == "jpeg_draft" and not cuda:  # decode-bound: workers next (see screen)
-        _cpu_workers(space, workers, cores, add)
-    add("amp_dtype", _variants(space, {"amp_dtype": ("bfloat16",)}, {"amp_dtype": ("float16",)}))
+    # Photos decoded in __getitem__ (the JPEG drafts' lever offered): loader workers right after
+    # it on a CPU, the other half of a decode-bound pipeline's cure (see screen).
+    decoding = any(lever.name == "jpeg_draft" for _, lever in found)
+    if decoding and not cuda:
+        _cpu_workers(space, workers, cores, at(RANKS["workers_decoding"]))
     auto = {"int8_fallback": ("auto",)} if "auto" in space.values.get("int8_fallback", ()) else {}
     ov_float, ov_int8 = _openvino(space, shape, auto)
-    add("openvino", ov_float)
+    at(RANKS["openvino"])("openvino", ov_float)
     if cuda:
-        _feed(space, workers, cores, add)
+        _feed(space, workers, cores, at(RANKS["feed"]))
     ort = {"runtime": ("onnxruntime",), "ort_precision": ("int8_dynamic",)}
-    add(
-        "int8",
-        ov_int8
-        + _variants(
-            space,
-            {**ort, **auto},
-            {"quantization": ("int8_dynamic",), **auto},
-            {"runtime": ("onnxruntime",)},
-        ),
-    )
+    int8 = _variants(space, {**ort, **auto}, {"quantization": ("int8_dynamic",), **auto}, {"runtime": ("onnxruntime",)})
+    at(RANKS["int8"])("int8", ov_int8 + int8)
     for name, variants in _builds(space, shape):
-        add(name, variants)
+        at(RANKS[name])(name, variants)
     larger = [b for b in space.values.get("batch_size", ()) if b > base["batch_size"]]
     if larger:
-        add("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])
+        at(RANKS["batch_size"])("batch_size", [{"batch_size": _nearest(larger, 4 * base["batch_size"])}])
     fewer = [n for n in space.values.get("num_threads", ()) if n is not None and n < (base.get("num_threads") or 0)]
     if fewer:
-        add("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
-    # Decoding once before loader workers: over repeated epochs (or repeated inference over a
-    # fixed set) the cache removes the decoding that workers would only hide, and leaves the
-    # cores to the model. Beside workers it needs them persistent, or each epoch loses it.
-    add(
-        "cache_decoded",
-        _variants(space, {"cache_decoded": (True,)}, {"cache_decoded": (True,), "persistent_workers": (True,)}),
-    )
-    if not cuda and not any(lever.name == "num_workers" for lever in found):
-        _cpu_workers(space, workers, cores, add)
-    _ranks(space, cuda, add)
-    for name, value in (
-        ("channels_last", True),
-        ("optimizer_impl", "fused"),
-        ("cudnn_benchmark", True),
-        ("tf32", True),
-        ("flush_denormal", True),
-    ):
-        add(name, _variants(space, {name: (value,)}))
-    return found
+        at(RANKS["num_threads"])("num_threads", [{"num_threads": _nearest(fewer, max(1.0, cores / 2))}])
+    if not cuda and not decoding:
+        _cpu_workers(space, workers, cores, at(RANKS["workers"]))
+    _ranks(space, cuda, at(RANKS["world_size"]))
+    return [lever for _, lever in sorted(found, key=lambda ranked: ranked[0])]
 
 
 def size_levers(space: SearchSpace) -> list[Lever]:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.config import Config
-from autotune.knobs import REGISTRY
+from autotune.knobs import REGISTRY, declared
 from autotune.search.cost import HEAVY_KNOBS
 from autotune.search.levers import FEED, Lever, levers, size_levers
 from autotune.search.space import SearchSpace
@@ -20,10 +20,16 @@ MIN_GAIN = 1.03
 # A value is left out when screening measured it below this share of the baseline's speed.
 HARMFUL = 0.8
 # The levers screened alone against the baseline; the others are tried on the composed configuration.
-# The optimizer's implementation is training's own first-tier lever (inference offers one value).
-TIER1 = (
-    "padding", "image_shape", "jpeg_draft", "amp_dtype", "openvino", "int8", "compile_mode", "torchscript", "optimizer_impl",
-)  # fmt: skip
+# Those search/levers.py writes are named here; a knob with a lever of its own declares it
+# (``first_tier``: autocast, the reduced-scale JPEG decode, training's optimizer implementation).
+TIER1 = ("padding", "image_shape", "openvino", "int8", "compile_mode", "torchscript")
+
+
+def tier1() -> tuple[str, ...]:
+    """The first tier's levers: :data:`TIER1` and the knobs that declare ``first_tier``."""
+    return (*TIER1, *declared("first_tier"))
+
+
 # The levers measured together right after the baseline (their first variants), where the space
 # offers at least two of them: what the data (padding, image sizes) and the device (16-bit units,
 # since autocast is offered only there) already vouch for. The batch joins only for throughput.
@@ -99,7 +105,7 @@ class Screening:
         cuda = device.startswith("cuda")
         found = levers(space, cores, device) if speed else size_levers(space) if objectives[0] == "size" else []
         self.levers = found
-        self.tier1 = (TIER1 + FEED if cuda else TIER1) if speed else SIZE_TIER1
+        self.tier1 = (tier1() + FEED if cuda else tier1()) if speed else SIZE_TIER1
         if speed and not cuda and any(lever.name == "jpeg_draft" for lever in found):
             # Photos decoded in __getitem__: the decode bounds the pipeline, and loader workers
             # are the other half of its cure (on 2 cores, one pass over 1-2 MP JPEGs with a light
@@ -223,7 +229,7 @@ class Screening:
             elif "key" in r and r.get("status") not in (None, "skipped", "interrupted"):
                 scores.setdefault(r["key"], _score(r, self.key, self.maximize))
         # A trial not started for the deadline counts as failed here, so the search moves on to a
-        # cheaper lever, until it is queued again and measured (search.study._requeue_refused; a
+        # cheaper lever, until it is queued again and measured (search.limits.requeue_refused; a
         # resumed run measures it too: see search.record._has_result).
         for r in refused:
             if "key" in r:

@@ -46,7 +46,7 @@ from typing import Any
 
 from autotune.config import Config
 from autotune.errors import ConfigError
-from autotune.knobs import REGISTRY
+from autotune.knobs import REGISTRY, declared
 from autotune.search.cost import HEAVY_KNOBS, build_s, is_costly
 from autotune.search.levers import Lever, fed, levers, size_levers  # re-exported: their former home
 from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
@@ -56,7 +56,7 @@ __all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_n
 STRATEGIES = ("staged", "tpe")
 # What kind of build a configuration is (a compile, an export to another runtime, a calibration,
 # a pruning): held at the best's values while the sampler refines (see Staged.held).
-HELD = (*HEAVY_KNOBS, "compile_dynamic", "ov_precision", "prune_method", "int8_fallback", "int8_per_channel")
+HELD = (*HEAVY_KNOBS, *(n for n in declared("held") if n not in HEAVY_KNOBS))
 
 
 def check_strategy(name: Any) -> str:

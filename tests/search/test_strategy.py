@@ -865,7 +865,7 @@ def test_training_in_two_ranks_is_screened_with_the_micro_batch_split_between_th
 
 def test_a_trial_refused_for_time_counts_as_failed_until_its_requeue_is_measured():
     """The screening moves on past a lever refused for the deadline; once the lever is queued
-    again and measured (search.study._requeue_refused), its measurement is its score."""
+    again and measured (search.limits.requeue_refused), its measurement is its score."""
     space = space_of(SPACE)
     staged = Staged(space, ["throughput"])
     refused = {"key": "k", "status": "timeout", "kind": "deadline", "ran": False}
@@ -882,3 +882,52 @@ def test_the_next_configurations_do_not_depend_on_the_trial_budget():
     records = [t.user_attrs for t in _measured(study)]
     staged = Staged(space, ["throughput"])
     assert staged.next_configs(records, 16) == staged.next_configs(records, 200)
+
+
+@pytest.fixture
+def new_knob():
+    """A knob added the way a contributor adds one: its own class, registered, declaring its lever."""
+    from autotune.knobs import REGISTRY, Knob, Stage, register
+
+    class FastPath(Knob):
+        name = "test_fast_path"
+        stage = Stage.RUNTIME
+        choices = (False, True)
+        default = False
+        help = "a test's knob: a path that doubles the speed"
+        screen = (True,)
+        screen_rank = 45  # after autocast
+        first_tier = True
+
+        def apply(self, state, value):
+            pass
+
+    register(FastPath)
+    yield FastPath.name
+    del REGISTRY[FastPath.name]
+
+
+def test_a_new_knob_declaring_its_lever_is_screened_with_nothing_else_naming_it(new_knob):
+    """A knob in a module of its own (here, this test's) that declares its lever: the levers put
+    it where its rank says, the search tries it (alone in the first tier, or on the recipe it
+    builds on) and keeps it where it pays."""
+    from autotune.search.levers import levers
+
+    values = {"amp_dtype": ["float32", "bfloat16"], new_knob: [False, True], "batch_size": [32, 64]}
+    space = space_of(values)
+    assert [lever.name for lever in levers(space)] == ["amp_dtype", new_knob, "batch_size"]
+    assert next(lever for lever in levers(space) if lever.name == new_knob).variants == ({new_knob: True},)
+
+    def speed(c):
+        return 100.0 * (2.0 if c[new_knob] else 1.0) * (1.2 if c["amp_dtype"] == "bfloat16" else 1.0)
+
+    space, table = _table(speed, values)
+    study, _ = _run(space, table, 4)
+    # The recipe (autocast and a larger batch) paid; the new lever is tried on it, in the composition.
+    tried = [(t.user_attrs.get("phase"), t.user_attrs["config"][new_knob]) for t in _measured(study)]
+    assert ("compose", True) in tried, tried
+    assert _best_config(study)[new_knob] is True
+    # Without a recipe to build on, the first tier screens it alone on the baseline.
+    space, table = _table(speed, {new_knob: [False, True], "num_threads": [1, 2]})
+    study, _ = _run(space, table, 3)
+    assert ("screen", True) in [(t.user_attrs.get("phase"), t.user_attrs["config"][new_knob]) for t in _measured(study)]
