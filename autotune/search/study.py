@@ -41,6 +41,7 @@ from autotune.search.limits import (  # noqa: F401  (re-exported: tests and user
     SCREEN_SHARE,
     TIMEOUT_FLOOR_S,
     _Limits,
+    requeue_refused,
     trial_fidelity,
     trial_limit,
 )
@@ -67,6 +68,7 @@ from autotune.search.storage import (
     open_storage,
 )
 from autotune.search.storage import redact as _redact
+from autotune.trial.phase import naming
 from autotune.trial.runner import Runner
 from autotune.trial.spec import TrialResult
 
@@ -74,11 +76,9 @@ __all__ = ["make_sampler", "open_study", "run_trials", "trial_fidelity", "trial_
 
 # After this many suggestions in a row that were all measured (or held) before, the space is spent.
 _MAX_REPEATS = 30
-# This many trials in a row not started for the deadline end the search ("timeout"): the staged
-# strategy moves on to cheaper levers after each, and a sampler proposing only costly ones
-# would otherwise never stop before the deadline.
+# This many trials in a row not started for the deadline end the search ("timeout"): the staged strategy moves
+# on to cheaper levers after each; a sampler proposing only costly ones would otherwise never stop before it.
 _MAX_LATE = 30
-
 
 # A worker waiting for others (the budget spoken for) looks at the study again this often.
 _POLL_S = 0.5
@@ -308,7 +308,7 @@ def run_trials(
         elif strategy is not None and view.baseline is not None:
             from autotune.search.strategy import queue_next
 
-            if not _requeue_refused(study, limits):  # a lever refused for time, now affordable, comes back
+            if not requeue_refused(study, limits):  # a lever refused for time, now affordable, goes first
                 queue_next(study, strategy, n_trials)
         outcome = _ask_and_run(
             study,
@@ -330,35 +330,6 @@ def run_trials(
             return "timeout"
         # A refusal of a value left out after screening costs no budget: many in a row, the space is spent.
         repeats = repeats + 1 if outcome in ("repeat", "duplicate", "screened") else 0
-
-
-def _requeue_refused(study: optuna.Study, limits: _Limits) -> bool:
-    """Queue again the first trial not started for the deadline whose configuration now fits in
-    what the search has left: its price fell (a trial of its runtime measured what its build
-    costs) or the finish's reserve did (a cheaper pick). Each refused trial is queued again once;
-    return whether one was.
-
-    A budget's first OpenVINO trial of real MiniLM was refused at 54 s (priced 56 s), and the
-    next 54 s went to nine cheap trials at 0.4-0.7x of the best: the lever that won the same
-    pipeline's 16-trial run never came back.
-    """
-    trials = study.get_trials(deepcopy=False)
-    finished = _finished(study)
-    measured = {t.user_attrs.get("key") for t in finished if _has_result(t.user_attrs)}
-    waiting = {t.user_attrs.get("queued_key") for t in trials if not t.state.is_finished()}
-    requeued = {t.user_attrs.get("requeue_of") for t in trials}
-    for t in finished:
-        attrs = t.user_attrs
-        if attrs.get("kind") != "deadline" or attrs.get("ran") or t.number in requeued or "config" not in attrs:
-            continue
-        if attrs.get("key") in measured or attrs.get("key") in waiting:
-            continue
-        if limits.too_late(attrs["config"], finished) is not None:
-            continue
-        study.enqueue_trial(dict(t.params), user_attrs={"phase": attrs.get("phase"), "queued_key": attrs.get("key"),
-                                                        "requeue_of": t.number})  # fmt: skip
-        return True
-    return False
 
 
 def _ask_and_run(study: optuna.Study, *args: Any) -> str | None:
@@ -455,11 +426,8 @@ def _one_trial(
     else:
         limit, at_deadline = limits.for_config(config, finished)
         fidelity = trial_fidelity(trial.user_attrs.get("phase"), attrs["baseline"], objectives, finished, space, config)
-        runner.running = (trial.number, config)  # the display names it while it runs
-        try:
+        with naming(runner, trial.number, config):  # the display names it while it runs
             result = runner.run(config, timeout=limit, fidelity=fidelity)
-        finally:
-            runner.running = None
         result.metrics.update(attrs, ran=result.metrics.get("ran", True))
         if stop is not None and stop.is_set() and result.status == "crash":
             raise KeyboardInterrupt  # its worker was killed to stop: no result to keep

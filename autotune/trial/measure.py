@@ -352,9 +352,7 @@ def measure(
     windows: list[float] = []
     work: list[float] = []  # each window's elements per second (see _work)
     totals = [0, 0.0]  # samples and seconds over every window
-    timed_batches = 0
-    sizes: set[int] = set()  # the timed batches' sizes
-    others: list[float] = []
+    timed_batches, sizes, others = 0, set(), []  # sizes: the timed batches' sizes
     probe = Interference()
     mark = memory_mark(device) if mem_mark is None else mem_mark
     sharing = GpuSharing(device)

@@ -9,10 +9,11 @@ sink that fails is ignored: a phase is news, never a reason for a trial to fail.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["build_phase", "listen", "say"]
+__all__ = ["build_phase", "listen", "naming", "say"]
 
 _sink: Callable[[str], None] | None = None
 
@@ -30,6 +31,17 @@ def say(phase: str) -> None:
             _sink(phase)
         except Exception:  # the display's trouble is not the trial's
             pass
+
+
+@contextlib.contextmanager
+def naming(runner: Any, number: int, config: dict[str, Any]) -> Iterator[None]:
+    """Trial ``number`` of ``config`` is ``runner.running`` inside the block: the phases its
+    worker says are that trial's."""
+    runner.running = (number, config)
+    try:
+        yield
+    finally:
+        runner.running = None
 
 
 def build_phase(config: Mapping[str, Any]) -> str:

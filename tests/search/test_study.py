@@ -325,7 +325,7 @@ def test_a_lever_refused_for_time_is_queued_again_once_its_price_fits():
     from optuna.distributions import CategoricalDistribution
     from optuna.trial import TrialState, create_trial
 
-    from autotune.search.study import _requeue_refused
+    from autotune.search.limits import requeue_refused
 
     study = optuna.create_study()
     dist = {"runtime": CategoricalDistribution(["torch", "openvino"])}
@@ -346,11 +346,11 @@ def test_a_lever_refused_for_time_is_queued_again_once_its_price_fits():
             return None if self.fits else "not started: it would take about 56 s"
 
     limits = Limits()
-    assert not _requeue_refused(study, limits)  # still too dear: left as it is
+    assert not requeue_refused(study, limits)  # still too dear: left as it is
     limits.fits = True
-    assert _requeue_refused(study, limits)
+    assert requeue_refused(study, limits)
     queued = [t for t in study.get_trials(deepcopy=False) if t.state == TrialState.WAITING]
     assert [(t.system_attrs["fixed_params"], t.user_attrs["requeue_of"], t.user_attrs["phase"]) for t in queued] == [
         ({"runtime": "openvino"}, 1, "screen")
     ]
-    assert not _requeue_refused(study, limits)  # queued once, not again
+    assert not requeue_refused(study, limits)  # queued once, not again
