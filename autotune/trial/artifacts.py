@@ -111,8 +111,8 @@ def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
 
 class ArtifactExport:
     """The winner's export, a base of :class:`autotune.trial.inference.TrialContext`: it uses
-    the context's ``spec``, ``samples``, ``extras``, ``reference``, ``collate`` and
-    ``fresh_model``."""
+    the context's ``spec``, ``samples``, ``extras``, ``reference``, ``collate``, ``model`` (the
+    user's, untouched) and ``fresh_model``."""
 
     def _export_onnx(
         self, state: Any, tuned: Any, out: Any, common: dict[str, Any], by_format: dict[str, Any]
@@ -170,6 +170,7 @@ class ArtifactExport:
         from pathlib import Path
 
         from autotune.export import export_artifacts, ship_measured
+        from autotune.export.hf_layout import write_hf_layout
 
         # No file format carries torch.compile: the files are exported from, and checked against,
         # the uncompiled module, which is built without compiling it (a compiled MiniLM pick's
@@ -214,6 +215,8 @@ class ArtifactExport:
             artifacts.update(self._export_onnx(state, tuned, out, common, by_format))
         for fmt, record in artifacts.items():
             _label(record, fmt, state, measured, compile_mode)
+        # A Hugging Face model's files also in the folder its libraries load (hf/).
+        write_hf_layout(self.model, self.extras.collate_fn, out, artifacts)
         # What `autotune verify` re-checks the artifacts against, on any machine: the validation
         # samples and the outputs of the form each artifact was exported from.
         state.model = tuned
