@@ -46,7 +46,13 @@ def test_a_first_int8_build_under_a_runtime_is_priced_apart_from_its_float_build
     assert trial_cost_s(int8, [base, *floats, compiled], base) == pytest.approx(8.0 + calibrate)
     # Another int8 of the runtime, which calibrated as well, is not a float build to add one to;
     # what its calibration took prices the next.
-    other = {"config": {**int8, "int8_fallback": 0}, "ran": True, "wall_s": 20.0, "compile_s": 12.0, "int8_made_s": 11.0}
+    other = {
+        "config": {**int8, "int8_fallback": 0},
+        "ran": True,
+        "wall_s": 20.0,
+        "compile_s": 12.0,
+        "int8_made_s": 11.0,
+    }
     assert trial_cost_s(int8, [base, *floats, other], base) == pytest.approx(8.0 + 11.0)
     done = {"config": int8, "ran": True, "wall_s": 21.0, "build_s": 13.3}
     assert trial_cost_s({**int8, "batch_size": 64}, [base, *floats, done], base) == 21.0
