@@ -1,6 +1,6 @@
-"""What every benchmark shares (Markdown tables, the machine's description, other processes'
-CPU use, a trial worker started the way ``optimize`` starts one) and the suite's third part,
-measurement quality:
+"""What every benchmark shares (the workload contract and its registry, Markdown tables, the
+machine's description, other processes' CPU use, a trial worker started the way ``optimize``
+starts one) and the suite's third part, measurement quality:
 
 - spread: one configuration measured ``n`` times on one reused worker; the coefficient of
   variation of those measurements (target <= 5%);
@@ -10,18 +10,139 @@ measurement quality:
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
+import importlib
 import math
 import os
 import platform
+import re
 import statistics
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 SPREAD_TARGET = 0.05  # coefficient of variation of repeated measurements of one configuration
 OVERHEAD_TARGET_S = 2.0  # seconds per trial outside the timed windows, reused worker
 TRIAL_TIMEOUT_S = 300.0
+
+
+# -----------------------------------------------------------------------------
+# the workload contract: one type, one registry
+
+MODES = ("inference", "train")
+DEVICES = ("cpu", "cuda")
+# A CPU workload's timing on 2 cores: 3 windows instead of optimize's 5, so a transformer trial at
+# batch 128 (about a second per batch) takes seconds, not half a minute.
+CPU_MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Workload:
+    """A model and its data as every benchmark gets them: one name, one build, its defaults.
+
+    ``build(**options)`` returns the dict a cfg.py defines: ``model`` (a module or a factory) and
+    ``dataset``, and where the workload has them ``metric``, ``max_metric_drop``, ``loss_fn``
+    (which mode ``train`` needs), ``train_dataset``, ``test_dataset`` and ``options``
+    (``collate_fn``, ``n_val``). Its options are keywords with defaults (``n``: how many
+    samples), so ``build()`` is the workload as the benchmarks run it. Building may train a model
+    or read weights: it happens when a benchmark asks, never when the workload is registered.
+
+    Attributes:
+        name: Unique across families: what command lines take and tables print.
+        family: The folder whose ``__init__.py`` registers it (``cpu``, ``gpu``, ``text``, ``vision``).
+        description: One line.
+        build: Returns the cfg dict above.
+        n_trials: The default search budget in each of its modes.
+        modes: What it is tuned for: ``inference``, ``train`` or both.
+        device: What it needs: ``cpu`` (any machine) or ``cuda``.
+        measure: Its default timing (``MeasureSettings`` fields); ``None``: optimize's own.
+        benchmarks: Those that run it when not told which: ``python -m benchmarks.<name>``,
+            ``run.<suite>`` for ``python -m benchmarks.run --suite <suite>``.
+        extras: What a benchmark needs beside the cfg dict (``unit``: what one sample is).
+    """
+
+    name: str
+    family: str
+    description: str
+    build: Callable[..., dict[str, Any]]
+    n_trials: Mapping[str, int]
+    modes: tuple[str, ...] = ("inference",)
+    device: str = "cpu"
+    measure: Mapping[str, Any] | None = None
+    benchmarks: tuple[str, ...] = ()
+    extras: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        rules = [  # (holds, what must hold, what was given)
+            (re.fullmatch(r"[a-z0-9][a-z0-9_.-]*", self.name), "a lower-case name, no commas or spaces", "that name"),
+            (self.description and "\n" not in self.description, "a one-line description", repr(self.description)),
+            (callable(self.build), "a callable build", f"build={self.build!r}"),
+            (self.modes and set(self.modes) <= set(MODES), f"modes among {', '.join(MODES)}", f"{self.modes}"),
+            (self.device in DEVICES, f"a device among {', '.join(DEVICES)}", repr(self.device)),
+            (set(self.n_trials) == set(self.modes), "a trial budget for each of its modes", f"{dict(self.n_trials)}"),
+            (all(isinstance(n, int) and n >= 1 for n in self.n_trials.values()), "budgets of 1 trial or more",
+             f"{dict(self.n_trials)}"),
+        ]  # fmt: skip
+        for holds, what, given in rules:
+            if not holds:
+                raise ValueError(f"Workload {self.name!r} needs {what}, but has {given}.")
+
+    def trials(self, mode: str = "inference") -> int:
+        """The default number of trials to tune it for ``mode``."""
+        if mode not in self.n_trials:
+            raise ValueError(f"Workload {self.name!r} is tuned for {', '.join(self.modes)}, not {mode}.")
+        return self.n_trials[mode]
+
+
+WORKLOADS: dict[str, Workload] = {}
+
+
+def register(workload: Workload) -> Workload:
+    """Add ``workload`` to :data:`WORKLOADS` (a family's ``__init__.py`` does, once for each)."""
+    known = WORKLOADS.get(workload.name)
+    if known is not None and known is not workload:
+        raise ValueError(
+            f"Workload names are unique across families, but {workload.name!r} ({workload.family}) is "
+            f"registered already ({known.family}: {known.description}). Give it another name."
+        )
+    WORKLOADS[workload.name] = workload
+    return workload
+
+
+def _discover() -> None:
+    """Import every family's folder, as a runner lists them: each registers its workloads."""
+    for init in sorted(Path(__file__).parent.glob("*/__init__.py")):
+        importlib.import_module(f"benchmarks.{init.parent.name}")
+
+
+def workloads(
+    *, family: str | None = None, device: str | None = None, mode: str | None = None, benchmark: str | None = None
+) -> list[Workload]:
+    """The registered workloads that match every filter given, in the order they were registered.
+
+    Example:
+        >>> [w.name for w in workloads(benchmark="run.cpu")]
+        ['digits', 'transformer', 'lstm']
+    """
+    _discover()
+    return [
+        w
+        for w in WORKLOADS.values()
+        if family in (None, w.family)
+        and device in (None, w.device)
+        and (mode is None or mode in w.modes)
+        and (benchmark is None or benchmark in w.benchmarks)
+    ]
+
+
+def workload(name: str) -> Workload:
+    """The registered workload ``name``; ``ValueError`` naming the known ones when there is none."""
+    _discover()
+    if name not in WORKLOADS:
+        raise ValueError(f"No workload named {name!r}. Known: {', '.join(WORKLOADS)}.")
+    return WORKLOADS[name]
 
 
 def table(title: str, header: str, rows: list[list[Any]]) -> str:
