@@ -42,9 +42,9 @@ def _bert(vocab_size: int) -> torch.nn.Module:
     return transformers.BertModel(config).eval()
 
 
-def _optimize(model, tok, out, export):
-    """A short run whose winner runs OpenVINO (its IR ships, beside the ``export`` formats),
-    batched by ``DataCollatorWithPadding`` as users batch."""
+def _optimize(model, tok, out):
+    """A short run whose winner runs OpenVINO (its IR ships, the ONNX export beside it), batched
+    by ``DataCollatorWithPadding`` as users batch."""
     encoded = tok(TEXTS, truncation=True)
     samples = [{key: encoded[key][i] for key in encoded} for i in range(len(TEXTS))]
     loader = DataLoader(samples, batch_size=8, collate_fn=transformers.DataCollatorWithPadding(tok))
@@ -56,22 +56,32 @@ def _optimize(model, tok, out, export):
         n_trials=2,
         n_val=16,
         out_dir=out,
-        export=export,
+        export=("onnx",),
         device="cpu",
         measure=FAST,
         n_verify_pairs=1,
         isolation="inprocess",
+        profile=False,  # where the winner's time goes is not this test's question
     )
 
 
 @pytest.fixture(scope="module")
 def bert_run(tmp_path_factory):
-    """A BertModel whose OpenVINO winner ships its IR."""
+    """A BertModel's OpenVINO IR, exported and checked as a run's export does, and its folder
+    written from the model and the run's collate (the run's own hook is the sentence test's)."""
+    from autotune.batching import Batching
+    from autotune.export import export_artifacts
+
     tok, out = tokenizer(), tmp_path_factory.mktemp("bert-hf")
     model = _bert(tok.vocab_size)
-    result = _optimize(model, tok, out, ("torchscript",))  # no ONNX export: 12 s of the exporter saved
-    assert result.best_config["runtime"] == "openvino"
-    return out, model, tok
+    collator = transformers.DataCollatorWithPadding(tok)
+    encoded = tok(TEXTS, truncation=True)
+    samples = [{key: encoded[key][i] for key in encoded} for i in range(len(TEXTS))]
+    batching = Batching(batch_size=8, collate_fn=collator)
+    artifacts = export_artifacts(model, collator(samples[:8]), samples, 8, out, ["openvino"], batching=batching)
+    assert artifacts["openvino"]["status"] == "ok", artifacts
+    write_hf_layout(model, collator, out, artifacts)
+    return out, artifacts, tok
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +100,7 @@ def sentence_run(tmp_path_factory):
     pooling = modules.Pooling(32, "mean")  # the BERT's hidden size
     model = st.SentenceTransformer(modules=[encoder, pooling, modules.Normalize()], device="cpu").eval()
     out = tmp_path_factory.mktemp("sentence-hf")
-    result = _optimize(as_module(model), tok, out, ("onnx",))
+    result = _optimize(as_module(model), tok, out)
     assert result.best_config["runtime"] == "openvino"
     return out, model
 
@@ -121,47 +131,52 @@ def _served(out, batch, fmt):
     return autotune.load(out, format=fmt)(batch)
 
 
+def _ir_hidden(out, artifacts, batch):
+    """The exported IR's ``last_hidden_state`` (checked for parity with the model), run by name."""
+    from autotune.export.openvino import OvModule
+
+    record = artifacts["openvino"]
+    module = OvModule(out / record["path"], record["input_names"], record["output_names"])
+    return module(**batch)[record["output_names"].index("last_hidden_state")]
+
+
 def _names(folder):
     return {p.name for p in folder.iterdir()}
 
 
-def test_a_bert_winner_ships_its_config_and_tokenizer_beside_its_ir(bert_run):
-    out, _model, tok = bert_run
+def test_a_bert_model_has_its_config_and_tokenizer_beside_its_ir(bert_run):
+    out, artifacts, tok = bert_run
     folder = out / "hf"
     assert {"config.json", "tokenizer_config.json", "openvino_model.xml", "openvino_model.bin"} <= _names(folder)
-    artifacts = json.loads((out / "best_config.json").read_text())["artifacts"]
     assert artifacts["openvino"]["hf"] == {
         "path": "hf/openvino_model.xml",
         "tokenizer": True,
         "sentence_transformers": False,
     }
-    assert "hf" not in artifacts["torchscript"]  # no library loads it from such a folder
     config = transformers.AutoConfig.from_pretrained(folder)
     assert config.model_type == "bert" and config.architectures == ["BertModel"]
     again = transformers.AutoTokenizer.from_pretrained(folder)
     assert again(TEXTS[:3])["input_ids"] == tok(TEXTS[:3])["input_ids"]
-    # The artifact under its own name still serves, as load() reads it.
-    assert autotune.load(out, format="openvino").path.name == "model.xml"
 
 
 def test_the_ir_takes_and_gives_the_names_optimum_uses(bert_run):
     import openvino as ov
 
-    out, _model, tok = bert_run
+    out, artifacts, tok = bert_run
     batch = _tokens(tok)
     compiled = ov.Core().compile_model(str(out / "hf" / "openvino_model.xml"), "CPU")
     assert {i.get_any_name() for i in compiled.inputs} == set(batch)
     hidden = compiled({k: v.numpy() for k, v in batch.items()})[compiled.output("last_hidden_state")]
-    _hidden_close(hidden, _served(out, batch, "openvino")["last_hidden_state"], batch["attention_mask"])
+    _hidden_close(hidden, _ir_hidden(out, artifacts, batch), batch["attention_mask"])
 
 
 def test_optimum_intel_loads_the_openvino_winner(bert_run):
     loader = _optimum("optimum.intel", "OVModelForFeatureExtraction")
-    out, _model, _tok = bert_run
+    out, artifacts, _tok = bert_run
     model = loader.from_pretrained(out / "hf")
     batch = _tokens(transformers.AutoTokenizer.from_pretrained(out / "hf"))
     hidden = model(**batch).last_hidden_state
-    _hidden_close(hidden, _served(out, batch, "openvino")["last_hidden_state"], batch["attention_mask"])
+    _hidden_close(hidden, _ir_hidden(out, artifacts, batch), batch["attention_mask"])
 
 
 def test_a_sentence_transformer_goes_in_as_every_phase_calls_it(sentence_run):
@@ -177,6 +192,8 @@ def test_a_sentence_transformer_goes_in_as_every_phase_calls_it(sentence_run):
     served = _served(out, _tokens(model.tokenizer), "onnx")["sentence_embedding"]
     own = model.encode(TEXTS[:5], convert_to_tensor=True)
     assert torch.nn.functional.cosine_similarity(served, own).min() > 0.99
+    # The artifacts under their own names still serve, as load() reads them.
+    assert autotune.load(out, format="openvino").path.name == "model.xml"
 
 
 def test_the_sentence_graphs_name_their_token_embeddings_as_optimum_reads_them(sentence_run):
