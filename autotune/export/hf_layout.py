@@ -84,7 +84,7 @@ def _write_graph(fmt: str, src: Path, folder: Path, source: str | None) -> Path:
 def _renamed(found: Any, names: list[str]) -> tuple[str | None, str | None]:
     """Which output the folder's graph names ``last_hidden_state`` (``None``: none needs it),
     or why the graph cannot go in the folder."""
-    if HIDDEN in names or (found.own_outputs and found.sentence is None):
+    if HIDDEN in names or found.own_outputs:
         return None, None
     if found.sentence is not None and TOKENS in names:
         return TOKENS, None
