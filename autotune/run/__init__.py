@@ -9,7 +9,6 @@ __all__, __getattr__, __dir__ = exports(
         "plan": "plan",
         "apply": "apply",
         "dataloader": "apply",
-        "training": "apply",
         "predict": "predict",
         "predictor": "predict",
         "Predictor": "predict",

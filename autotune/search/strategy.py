@@ -47,6 +47,7 @@ from typing import Any
 from autotune.config import Config
 from autotune.errors import ConfigError
 from autotune.knobs import REGISTRY, declared
+from autotune.record import trial_record
 from autotune.search.cost import HEAVY_KNOBS, build_s, is_costly
 from autotune.search.levers import Lever, fed, levers, size_levers  # re-exported: their former home
 from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
@@ -397,12 +398,7 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    # The study's records as report.summary.trial_record makes them (not imported: study imports this module).
-    records = [
-        {**t.user_attrs, "number": t.number, "state": t.state.name}
-        for t in trials
-        if t.state.is_finished() and "status" in t.user_attrs
-    ]
+    records = [trial_record(t) for t in trials if t.state.is_finished() and "status" in t.user_attrs]
     known = {r["key"] for r in records if "key" in r and r["status"] not in ("skipped", "interrupted")}
     known |= {t.user_attrs["key"] for t in trials if t.state == TrialState.RUNNING and "key" in t.user_attrs}
     waiting = [t for t in trials if t.state == TrialState.WAITING]
