@@ -34,26 +34,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import OthersCPU, machine, table
+from benchmarks.core import OthersCPU, machine, table, workload, workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 AGREEMENT = 0.25  # a claim within this relative distance of the independent ratio holds
-MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
-BUDGETS = {
-    "full": {"workloads": ("quickstart", "digits", "transformer"), "n_trials": 10, "pairs": 3, "seconds": 3.0},
+# The run's own settings. The workloads (those registered for "claims") bring their trials and
+# timing; the smoke run tunes one of them with fewer trials.
+RUNS = {
+    "full": {"pairs": 3, "seconds": 3.0},
     "smoke": {"workloads": ("quickstart",), "n_trials": 2, "pairs": 1, "seconds": 0.5},
 }
-
-
-def workload(name: str) -> dict[str, Any]:
-    """A workload as a cfg.py defines it: quickstart from examples/, the others from benchmarks/."""
-    if name == "quickstart":
-        import autotune
-
-        return autotune.load_config(ROOT / "examples" / "quickstart.py")
-    from benchmarks.cpu.workloads import CPU_WORKLOADS
-
-    return CPU_WORKLOADS[name]()
 
 
 def _hog(seconds: float) -> int:
@@ -75,7 +65,7 @@ def time_once(name: str, config: dict[str, Any], seconds: float) -> float:
     import autotune
     from autotune.data import model_inputs
 
-    cfg = workload(name)
+    cfg = workload(name).build()
     model = cfg["model"]() if not isinstance(cfg["model"], torch.nn.Module) else cfg["model"]
     dataset = (
         cfg["dataset"]() if callable(cfg["dataset"]) and not hasattr(cfg["dataset"], "__getitem__") else cfg["dataset"]
@@ -122,10 +112,12 @@ def independent(name: str, baseline: dict, best: dict, pairs: int, seconds: floa
 def check(name: str, out: Path, budget: dict[str, Any], load: bool) -> dict[str, Any]:
     import autotune
 
-    cfg = workload(name)
+    w = workload(name)
+    cfg = w.build()
     shutil.rmtree(out / name, ignore_errors=True)
     options = dict(cfg.get("options") or {})
-    options.update(n_trials=budget["n_trials"], out_dir=out / name, export=(), measure=MEASURE, device="cpu")
+    n_trials = budget.get("n_trials") or w.trials()
+    options.update(n_trials=n_trials, out_dir=out / name, export=(), measure=w.measure, device="cpu")
     others = OthersCPU()
     hog = _hog(3600) if load else None
     try:
@@ -187,14 +179,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
     parser.add_argument("--out", type=Path, help="directory for the runs and claims.json")
     args = parser.parse_args(argv)
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    budget = RUNS["smoke" if args.smoke else "full"]
     out = args.out or Path(tempfile.gettempdir()) / "autotune-bench-claims"
     out.mkdir(parents=True, exist_ok=True)
     info = machine()
     started = time.perf_counter()
     print(f"claims vs independent re-measurement, {info['date']}, {info['cpu']}, {info['cpu_count']} cores, "
           f"{info['cpu_capability']}; load: {'one core kept busy while tuning' if args.load else 'none added'}")  # fmt: skip
-    rows = [check(name, out, budget, args.load) for name in budget["workloads"]]
+    names = budget.get("workloads") or [w.name for w in workloads(benchmark="claims")]
+    rows = [check(name, out, budget, args.load) for name in names]
     cells = [
         [
             r["workload"],

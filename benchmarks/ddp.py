@@ -2,8 +2,9 @@
 
     python -m benchmarks.ddp [--trials 8] [--rounds 3] [--out DIR]
 
-For a small real model on real data (scikit-learn's digits: an MLP and a small CNN), from
-freshly initialised weights, at a fixed global effective batch of 64:
+For a small real model on real data (scikit-learn's digits: an MLP and a small CNN, the
+``digits-mlp`` and ``digits-cnn`` workloads of benchmarks/cpu/workloads.py), from freshly
+initialised weights, at a fixed global effective batch of 64:
 
 1. ``autotune.optimize(mode="train", space="default")``: the search may run a trial in two ranks
    (torchrun, gloo, each rank on half of the cores) with DDP's knobs.
@@ -25,48 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
+
+from benchmarks.core import start_worker, workload, workloads
 
 N_ROUNDS = 3
 EFFECTIVE = 64
 OPTIMIZER = (torch.optim.AdamW, {"lr": 1e-3})
-
-
-def digits() -> list:
-    from sklearn.datasets import load_digits
-
-    d = load_digits()
-    x = torch.tensor(d.images, dtype=torch.float32).div_(16.0).unsqueeze(1)
-    return list(zip(x, torch.tensor(d.target), strict=True))
-
-
-class DigitsMLP(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
-                                 nn.Linear(512, 10))  # fmt: skip
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-class DigitsCNN(nn.Module):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.conv = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU())
-        self.head = nn.Linear(64 * 8 * 8, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.conv(x).flatten(1))
-
-
-def cross_entropy(outputs: torch.Tensor, batch: Any) -> torch.Tensor:
-    return nn.functional.cross_entropy(outputs, batch[1])
-
-
-WORKLOADS = {"digits-mlp": DigitsMLP, "digits-cnn": DigitsCNN}
 
 
 def expert(env: Any) -> dict[str, Any]:
@@ -78,16 +43,15 @@ def run_workload(name: str, out: Path, n_trials: int, n_rounds: int) -> dict[str
     import shutil
 
     import autotune
-    from benchmarks.core import start_worker
 
-    data, model = digits(), WORKLOADS[name]
+    cfg = workload(name).build()  # the model is a class: each trial builds it, seeded
+    data, model, loss_fn = cfg["dataset"], cfg["model"], cfg["loss_fn"]
     shutil.rmtree(out / name, ignore_errors=True)  # an earlier run's study would refuse to start again
     started = time.perf_counter()
-    result = autotune.optimize(model, data, mode="train", loss_fn=cross_entropy, optimizer=OPTIMIZER,
+    result = autotune.optimize(model, data, mode="train", loss_fn=loss_fn, optimizer=OPTIMIZER,
                                effective_batch_size=EFFECTIVE, baseline_batch_size=EFFECTIVE, space="default",
                                n_trials=n_trials, out_dir=out / name, export=(), profile=False)  # fmt: skip
     search_s = time.perf_counter() - started
-    cfg = {"model": model, "dataset": data, "loss_fn": cross_entropy, "metric": None}
     train = {"optimizer": OPTIMIZER, "effective_batch_size": EFFECTIVE}
     runner, space, env = start_worker(cfg, out, f"ddp-{name}", train=train)
     base = dict(space.baseline)
@@ -141,13 +105,17 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.ddp", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "autotune-bench-ddp")
-    parser.add_argument("--trials", type=int, default=8)
+    parser.add_argument("--trials", type=int, help="trials of each search (default: the workload's, 8)")
     parser.add_argument("--rounds", type=int, default=N_ROUNDS)
-    parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--workloads", help="comma-separated (default: digits-mlp,digits-cnn)")
     args = parser.parse_args(argv)
+    known = [w.name for w in workloads(benchmark="ddp")]
+    names = args.workloads.split(",") if args.workloads else known
+    if unknown := [n for n in names if n not in known]:
+        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(known)}.")
     args.out.mkdir(parents=True, exist_ok=True)
     head = f"{cpu_info().get('model', 'CPU')}, {usable_cpus()} CPUs, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}"
-    docs = [run_workload(name, args.out, args.trials, args.rounds) for name in args.workloads.split(",")]
+    docs = [run_workload(name, args.out, args.trials or workload(name).trials("train"), args.rounds) for name in names]
     report = text(docs, head)
     (args.out / "ddp.md").write_text(report)
     print(report, flush=True)

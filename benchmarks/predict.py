@@ -41,6 +41,7 @@ Nothing here asserts a speed: it prints the ratios and predict's cost over apply
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import shutil
 import statistics
@@ -51,61 +52,43 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import machine, ratios_to, rotating_rounds, table
+from benchmarks import core
+from benchmarks.core import CPU_MEASURE, Workload, machine, ratios_to, rotating_rounds, table
 
 ROOT = Path(__file__).resolve().parent.parent
-MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
-BUDGETS = {
-    "full": {"n_trials": 10, "rounds": 5, "seconds": 2.0, "processes": 3},
+# The run's own settings; the workload brings its trials (which --n-trials and the smoke run
+# override) and its timing.
+RUNS = {
+    "full": {"rounds": 5, "seconds": 2.0, "processes": 3},
     "smoke": {"n_trials": 2, "rounds": 1, "seconds": 0.2, "processes": 1},
 }
 TARGET = 0.10  # predict may cost at most this much over apply + dataloader
 
 
-def _text(padded: bool) -> dict[str, Any]:
-    """Real MiniLM over 384 real sentences, at natural length or pre-padded to 64 tokens."""
-    from benchmarks.text.workload import PAD_TO, dataset, minilm
-
-    return {"model": minilm, "dataset": dataset(384, padded=PAD_TO if padded else None)}
-
-
-def _hf() -> dict[str, Any]:
-    """The Hugging Face pipeline of benchmarks/text/hf.py: its model and its DataLoader."""
-    from benchmarks.text.hf import PACKAGE, model_path, pipeline
-
-    path = model_path()
-    if path is None:
-        raise SystemExit(f"benchmarks.predict: the all-MiniLM-L6-v2 weights package ({PACKAGE}) is not installed.")
-    model, loader, _ = pipeline(path)
-    return {"model": model, "dataset": loader}
-
-
-TEXT_WORKLOADS = {"text": lambda: _text(False), "text-padded": lambda: _text(True), "hf": _hf}
-
-
-def workload(name: str | None, cfg_path: Path | None) -> dict[str, Any]:
-    """The cfg.py dict of a named workload (quickstart from examples/, the real-text ones above,
-    the others from benchmarks/) or of a file."""
+def _load_config(path: Path) -> dict[str, Any]:
     import autotune
 
-    if cfg_path is not None:
-        return autotune.load_config(cfg_path)
-    if name == "quickstart":
-        return autotune.load_config(ROOT / "examples" / "quickstart.py")
-    if name in TEXT_WORKLOADS:
-        return TEXT_WORKLOADS[name]()
-    from benchmarks.cpu.workloads import CPU_WORKLOADS
-
-    return CPU_WORKLOADS[name]()
+    return autotune.load_config(path)
 
 
-def tune(cfg: dict[str, Any], out: Path, n_trials: int, compiled: str | None = None) -> None:
+def workload(name: str | None, cfg_path: Path | None) -> Workload:
+    """A registered workload (``quickstart``, the real-text ones, those of benchmarks/cpu/ and
+    the others), or a cfg.py file as one, tuned as a CPU workload is."""
+    if cfg_path is None:
+        return core.workload(name)
+    build = functools.partial(_load_config, cfg_path)
+    return Workload(name="cfg", family="cfg", description=f"the cfg.py {cfg_path}", build=build,
+                    n_trials={"inference": 10}, measure=CPU_MEASURE)  # fmt: skip
+
+
+def tune(w: Workload, out: Path, n_trials: int, compiled: str | None = None) -> None:
     """Run the search; with ``compiled``, ``compile_mode`` fixed to it, so the winner compiles."""
     import autotune
 
+    cfg = w.build()
     shutil.rmtree(out, ignore_errors=True)
     options = dict(cfg.get("options") or {})
-    options.update(n_trials=n_trials, out_dir=out, export=(), measure=MEASURE, device="cpu")
+    options.update(n_trials=n_trials, out_dir=out, export=(), measure=w.measure, device="cpu")
     if compiled:
         options["fix"] = {**(options.get("fix") or {}), "compile_mode": compiled}
     kwargs = {k: cfg[k] for k in ("metric", "max_metric_drop", "space") if k in cfg}
@@ -128,7 +111,7 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
     from autotune.data import call_model
     from autotune.run.apply import _unloaded, base_collate
 
-    cfg = workload(name, Path(cfg_path) if cfg_path else None)
+    cfg = workload(name, Path(cfg_path) if cfg_path else None).build()
     saved = json.loads((Path(out) / "best_config.json").read_text())
     dataset = (
         cfg["dataset"]() if callable(cfg["dataset"]) and not hasattr(cfg["dataset"], "__len__") else cfg["dataset"]
@@ -243,14 +226,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--processes", type=int, help="fresh processes that re-time it (default 3; smoke 1)")
     parser.add_argument("--n-trials", type=int, help="trials of the search (default 10; smoke 2)")
     args = parser.parse_args(argv)
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    budget = RUNS["smoke" if args.smoke else "full"]
     label = str(args.cfg) if args.cfg else args.workload
     out = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-predict" / label
     info = machine()
     print(f"claim vs apply + dataloader vs predict, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
+    try:
+        w = workload(None if args.cfg else args.workload, args.cfg)
+    except ValueError as e:  # an unknown name: the message names the known ones
+        parser.error(str(e))
     if args.load is None:
-        n_trials = args.n_trials or budget["n_trials"]
-        tune(workload(None if args.cfg else args.workload, args.cfg), out, n_trials, args.compiled)
+        tune(w, out, args.n_trials or budget.get("n_trials") or w.trials(), args.compiled)
     code = (
         "import json, sys; from benchmarks.predict import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
     )

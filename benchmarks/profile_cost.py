@@ -24,12 +24,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import machine, table
+from benchmarks.core import machine, table, workload
 
-ROOT = Path(__file__).resolve().parent.parent
 TARGET = 0.10  # profiling may add at most this share to a default run's wall time
-# None: the cfg.py's own budget and optimize's default timing (the run a user gets).
-BUDGETS: dict[str, dict[str, Any]] = {
+# The run's own settings, not the workload's: a full run sets none (the cfg.py's own budget and optimize's
+# default timing: the run a user gets).
+RUNS: dict[str, dict[str, Any]] = {
     "full": {},
     "smoke": {
         "n_trials": 1,
@@ -106,19 +106,18 @@ def verdict(pairs: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import autotune
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.profile_cost", description=__doc__.split("\n")[0])
     parser.add_argument("--pairs", type=int, default=1, help="pairs of runs (profile on and off); default 1")
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
     parser.add_argument("--out", type=Path, help="directory for the runs (default: a temporary one, removed)")
     args = parser.parse_args(argv)
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    budget = RUNS["smoke" if args.smoke else "full"]
     info = machine()
     print(f"profile=True vs profile=False on the quickstart, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     out = args.out or Path(tempfile.mkdtemp(prefix="autotune-bench-profile-"))
     try:
-        pairs = measure(autotune.load_config(ROOT / "examples" / "quickstart.py"), out, args.pairs, budget)
+        pairs = measure(workload("quickstart").build(), out, args.pairs, budget)
     finally:
         if args.out is None:
             shutil.rmtree(out, ignore_errors=True)

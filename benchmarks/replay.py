@@ -167,12 +167,12 @@ TEXT_FULL = {
 def text_table_measured(out: Path, full: bool = False) -> tuple[Any, dict[str, dict[str, Any]]]:
     """The real-text table (:data:`TEXT_MEASURED`, or :data:`TEXT_FULL`, on MiniLM, 384 real
     sentences pre-padded to 64 tokens), measured by the tuner's worker, or reused from ``out``'s cache."""
+    from benchmarks.core import workload
     from benchmarks.search import MEASURE, enumerate_space
-    from benchmarks.text.workload import PAD_TO, dataset, minilm
 
     out.mkdir(parents=True, exist_ok=True)
-    name = "text-full" if full else "text"
-    cfg = {"model": minilm, "dataset": dataset(384, padded=PAD_TO)}
+    name = "text-full" if full else "text"  # the cache's name, as earlier runs wrote it
+    cfg = workload("text-padded").build()
     enum = enumerate_space(name, cfg, out, TEXT_FULL if full else TEXT_MEASURED, MEASURE)
     print(f"  {name}: {len(enum['results'])} configurations measured in {enum['enumerate_s']:.0f} s", flush=True)
     return cached_table(out / f"search-{name}.json")

@@ -38,26 +38,18 @@ from typing import Any
 
 from benchmarks import compare, core, search, training
 
-ROOT = Path(__file__).resolve().parent.parent
 QUICK_MEASURE = {"n_windows": 2, "window_s": 0.1, "warmup_batches": 1, "n_remeasure": 0}
-# Part 1 on 2 CPU cores: 3 windows instead of optimize's 5, so a transformer trial at batch 128
-# (about a second per batch) takes seconds, not half a minute.
-CPU_MEASURE = {"n_windows": 3, "window_s": 0.4, "warmup_batches": 2}
-# Each suite's budget. measure None is optimize's default timing (5 windows of >= 0.4 s).
+# Each suite's settings for the run; each workload brings its own trials and timing (its
+# ``Workload`` in benchmarks/core.py), unless the suite sets them (the smoke run, --trials).
 SUITES: dict[str, dict[str, Any]] = {
     "cpu": {
-        "workloads": ("digits", "transformer", "lstm"),
         "space": "cpu",
-        "n_trials": 10,
         "n_rounds": 3,
-        "measure": CPU_MEASURE,
         "search_space": search.SPACE,
         "search_measure": search.MEASURE,
         "n_seeds": 20,
         "n_repeats": 10,
-        "quality_measure": None,
-        "train_workloads": ("digits", "lstm"),
-        "n_train_trials": 16,
+        "quality_measure": None,  # optimize's default timing (5 windows of >= 0.4 s)
     },
     "cpu-smoke": {
         "workloads": ("digits",),
@@ -73,45 +65,29 @@ SUITES: dict[str, dict[str, Any]] = {
         "train_workloads": ("digits",),
         "n_train_trials": 2,
     },
-    "gpu-compare": {
-        "workloads": ("resnet50-memory", "resnet50-uint8", "vit_b16-memory", "vit_b16-uint8"),
-        "space": "gpu",
-        "n_trials": 8,
-        "n_rounds": 3,
-        "measure": None,
-        "n_train_trials": 6,  # training-step tuning, on the in-memory data sets only
-    },
+    "gpu-compare": {"space": "gpu", "n_rounds": 3},  # training-step tuning on the workloads that train
 }
-N_IMAGES = 1024  # per GPU data set: batch sizes up to 1024; 0.6 GB as float32 at 224x224
+# The names a suite has always taken and printed, for workloads registered under another.
+ALIASES = {"resnet50-uint8": "resnet50-uint8-cpu"}
 
 
-def cpu_workload(name: str) -> dict[str, Any]:
-    from benchmarks.cpu.workloads import CPU_WORKLOADS
-
-    return CPU_WORKLOADS[name]()
-
-
-def gpu_workload(name: str) -> dict[str, Any]:
-    """``model-data``: the model as a factory (the worker builds it, seeded), the images synthetic."""
-    from benchmarks.gpu import models
-
-    model, data = name.split("-")
-    images = models.FloatImages if data == "memory" else models.Uint8Images
-    # Random weights give near-tied logits, whose top-1 (what the fidelity guard compares) bf16
-    # rounding flips more often than a trained model's: 5% may change here, not 1%.
-    return {
-        "model": getattr(models, model),
-        "dataset": images(N_IMAGES),
-        "max_metric_drop": 0.05,
-        "loss_fn": cross_entropy,  # training mode
-    }
+def suite_workloads(suite: str, mode: str | None = None) -> list[str]:
+    """The workloads ``suite`` runs when not told which (those that run in ``mode``), by the names it takes."""
+    shown = {registered: name for name, registered in ALIASES.items()}
+    return [shown.get(w.name, w.name) for w in core.workloads(benchmark=f"run.{suite}", mode=mode)]
 
 
-def cross_entropy(outputs: Any, batch: Any) -> Any:
-    """The loss of the training part: (B, classes) logits against the batch's (B,) labels."""
-    import torch
+def settings(budget: dict[str, Any], name: str, mode: str = "inference") -> dict[str, Any]:
+    """``n_trials`` and ``measure`` of workload ``name`` in ``mode``: the budget's where it sets
+    them, else the workload's own."""
+    w = core.workload(ALIASES.get(name, name))
+    n_trials = budget.get("n_trials" if mode == "inference" else "n_train_trials") or w.trials(mode)
+    return {"n_trials": n_trials, "measure": budget["measure"] if "measure" in budget else w.measure}
 
-    return torch.nn.functional.cross_entropy(outputs, batch[1])
+
+def build(name: str) -> dict[str, Any]:
+    """The cfg dict of workload ``name`` (a suite's name for it)."""
+    return core.workload(ALIASES.get(name, name)).build()
 
 
 def training_part(cfgs: dict[str, dict], out: Path, budget: dict[str, Any], unit: str) -> tuple[list[dict], str]:
@@ -120,16 +96,9 @@ def training_part(cfgs: dict[str, dict], out: Path, budget: dict[str, Any], unit
     rows = []
     for name, cfg in cfgs.items():
         shutil.rmtree(out / f"train-{name}", ignore_errors=True)
+        own = settings(budget, name, "train")
         rows.append(
-            training.compare_training(
-                name,
-                cfg,
-                out,
-                space=budget["space"],
-                n_trials=budget["n_train_trials"],
-                n_rounds=budget["n_rounds"],
-                measure=budget["measure"],
-            )
+            training.compare_training(name, cfg, out, space=budget["space"], n_rounds=budget["n_rounds"], **own)
         )
     return rows, training.print_training(rows, unit)
 
@@ -138,21 +107,19 @@ def training_part(cfgs: dict[str, dict], out: Path, budget: dict[str, Any], unit
 
 
 def cpu_suite(budget: dict[str, Any], names: list[str], out: Path, parts: str) -> tuple[dict[str, Any], list[str]]:
-    import autotune
-
-    cfgs = {name: cpu_workload(name) for name in names} if "1" in parts or "3" in parts else {}
+    cfgs = {name: build(name) for name in names} if "1" in parts or "3" in parts else {}
     doc: dict[str, Any] = {}
     tables = []
     if "1" in parts:
         rows = []
         for name, cfg in cfgs.items():
             shutil.rmtree(out / name, ignore_errors=True)  # an earlier run's study would refuse to restart
-            keys = ("space", "n_trials", "n_rounds", "measure")
-            rows.append(compare.compare(name, cfg, out, **{k: budget[k] for k in keys}))
+            own = settings(budget, name)
+            rows.append(compare.compare(name, cfg, out, space=budget["space"], n_rounds=budget["n_rounds"], **own))
         tables.append(compare.print_compare(rows, "Part 1: tuned vs baseline vs expert, samples/s"))
         doc["compare"] = rows
     if "2" in parts:
-        tiny = autotune.load_config(ROOT / "examples" / "quickstart.py")
+        tiny = build("quickstart")
         space, measure, n_seeds = budget["search_space"], budget["search_measure"], budget["n_seeds"]
         doc["search"], text = search.efficiency("quickstart", tiny, out, space=space, measure=measure, n_seeds=n_seeds)
         tables.append(text)
@@ -165,7 +132,8 @@ def cpu_suite(budget: dict[str, Any], names: list[str], out: Path, parts: str) -
         doc["overhead"], text_overhead = core.overhead(runs, studies)
         tables += [text_spread, text_overhead]
     if "4" in parts:
-        train = {name: cfgs.get(name) or cpu_workload(name) for name in budget["train_workloads"]}
+        train_names = budget.get("train_workloads") or suite_workloads("cpu", "train")
+        train = {name: cfgs.get(name) or build(name) for name in train_names}
         doc["training"], text = training_part(train, out, budget, "samples/s")
         tables.append(text)
     return doc, tables
@@ -175,11 +143,11 @@ def gpu_suite(budget: dict[str, Any], names: list[str], out: Path, parts: str) -
     rows = []
     for name in names:
         shutil.rmtree(out / name, ignore_errors=True)
-        keys = ("space", "n_trials", "n_rounds", "measure")
-        rows.append(compare.compare(name, gpu_workload(name), out, **{k: budget[k] for k in keys}))
+        own = settings(budget, name)
+        rows.append(compare.compare(name, build(name), out, space=budget["space"], n_rounds=budget["n_rounds"], **own))
     tables = [compare.print_compare(rows, "Tuned vs baseline vs expert, images/s")]
     doc: dict[str, Any] = {"compare": rows}
-    train = {n: gpu_workload(n) for n in names if n.endswith("-memory")}
+    train = {n: build(n) for n in names if "train" in core.workload(ALIASES.get(n, n)).modes}
     doc["training"], text = training_part(train, out, budget, "images/s")
     tables.append(text)
     return doc, tables
@@ -214,10 +182,11 @@ def main(argv: list[str] | None = None) -> None:
         if args.trials < 1:
             parser.error(f"--trials must be at least 1, but got {args.trials}")
         budget["n_trials"] = args.trials
-    names = args.workloads.split(",") if args.workloads else list(budget["workloads"])
-    unknown = [n for n in names if n not in SUITES[args.suite]["workloads"]]
+    known = suite_workloads(args.suite)
+    names = args.workloads.split(",") if args.workloads else list(budget.get("workloads") or known)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(SUITES[args.suite]['workloads'])}.")
+        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(known)}.")
     # A stable default: the search cache of part 2 is found again by the next run.
     out = args.out or Path(tempfile.gettempdir()) / f"autotune-bench-{key}"
     out.mkdir(parents=True, exist_ok=True)
@@ -239,6 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     wall = time.perf_counter() - started
     footer = f"total wall time: {wall:.0f} s ({wall / 60:.1f} min)"
     print(footer)
+    budget["workloads"] = {name: settings(budget, name) for name in names}  # what each one ran with
     doc = {"machine": info, "suite": key, "budget": budget, **doc, "wall_s": wall}
     (out / f"{args.suite}.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     (out / f"{args.suite}.md").write_text("\n".join([header, "", *tables, footer]) + "\n")

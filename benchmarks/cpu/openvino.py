@@ -50,32 +50,24 @@ from typing import Any
 import numpy as np
 import torch
 
+from benchmarks import core
 from benchmarks.core import machine, ratios_to, rotating_rounds, table
 
-ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = ("digits", "resnet")
 HOLD = 0.01  # the guard every row is held to: accuracy within a point, or worst cosine 0.99
-BUDGETS = {
+# The run's own settings: every workload searched with the same trials (the default space), and
+# the comparison's rounds.
+RUNS = {
     "full": {"trials": 16, "rounds": 7, "seconds": 1.0},
     "smoke": {"trials": 2, "rounds": 1, "seconds": 0.1},
 }
 
 
 def workload(name: str) -> dict[str, Any]:
-    """``model``, ``dataset`` (tuples of image and label), ``held_out`` (for NNCF's calibration)
-    and ``metric`` (``None``: fidelity to the plain loop's logits)."""
-    if name == "digits":
-        import autotune
-
-        cfg = autotune.load_config(ROOT / "examples" / "digits.py")
-        return {"model": cfg["model"], "dataset": cfg["dataset"], "held_out": cfg["train_dataset"][:128],
-                "metric": cfg["metric"]}  # fmt: skip
-    from benchmarks.gpu.models import FloatImages, resnet50
-
-    images = FloatImages(256 + 128, size=64, seed=0)
-    samples = [images[i] for i in range(len(images))]
-    model = resnet50(width=64, layers=(1, 1, 1, 1))
-    return {"model": model, "dataset": samples[:256], "held_out": samples[256:], "metric": None}
+    """``model``, ``dataset`` (tuples of image and label), ``held_out`` (128 samples never tuned
+    on, for NNCF's calibration) and ``metric`` (``None``: fidelity to the plain loop's logits)."""
+    cfg = core.workload(name).build()
+    return {"model": cfg["model"], "dataset": cfg["dataset"], "held_out": cfg["train_dataset"][:128],
+            "metric": cfg.get("metric")}  # fmt: skip
 
 
 def search(name: str, out: Path, n_trials: int) -> None:
@@ -219,16 +211,17 @@ def compare(name: str, out: Path, rounds: int, seconds: float) -> dict[str, Any]
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu.openvino", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: digits, resnet")
+    known = [w.name for w in core.workloads(benchmark="cpu.openvino")]
+    parser.add_argument("--workloads", default=",".join(known), help="comma-separated: digits, resnet")
     parser.add_argument("--out", type=Path, default=Path("benchmark-out/cpu-openvino"), help="the runs' directory")
     parser.add_argument("--load", type=Path, help="compare the runs in this directory; no search")
     parser.add_argument("--search-only", action="store_true", help="search, then stop")
     parser.add_argument("--smoke", action="store_true", help="tiny budget: checks that everything runs")
     args = parser.parse_args(argv)
     names = [n.strip() for n in args.workloads.split(",") if n.strip()]
-    if unknown := [n for n in names if n not in WORKLOADS]:
-        parser.error(f"unknown workload {unknown[0]!r}: choose among {', '.join(WORKLOADS)}")
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    if unknown := [n for n in names if n not in known]:
+        parser.error(f"unknown workload {unknown[0]!r}: choose among {', '.join(known)}")
+    budget = RUNS["smoke" if args.smoke else "full"]
     base = args.load or args.out
     if args.search_only:
         for name in names:

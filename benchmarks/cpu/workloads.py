@@ -1,17 +1,19 @@
-"""Workloads of the benchmarks, each returned as the dict a cfg.py defines.
+"""The CPU family's workloads, each built as the dict a cfg.py defines (``benchmarks/cpu/__init__.py``
+registers them, by the names in brackets).
 
-    digits()       the CNN of examples/digits.py on scikit-learn's handwritten digits
-    transformer()  a 2-layer TransformerEncoder over token ids with a padding mask (dict samples)
-    encoder()      the same classifier at 6 layers, hidden 384 (MiniLM's shape), random weights
-    lstm()         an LSTM over (time, features) float sequences
+    quickstart()   examples/quickstart.py as it is (quickstart)
+    digits()       the CNN of examples/digits.py on scikit-learn's handwritten digits (digits)
+    transformer()  a 2-layer TransformerEncoder over token ids with a padding mask, dict samples (transformer-small)
+    encoder()      the same classifier at 6 layers, hidden 384 (MiniLM's shape), random weights (transformer)
+    lstm()         an LSTM over (time, features) float sequences (lstm)
+    resnet()       a ResNet-50-shaped CNN on small float images, random weights (resnet)
+    digits_mlp(), digits_cnn()   an MLP and a small CNN from fresh weights, to train (digits-mlp, digits-cnn)
 
 transformer() and lstm() learn synthetic tasks that a small model masters only after training
 (chance is 25%), so a compression setting that damages the model shows up as lost accuracy.
 Each is trained here, seeded, in 2-15 s on 2 CPU cores: the same weights on every run.
 encoder() would take minutes to train on 2 cores, so its guard is fidelity to the baseline's
 outputs (no metric), as for a user who gives none.
-
-WORKLOADS are the compression benchmark's; CPU_WORKLOADS those of ``benchmarks.run --suite cpu``.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CLASSES = 4
+
+
+def quickstart() -> dict[str, Any]:
+    """examples/quickstart.py as it is."""
+    import autotune
+
+    return autotune.load_config(ROOT / "examples" / "quickstart.py")
 
 
 def digits() -> dict[str, Any]:
@@ -221,5 +230,66 @@ def lstm() -> dict[str, Any]:
     }
 
 
-WORKLOADS: dict[str, Callable[[], dict[str, Any]]] = {"digits": digits, "transformer": transformer, "lstm": lstm}
-CPU_WORKLOADS: dict[str, Callable[[], dict[str, Any]]] = {"digits": digits, "transformer": encoder, "lstm": lstm}
+# -----------------------------------------------------------------------------
+# resnet: a ResNet-50-shaped CNN beside OpenVINO's hand recipes
+
+
+def resnet() -> dict[str, Any]:
+    """Bottleneck blocks, one per stage, 64 channels wide, random weights seeded, on 256 in-memory
+    float images of 64x64; 128 more as ``train_dataset``, never tuned on (a calibration's). No
+    metric: the guard is fidelity to the baseline's logits."""
+    from benchmarks.gpu.models import FloatImages, resnet50
+
+    images = FloatImages(256 + 128, size=64, seed=0)
+    samples = [images[i] for i in range(len(images))]
+    model = resnet50(width=64, layers=(1, 1, 1, 1))
+    return {"model": model, "dataset": samples[:256], "train_dataset": samples[256:]}
+
+
+# -----------------------------------------------------------------------------
+# digits-mlp, digits-cnn: training across processes, from fresh weights
+
+
+def digit_images() -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """All 1,797 of scikit-learn's digits: ((1, 8, 8) float32 in [0, 1], label)."""
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images, dtype=torch.float32).div_(16.0).unsqueeze(1)
+    return list(zip(x, torch.tensor(d.target), strict=True))
+
+
+class DigitsMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Flatten(), nn.Linear(64, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(),
+                                 nn.Linear(512, 10))  # fmt: skip
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class DigitsCNN(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU())
+        self.head = nn.Linear(64 * 8 * 8, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.conv(x).flatten(1))
+
+
+def cross_entropy(outputs: torch.Tensor, batch: Any) -> torch.Tensor:
+    return nn.functional.cross_entropy(outputs, batch[1])
+
+
+def digits_mlp() -> dict[str, Any]:
+    """A 3-layer MLP (the class: each trial builds it, seeded) over every digit, to train."""
+    return {"model": DigitsMLP, "dataset": digit_images(), "loss_fn": cross_entropy, "metric": None}
+
+
+def digits_cnn() -> dict[str, Any]:
+    """Two convolutions and a linear head (the class) over every digit, to train."""
+    return {"model": DigitsCNN, "dataset": digit_images(), "loss_fn": cross_entropy, "metric": None}

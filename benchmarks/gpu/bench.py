@@ -50,6 +50,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from benchmarks.core import Workload, workload, workloads
 from benchmarks.gpu.timing import Flags, Row, model_alone, time_epochs, warm
 
 N_SAMPLES = 1024
@@ -58,19 +59,20 @@ N_ROUNDS = 3
 SEARCH_SHARE = 0.5  # of a workload's share of the budget, for autotune's search (optimize's timeout)
 MIN_SEARCH_S = 60.0  # optimize ends its search 20 s before its timeout: the baseline trial needs the rest
 MIN_WORKLOAD_S = 60.0  # a workload is left out (saying why) when less is left, or 80% of what the last one took
-MAX_METRIC_DROP = 0.05  # random weights: near-tied logits flip under bf16 rounding more than trained ones
 
 
-def workloads() -> dict[str, dict[str, Any]]:
-    """Each workload's model factory, data set class, the user's collate, and what a sample is."""
-    from benchmarks.gpu import workloads as w
-    from benchmarks.gpu.models import resnet50
-
-    return {
-        "resnet50-float": {"model": resnet50, "data": w.FloatImageTensors, "collate": None, "unit": "images/s"},
-        "resnet50-uint8": {"model": w.resnet50_uint8, "data": w.Uint8ImageTensors, "collate": None, "unit": "images/s"},
-        "bert-text": {"model": w.bert_base, "data": w.TokenSequences, "collate": w.pad_to_max, "unit": "sequences/s"},
+def spec_of(w: Workload) -> tuple[dict[str, Any], Any]:
+    """The rows' spec of a workload (its model factory, the user's collate, what a sample is, the
+    guard's allowed drop) and its data set of :data:`N_SAMPLES`."""
+    cfg = w.build(n=N_SAMPLES)
+    collate = cfg.get("options", {}).get("collate_fn")
+    spec = {
+        "model": cfg["model"],
+        "collate": collate,
+        "unit": w.extras["unit"],
+        "max_metric_drop": cfg["max_metric_drop"],
     }
+    return spec, cfg["dataset"]
 
 
 def baseline_row(spec: dict[str, Any], data: Any, device: Any, stock: Flags) -> Row:
@@ -178,7 +180,7 @@ def search(name: str, spec: dict[str, Any], data: Any, out: Path, search_s: floa
         out_dir=out / name,
         baseline_batch_size=BASELINE_BATCH,
         collate_fn=spec["collate"],
-        max_metric_drop=MAX_METRIC_DROP,
+        max_metric_drop=spec["max_metric_drop"],
         export=(),
         profile=False,
         # The rows read the same samples every epoch, as a training loop or repeated inference
@@ -251,15 +253,13 @@ def rotated(rows: list[Any], i: int) -> list[Any]:
     return rows[k:] + rows[:k]
 
 
-def run_workload(
-    name: str, spec: dict[str, Any], out: Path, search_s: float, n_trials: int, where: str = "cuda"
-) -> dict[str, Any]:
+def run_workload(w: Workload, out: Path, search_s: float, n_trials: int, where: str = "cuda") -> dict[str, Any]:
     """The workload's four rows, measured on ``where``; its record for the table and the JSON."""
     import torch
 
     device, stock = torch.device(where), Flags.read()
     started = time.perf_counter()
-    data = spec["data"](N_SAMPLES)
+    name, (spec, data) = w.name, spec_of(w)
     rows, result, failed = build_rows(name, spec, data, out, (search_s, n_trials), device, stock)
     searched = time.perf_counter() - started
     rows, alone = measure_rows(rows, device, stock, failed)
@@ -357,12 +357,12 @@ def write(out: Path, head: str, docs: list[dict[str, Any]], budget_s: float, wal
 
 
 def main(argv: list[str] | None = None) -> None:
-    names = list(workloads())
+    names = [w.name for w in workloads(benchmark="gpu")]
     parser = argparse.ArgumentParser(prog="python -m benchmarks.gpu", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, help="directory of gpu.md, gpu.json and the searches' output")
     parser.add_argument("--budget-s", type=float, default=300.0, help="seconds for every workload (default 300)")
     parser.add_argument("--workloads", default=",".join(names), help=f"comma-separated, of {', '.join(names)}")
-    parser.add_argument("--trials", type=int, default=12, help="autotune's trials per workload at most (default 12)")
+    parser.add_argument("--trials", type=int, help="autotune's trials per workload at most (default 12)")
     args = parser.parse_args(argv)
     chosen = args.workloads.split(",")
     unknown = [n for n in chosen if n not in names]
@@ -392,7 +392,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name}: {share:.0f} s, {search_s:.0f} s of them for autotune's search", flush=True)
         begun = time.perf_counter()
         try:
-            docs.append(run_workload(name, workloads()[name], out, search_s, args.trials))
+            w = workload(name)
+            docs.append(run_workload(w, out, search_s, args.trials or w.trials()))
         except Exception as exc:  # one workload's failure is reported; the others still run
             docs.append({"workload": name, "error": _failure(exc)})
         _release()

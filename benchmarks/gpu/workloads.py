@@ -1,7 +1,9 @@
 """The GPU headline benchmark's workloads (:mod:`benchmarks.gpu`): ResNet-50 on 224x224 images
 held in memory as float32 or as uint8, and a BERT-base-shaped encoder on token sequences of
 sentence-like lengths. No torchvision or transformers: the models are defined here and in
-:mod:`benchmarks.gpu.models`, with random weights, seeded.
+:mod:`benchmarks.gpu.models`, with random weights, seeded. :func:`headline` and :func:`compared`
+build the cfg dicts of the headline's and the gpu-compare suite's workloads, which
+``benchmarks/gpu/__init__.py`` registers.
 
 The data sets are ``TensorDataset`` s (the sequences a plain ``Dataset``) that pickle as their
 recipe, so a trial worker regenerates the same tensors instead of receiving 0.6 GB through a pipe.
@@ -24,6 +26,10 @@ from torch.utils.data import Dataset, TensorDataset
 from benchmarks.gpu.models import MEAN, N_CLASSES, STD, resnet50
 
 VOCAB, MAX_LEN, PAD_ID, CLS_ID, SEP_ID = 30522, 128, 0, 101, 102
+N_SAMPLES = 1024  # per data set: batch sizes up to 1024; 0.6 GB as float32 at 224x224
+# Random weights give near-tied logits, whose top-1 (what the fidelity guard compares) bf16
+# rounding flips more often than a trained model's: 5% may change here, not 1%.
+MAX_METRIC_DROP = 0.05
 
 
 class FloatImageTensors(TensorDataset):
@@ -156,3 +162,22 @@ def pad_to_max(samples: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor
         ids[row, :n] = sample["input_ids"]
         mask[row, :n] = sample["attention_mask"]
     return {"input_ids": ids, "attention_mask": mask}
+
+
+def headline(model: Any, data: Any, collate: Any = None, n: int = N_SAMPLES) -> dict[str, Any]:
+    """A headline workload: ``model`` (a factory), ``data(n)`` and the user's ``collate``."""
+    cfg = {"model": model, "dataset": data(n), "max_metric_drop": MAX_METRIC_DROP}
+    if collate is not None:
+        cfg["options"] = {"collate_fn": collate}
+    return cfg
+
+
+def cross_entropy(outputs: Any, batch: Any) -> Any:
+    """The loss of training mode: (B, classes) logits against the batch's (B,) labels."""
+    return F.cross_entropy(outputs, batch[1])
+
+
+def compared(model: Any, data: Any, n: int = N_SAMPLES) -> dict[str, Any]:
+    """A gpu-compare workload: ``model`` (a factory: the worker builds it, seeded) on ``data(n)``,
+    synthetic images, with the loss its training needs."""
+    return {"model": model, "dataset": data(n), "max_metric_drop": MAX_METRIC_DROP, "loss_fn": cross_entropy}

@@ -39,10 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.core import machine, ratios_to, rotating_rounds, table
+from benchmarks.core import machine, ratios_to, rotating_rounds, table, workload, workloads
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKLOADS = ("text-padded", "hf")
 BATCH_SIZE = 32
 RUNS = {
     "full": {"trials": {"n_trials": 16}, "budget": {"budget": "3m"}, "rounds": 7, "seconds": 2.0},
@@ -54,9 +53,8 @@ TARGETS = {"whole_s": 240.0, "finish_share": 0.25, "of_hand": 0.97, "budget_of_t
 def tune(name: str, out: str, options: dict[str, Any]) -> None:
     """One run of ``name`` into ``out``, as a user calls it (the default space, on the CPU)."""
     import autotune
-    from benchmarks.predict import workload
 
-    cfg = workload(name, None)
+    cfg = workload(name).build()
     autotune.optimize(cfg["model"], cfg["dataset"], out_dir=out, device="cpu", **options)
 
 
@@ -115,10 +113,10 @@ def retime(name: str, outs: list[str], rounds: int, seconds: float) -> dict[str,
     import autotune
     from autotune.data import call_model
     from autotune.run.apply import _unloaded, base_collate
-    from benchmarks.predict import _model, workload
+    from benchmarks.predict import _model
     from benchmarks.text.recipes import bf16_skip_reason
 
-    cfg = workload(name, None)
+    cfg = workload(name).build()
     data, collate = _unloaded(cfg["dataset"], None)
     plain = torch.utils.data.DataLoader(data, batch_size=BATCH_SIZE, collate_fn=base_collate(data, collate))
     order = sorted(range(len(data)), key=lambda i: _length(data[i]))
@@ -182,11 +180,14 @@ def report(name: str, runs: dict[str, dict[str, Any]], timed: dict[str, Any]) ->
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.text.budget", description=__doc__.split("\n")[0])
-    parser.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated: text-padded, hf")
+    known = [w.name for w in workloads(benchmark="text.budget")]
+    parser.add_argument("--workloads", default=",".join(known), help="comma-separated: text-padded, hf")
     parser.add_argument("--out", type=Path, help="directory for the runs (default: a temporary one)")
     parser.add_argument("--load", type=Path, help="re-time the finished runs in this directory; no tuning")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: checks that everything runs")
     args = parser.parse_args(argv)
+    if unknown := [n for n in args.workloads.split(",") if n not in known]:
+        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(known)}.")
     plan = RUNS["smoke" if args.smoke else "full"]
     root = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-budget"
     info = machine()

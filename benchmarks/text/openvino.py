@@ -40,7 +40,8 @@ import torch
 from benchmarks.text.recipes import BATCH_SIZE, encode, median_ratio
 
 MAX_DROP = 0.02  # the guard the comparison holds every row to, as tune.py does: cosine 0.98
-BUDGETS = {
+# The run's own settings: sentences, the search's trials and time, rounds of the comparison.
+RUNS = {
     "full": {"n": 384, "trials": 16, "timeout": 1500.0, "rounds": 7},
     "smoke": {"n": 64, "trials": 2, "timeout": 300.0, "rounds": 1},
 }
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=Path, help="compare the run in this directory; no search")
     parser.add_argument("--search-only", action="store_true", help="search, then stop (compare with --load later)")
     args = parser.parse_args(argv)
-    budget = BUDGETS["smoke" if args.smoke else "full"]
+    budget = RUNS["smoke" if args.smoke else "full"]
     out = args.load or args.out
     if args.load is None:
         from benchmarks.text.tune import search

@@ -34,13 +34,13 @@ MAX_DROP = 0.02
 
 
 def user_data(n: int, natural: bool) -> tuple[list[dict[str, torch.Tensor]], Any]:
-    """The samples and collate a user brings: padded to 64 tokens (``default_collate``), or at
-    their natural lengths behind a collate that pads each batch to its longest."""
-    from benchmarks.text.workload import PAD_TO, dataset, pad_collate
+    """The samples and collate a user brings: padded to 64 tokens (``default_collate``: the
+    ``text-padded`` workload), or at their natural lengths behind a collate that pads each batch
+    to its longest (``text-collated``)."""
+    from benchmarks.core import workload
 
-    if natural:
-        return dataset(n, max_length=PAD_TO), pad_collate
-    return dataset(n, padded=PAD_TO), None
+    cfg = workload("text-collated" if natural else "text-padded").build(n=n)
+    return cfg["dataset"], cfg.get("options", {}).get("collate_fn")
 
 
 def search(out: Path, n: int, n_trials: int, timeout: float, space: str, natural: bool = False) -> dict[str, Any]:

@@ -45,15 +45,17 @@ from typing import Any
 
 import torch
 
-from benchmarks.core import OthersCPU, machine, ratios_to, table
+from benchmarks.core import OthersCPU, Workload, machine, ratios_to, table, workload
 from benchmarks.vision import workload as vc
 
 BASELINE_BATCH = 1
 HAND_BATCH = 8
 HAND_WORKERS = 2
 FLAGS = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
-BUDGETS = {
-    "full": {"n_pages": 32, "n_val": 12, "n_trials": 16, "rounds": 2, "measure": {"n_windows": 3, "warmup_batches": 2}},
+# The run's own settings; the workload (``craft``) brings its pages, trials, guard samples and
+# timing, which the smoke run makes smaller.
+RUNS = {
+    "full": {"rounds": 2},
     "smoke": {
         "n_pages": 6,
         "n_val": 4,
@@ -154,14 +156,24 @@ def measure(pages: Any, out: Path, bf16: bool, rounds: int) -> dict[str, list[di
     return passes
 
 
-def tune(pages: Any, out: Path, budget: dict[str, Any]) -> Any:
+def search_budget(w: Workload, cfg: dict[str, Any], run: dict[str, Any], n_trials: int | None) -> dict[str, Any]:
+    """The search's trials, guard samples and timing: ``n_trials`` (the command line's), else the
+    run's (a smoke run's), else the workload's own."""
+    return {
+        "n_trials": n_trials or run.get("n_trials") or w.trials(),
+        "n_val": run.get("n_val") or cfg["options"]["n_val"],
+        "measure": run["measure"] if "measure" in run else w.measure,
+    }
+
+
+def tune(cfg: dict[str, Any], out: Path, budget: dict[str, Any]) -> Any:
     import autotune
 
     shutil.rmtree(out, ignore_errors=True)
     return autotune.optimize(
-        vc.craft,
-        pages,
-        metric=vc.recall,
+        cfg["model"],
+        cfg["dataset"],
+        metric=cfg["metric"],
         n_trials=budget["n_trials"],
         baseline_batch_size=BASELINE_BATCH,
         n_val=budget["n_val"],
@@ -220,23 +232,23 @@ def main(argv: list[str] | None = None) -> None:
     if why is not None:
         print(f"benchmarks.vision: skipped, {why}.")
         return
-    budget = dict(BUDGETS["smoke" if args.smoke else "full"])
-    budget["n_trials"] = args.n_trials or budget["n_trials"]
+    w, run = workload("craft"), RUNS["smoke" if args.smoke else "full"]
     out = args.load or args.out or Path(tempfile.gettempdir()) / "autotune-bench-vision"
     info = machine()
     flags = cpu_flags()
     scan = f", pages kept as {args.scan}x scans" if args.scan > 1 else ""
     print(f"CRAFT (craft_mlt_25k){scan}, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     print(f"CPU flags: {' '.join(flags) or 'none of ' + ', '.join(FLAGS)}; bf16 units: {info['bf16']}")
-    pages = vc.Pages(budget["n_pages"], scan=args.scan)
+    cfg = w.build(scan=args.scan, **({"n": run["n_pages"]} if args.smoke else {}))
+    pages = cfg["dataset"]
     if args.load is None:
         started = time.perf_counter()
-        tune(pages, out, budget)
+        tune(cfg, out, search_budget(w, cfg, run, args.n_trials))
         print(f"tuned in {time.perf_counter() - started:.0f} s")
     print(claim(out))
     bf16 = bool({"avx512_bf16", "amx_bf16"} & set(flags))  # native bf16 units, not emulated
     others = OthersCPU()
-    passes = measure(pages, out, bf16, budget["rounds"])
+    passes = measure(pages, out, bf16, run["rounds"])
     report(passes, others())
     print(f"hand recipe: {'bfloat16 autocast' if bf16 else 'float32 (no bf16 units)'}, channels-last, ", end="")
     print(f"{HAND_WORKERS} workers, batch {HAND_BATCH} padded to multiples of 32")

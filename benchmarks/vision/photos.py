@@ -130,7 +130,8 @@ def resnet50() -> nn.Module:
     return make(n_classes=10).eval()
 
 
-MODELS = {"light": lambda: LightCNN().eval(), "resnet50": resnet50}
+def light_cnn() -> nn.Module:
+    return LightCNN().eval()
 
 
 def timed_pass(model: Any, loader: Any, autocast: Any = None, channels_last: bool = False) -> float:
@@ -149,27 +150,27 @@ def timed_pass(model: Any, loader: Any, autocast: Any = None, channels_last: boo
     return n / (time.perf_counter() - started)
 
 
-def rows(name: str, folder: PhotoFolder, out: Path, n_trials: int, repeated: bool) -> dict[str, Any]:
+def rows(name: str, cfg: dict[str, Any], out: Path, n_trials: int, repeated: bool) -> dict[str, Any]:
     import shutil
 
     import autotune
     from autotune.env import Env, usable_cpus
 
-    loader_of = torch.utils.data.DataLoader
+    loader_of, make, folder = torch.utils.data.DataLoader, cfg["model"], cfg["dataset"]
     env = Env.detect("cpu")
     cores = usable_cpus()
     shutil.rmtree(out / name, ignore_errors=True)
     started = time.perf_counter()
-    result = autotune.optimize(MODELS[name], folder, baseline_batch_size=BATCH, n_trials=n_trials,
+    result = autotune.optimize(make, folder, baseline_batch_size=BATCH, n_trials=n_trials,
                                repeated_passes=repeated, out_dir=out / name, export=(), profile=False)  # fmt: skip
     search_s = time.perf_counter() - started
     bf16 = torch.bfloat16 if env.bf16 else None
-    expert_model = MODELS[name]().to(memory_format=torch.channels_last)
+    expert_model = make().to(memory_format=torch.channels_last)
     pipelines = {
-        "baseline": (MODELS[name](), loader_of(folder, batch_size=BATCH), None, False),
+        "baseline": (make(), loader_of(folder, batch_size=BATCH), None, False),
         "expert": (expert_model, loader_of(folder, batch_size=BATCH, num_workers=cores, persistent_workers=True),
                    bf16, True),
-        "autotune": (autotune.apply(MODELS[name](), result.best_config, dataset=folder),
+        "autotune": (autotune.apply(make(), result.best_config, dataset=folder),
                      autotune.dataloader(folder, result.best_config), None, False),
     }  # fmt: skip
     for model, loader, cast, last in pipelines.values():  # warm: workers, compiled graphs
@@ -200,22 +201,27 @@ def text(docs: list[dict[str, Any]], head: str) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     from autotune.env import cpu_info, usable_cpus
+    from benchmarks.core import workload, workloads
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.vision.photos", description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, default=Path(tempfile.gettempdir()) / "autotune-bench-photos")
     parser.add_argument("--n-files", type=int, default=240)
-    parser.add_argument("--trials", type=int, default=12)
-    parser.add_argument("--models", default="light,resnet50")
+    parser.add_argument("--trials", type=int, help="trials of each search (default: the workload's, 12)")
+    parser.add_argument("--models", help="comma-separated workloads (default: light,resnet50)")
     parser.add_argument("--passes", default="one,repeated", help="one, repeated or both")
     args = parser.parse_args(argv)
-    make_photos(args.out / "photos", args.n_files)
-    folder = PhotoFolder(args.out / "photos")
     isa = ",".join(cpu_info().get("isa", []))
     head = f"{cpu_info().get('model')}, {usable_cpus()} CPUs ({isa}), torch {torch.__version__}, pid {os.getpid()}"
     docs = []
-    for name in args.models.split(","):
+    known = [w.name for w in workloads(benchmark="vision.photos")]
+    names = args.models.split(",") if args.models else known
+    if unknown := [n for n in names if n not in known]:
+        parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(known)}.")
+    for name in names:
+        w = workload(name)
+        cfg = w.build(folder=args.out / "photos", n=args.n_files)  # the photos are written once
         for passes in args.passes.split(","):
-            docs.append(rows(name, folder, args.out, args.trials, passes == "repeated"))
+            docs.append(rows(name, cfg, args.out, args.trials or w.trials(), passes == "repeated"))
             print(text(docs, head), flush=True)
     (args.out / "photos.md").write_text(text(docs, head))
 
