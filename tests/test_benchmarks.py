@@ -3,6 +3,7 @@ GPU suite's models and data sets work at tiny sizes on the CPU."""
 
 import ast
 import dataclasses
+import inspect
 import json
 import pickle
 import subprocess
@@ -15,6 +16,9 @@ import pytest
 import torch
 
 import benchmarks.run
+from benchmarks import core, predict
+from benchmarks.cpu import compression
+from benchmarks.cpu import workloads as cpu_workloads
 from benchmarks.gpu import bench as gpu
 from benchmarks.gpu import check as gpu_check
 from benchmarks.gpu import models
@@ -69,6 +73,116 @@ def test_no_import_circle_in_benchmarks():
     assert "benchmarks.text.workload" in graph["benchmarks.text.recipes"]  # the graph sees imports
     cycle = find_cycle(graph)
     assert cycle is None, " -> ".join(cycle)
+
+
+# The workload contract (benchmarks/core.py): one Workload type and one registry, which each
+# family's __init__.py fills and every benchmark reads.
+
+
+def _runs_as_a_benchmark(name: str) -> bool:
+    """Whether ``name`` (of a workload's ``benchmarks``) is one: ``run.<suite>`` or a module or
+    folder run with ``python -m benchmarks.<name>``."""
+    if name.startswith("run."):
+        return name.removeprefix("run.") in benchmarks.run.SUITES
+    path = ROOT / "benchmarks" / Path(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__main__.py").is_file()
+
+
+def test_every_registered_workload_keeps_the_contract():
+    from autotune.run.options import DEFAULT_MEASURE
+    from autotune.trial.measure import MeasureSettings
+
+    found = core.workloads()
+    families = {init.parent.name for init in (ROOT / "benchmarks").glob("*/__init__.py")}
+    assert {w.family for w in found} == families  # each family's folder registers its own
+    for w in found:
+        assert isinstance(w, core.Workload) and core.WORKLOADS[w.name] is w
+        assert w.name and "," not in w.name and w.description and "\n" not in w.description
+        assert w.modes and set(w.modes) <= set(core.MODES) and w.device in core.DEVICES
+        assert all(isinstance(w.trials(mode), int) and w.trials(mode) >= 1 for mode in w.modes)
+        options = inspect.signature(w.build).parameters.values()
+        assert all(o.default is not o.empty for o in options), f"{w.name}: build() alone must build it"
+        if w.measure is not None:
+            MeasureSettings(**{**DEFAULT_MEASURE, **w.measure})  # the timing's own fields
+        assert all(_runs_as_a_benchmark(b) for b in w.benchmarks), (w.name, w.benchmarks)
+        assert isinstance(w.extras, dict)
+
+
+def test_workload_names_are_unique_across_families():
+    names = [w.name for w in core.workloads()]
+    assert len(names) == len(set(names)) and {"digits", "resnet50-float", "text", "craft"} <= set(names)
+    taken = core.workload("digits")
+    twin = dataclasses.replace(taken, family="gpu", device="cuda", description="another model")
+    with pytest.raises(ValueError, match=r"'digits' \(gpu\) is registered already \(cpu: "):
+        core.register(twin)
+    assert core.workload("digits") is taken
+    with pytest.raises(ValueError, match="needs a trial budget for each of its modes"):
+        dataclasses.replace(taken, name="digits-2", modes=("inference",), n_trials={"train": 2})
+
+
+def test_an_unknown_workload_is_refused_in_one_line_that_names_the_known_ones():
+    with pytest.raises(ValueError) as refused:
+        core.workload("resnet51")
+    message = str(refused.value)
+    assert message.startswith("No workload named 'resnet51'. Known: ") and "\n" not in message
+    assert all(w.name in message for w in core.workloads())
+    with pytest.raises(ValueError, match="'digits-mlp' is tuned for train, not inference"):
+        core.workload("digits-mlp").trials()
+
+
+def test_a_workload_registered_in_a_test_is_found_where_the_benchmarks_look(request):
+    built = {"model": torch.nn.Linear(4, 2), "dataset": [torch.randn(4) for _ in range(8)]}
+    temporary = core.Workload(
+        name="test-linear",
+        family="cpu",
+        description="a linear layer on 8 vectors",
+        build=lambda: built,
+        n_trials={"inference": 3, "train": 2},
+        modes=("inference", "train"),
+        benchmarks=("run.cpu", "claims", "cpu.compression"),
+    )
+    core.register(temporary)
+    request.addfinalizer(lambda: core.WORKLOADS.pop(temporary.name))
+    assert temporary in core.workloads(family="cpu", device="cpu", mode="train", benchmark="claims")
+    assert temporary not in core.workloads(device="cuda") + core.workloads(benchmark="gpu")
+    assert benchmarks.run.suite_workloads("cpu")[-1] == "test-linear"
+    assert benchmarks.run.suite_workloads("cpu", "train")[-1] == "test-linear"
+    assert compression.names()[-1] == "test-linear"
+    assert predict.workload("test-linear", None) is temporary and benchmarks.run.build("test-linear") is built
+    assert benchmarks.run.settings({}, "test-linear", "train") == {"n_trials": 2, "measure": None}
+
+
+@pytest.mark.parametrize(
+    ("benchmark", "names"),
+    [
+        ("claims", ["quickstart", "digits", "transformer"]),
+        ("cpu.openvino", ["digits", "resnet"]),
+        ("ddp", ["digits-mlp", "digits-cnn"]),
+        ("gpu", ["resnet50-float", "resnet50-uint8", "bert-text"]),
+        ("text.budget", ["text-padded", "hf"]),
+        ("vision", ["craft"]),
+        ("vision.photos", ["light", "resnet50"]),
+    ],
+)
+def test_each_benchmark_runs_the_workloads_it_ran_before_the_registry(benchmark, names):
+    assert [w.name for w in core.workloads(benchmark=benchmark)] == names
+
+
+def test_the_suites_take_their_workloads_by_the_names_they_always_had_with_their_settings():
+    assert benchmarks.run.suite_workloads("cpu") == ["digits", "transformer", "lstm"]
+    assert benchmarks.run.suite_workloads("cpu", "train") == ["digits", "lstm"]
+    gpu_compare = ["resnet50-memory", "resnet50-uint8", "vit_b16-memory", "vit_b16-uint8"]
+    assert benchmarks.run.suite_workloads("gpu-compare") == gpu_compare
+    assert benchmarks.run.suite_workloads("gpu-compare", "train") == ["resnet50-memory", "vit_b16-memory"]
+    assert compression.names() == ["digits", "transformer", "lstm"]  # its transformer: the 2-layer one
+    assert core.workload(compression.ALIASES["transformer"]).build is cpu_workloads.transformer
+    settings, suites = benchmarks.run.settings, benchmarks.run.SUITES
+    assert settings(suites["cpu"], "transformer") == {"n_trials": 10, "measure": core.CPU_MEASURE}
+    assert settings(suites["cpu"], "lstm", "train") == {"n_trials": 16, "measure": core.CPU_MEASURE}
+    assert settings({**suites["cpu"], "n_trials": 20}, "digits") == {"n_trials": 20, "measure": core.CPU_MEASURE}
+    assert settings(suites["cpu-smoke"], "digits", "train") == {"n_trials": 2, "measure": benchmarks.run.QUICK_MEASURE}
+    assert settings(suites["gpu-compare"], "resnet50-uint8") == {"n_trials": 8, "measure": None}
+    assert settings(suites["gpu-compare"], "vit_b16-memory", "train") == {"n_trials": 6, "measure": None}
 
 
 @pytest.mark.slow
