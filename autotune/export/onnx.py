@@ -20,6 +20,7 @@ from torch import nn
 from autotune.errors import ConfigError, ExportError, InputError
 from autotune.export.ort import _NP_TYPES, GRAPH_OPTIMIZATIONS, OrtModule  # noqa: F401 (their former home)
 from autotune.export.parity import describe_error, device_of, exportable, flat_inputs, output_leaves, quiet_warnings
+from autotune.export.stored import output_type
 from autotune.samples import batch_size_of, pad_batch
 
 __all__ = ["GRAPH_OPTIMIZATIONS", "QUANT_METHODS", "OrtModule", "export_onnx", "quantize_onnx", "to_fp16"]
@@ -178,7 +179,8 @@ def _export_onnx(model: nn.Module, example: Any, path: Path, opset: int, spatial
     names, inputs, n_args = flat_inputs(example)
     flat = _Flat(model, n_args, names[n_args:])
     with torch.no_grad():
-        output_names = _output_names(model(*inputs[:n_args], **dict(zip(names[n_args:], inputs[n_args:], strict=True))))
+        out = model(*inputs[:n_args], **dict(zip(names[n_args:], inputs[n_args:], strict=True)))
+    output_names = _output_names(out)
     path.parent.mkdir(parents=True, exist_ok=True)
     raw = path.with_name(path.stem + ".raw.onnx")
     exporter, fallback_reason = _export_either(flat, inputs, raw, opset, (names, output_names), spatial)
@@ -194,6 +196,7 @@ def _export_onnx(model: nn.Module, example: Any, path: Path, opset: int, spatial
         "simplified": simplified,
         "input_names": names,
         "output_names": output_names,
+        "output_type": output_type(out),  # a ModelOutput's class, given back by autotune.export.keyed
     }
 
 

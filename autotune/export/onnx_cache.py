@@ -21,7 +21,7 @@ __all__ = ["ONNX_CACHE_ENV", "cached_export"]
 # Where a run's workers keep the ONNX graphs they exported (set in their environment by the run).
 ONNX_CACHE_ENV = "AUTOTUNE_ONNX_CACHE"
 # Bumped when what an entry holds changes: an older run's entries are then not read.
-_FORMAT = 1
+_FORMAT = 2  # 2: the record holds the model output's class (output_type)
 
 
 def _entry(model: nn.Module, example: Any, salt: str) -> CacheEntry | None:

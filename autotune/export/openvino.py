@@ -26,6 +26,7 @@ from autotune.errors import ExportError, InputError
 from autotune.export.ov_cache import CACHE_ENV, IrCache, float_cache, int8_cache, save_openvino  # noqa: F401
 from autotune.export.ov_run import OvRunner
 from autotune.export.parity import describe_error, exportable, flat_inputs, quiet_warnings
+from autotune.export.stored import output_type
 from autotune.samples import batch_size_of, pad_batch
 
 __all__ = [
@@ -134,8 +135,10 @@ def convert_openvino(
         example = pad_batch(example, 2)
     names, inputs, n_args = flat_inputs(example)
     with torch.no_grad():
-        output_names = _output_names(model(*inputs[:n_args], **dict(zip(names[n_args:], inputs[n_args:], strict=True))))
+        out = model(*inputs[:n_args], **dict(zip(names[n_args:], inputs[n_args:], strict=True)))
+    output_names = _output_names(out)
     info: dict[str, Any] = {"input_names": names, "output_names": output_names, "fallback_reason": None}
+    info["output_type"] = output_type(out)  # a ModelOutput's class, given back by autotune.export.keyed
     try:
         converted = _name_ports(
             _trace(_Flat(model, n_args, names[n_args:]), inputs), names, output_names, inputs, spatial

@@ -38,7 +38,7 @@ def save_openvino(model: Any, path: Path) -> dict[str, Any]:
 # their environment by the run).
 CACHE_ENV = "AUTOTUNE_OPENVINO_CACHE"
 # Bumped when what a converted entry holds changes: an older run's entries are then not read.
-_FLOAT_FORMAT = 1
+_FLOAT_FORMAT = 2  # 2: the record holds the model output's class (output_type)
 
 
 class IrCache(CacheEntry):

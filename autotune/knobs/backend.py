@@ -151,7 +151,10 @@ def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, A
     }
     if "int8_kept" in state.info:  # the mixed graph: these layers stay float in the shipped file
         state.artifact["int8_kept"] = list(state.info["int8_kept"])
-    return module, {**info, "precision": precision}
+    from autotune.export.keyed import keyed
+
+    # The model's dict (or ModelOutput) back from the flat outputs, as the user's code reads it.
+    return keyed(module, info["output_names"], info.get("output_type")), {**info, "precision": precision}
 
 
 class _OrtKnob(Knob):

@@ -131,7 +131,10 @@ def build_openvino(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str
         state.artifact["int8_kept"] = list(state.info["int8_kept"])
     record = {**info, "precision": precision, "bytes": saved["bytes"]}
     record.update({f"plugin_{k}": v for k, v in measured.items()})
-    return module, record
+    from autotune.export.keyed import keyed
+
+    # The model's dict (or ModelOutput) back from the flat outputs, as the user's code reads it.
+    return keyed(module, info["output_names"], info.get("output_type")), record
 
 
 def _converted(state: Any, example: Any, spatial: bool, folder: Path) -> tuple[Any, dict[str, Any]]:
