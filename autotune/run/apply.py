@@ -83,6 +83,9 @@ def apply(
         )
     if not isinstance(model, torch.nn.Module):
         model = model()
+    from autotune.export.hf import as_module
+
+    model = as_module(model)  # a SentenceTransformer, called as every phase calls a model
     cfg = _read_config(config)
     dataset, collate_fn = _unloaded(dataset, collate_fn)
     extras, rebuild = None, _rebuild_of(config)

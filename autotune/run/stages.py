@@ -264,7 +264,10 @@ def execute(model: Any, dataset: Any, opts: Options, started: float | None = Non
 
     from autotune.search.parallel import close_runners
 
+    from autotune.export.hf import as_module
+
     started = time.monotonic() if started is None else started
+    model = as_module(model)  # a SentenceTransformer goes in as it is: called as every phase calls a model
     deadline = None if opts.limit_s is None else started + opts.limit_s
     run = prepare(model, dataset, opts, deadline)
     if hasattr(opts.progress, "header"):

@@ -43,7 +43,9 @@ def instantiate_model(spec: WorkerSpec) -> torch.nn.Module:
             raise InputError(f"The model factory raised {one_line(exc)}") from exc
         if not isinstance(model, torch.nn.Module):
             raise InputError(f"The model factory must return a torch.nn.Module, but returned {type(model).__name__}.")
-    return model
+    from autotune.export.hf import as_module
+
+    return as_module(model)  # a SentenceTransformer, called as every phase calls a model
 
 
 class Context:

@@ -100,7 +100,7 @@ def sentence_run(tmp_path_factory):
     pooling = modules.Pooling(32, "mean")  # the BERT's hidden size
     model = st.SentenceTransformer(modules=[encoder, pooling, modules.Normalize()], device="cpu").eval()
     out = tmp_path_factory.mktemp("sentence-hf")
-    result = _optimize(as_module(model), tok, out)
+    result = _optimize(model, tok, out)  # a SentenceTransformer goes in as it is
     assert result.best_config["runtime"] == "openvino"
     return out, model
 
@@ -194,6 +194,12 @@ def test_a_sentence_transformer_goes_in_as_every_phase_calls_it(sentence_run):
     assert torch.nn.functional.cosine_similarity(served, own).min() > 0.99
     # The artifacts under their own names still serve, as load() reads them.
     assert autotune.load(out, format="openvino").path.name == "model.xml"
+    # The user's own process: the SentenceTransformer as it is, tuned as the run found.
+    encoded = model.tokenizer(TEXTS[:5], truncation=True)
+    samples = [{key: encoded[key][i] for key in encoded} for i in range(5)]
+    outputs = autotune.predict(model, samples, out, collate_fn=transformers.DataCollatorWithPadding(model.tokenizer))
+    tuned = torch.stack([o["sentence_embedding"] for o in outputs])
+    assert torch.nn.functional.cosine_similarity(tuned, own).min() > 0.99
 
 
 def test_the_sentence_graphs_name_their_token_embeddings_as_optimum_reads_them(sentence_run):
