@@ -1,7 +1,8 @@
-"""Time to result: a 16-trial run and a ``budget="3m"`` run of the real-text workloads, their
-phases' seconds, and their winners re-timed beside the best hand recipe.
+"""Time to result: a 16-trial run cold (empty compile caches) and warm, ``budget`` runs with a
+small and a large ``n_trials`` and of 90 s, their phases' seconds, and every winner re-timed
+beside the best hand recipe.
 
-    python -m benchmarks.text.budget                          # text-padded and hf; about 20 minutes
+    python -m benchmarks.text.budget                          # text-padded and hf; about 40 minutes
     python -m benchmarks.text.budget --workloads hf           # one workload
     python -m benchmarks.text.budget --load OUT               # re-time the finished runs in OUT
     python -m benchmarks.text.budget --smoke                  # tiny budgets: checks that it runs
@@ -10,10 +11,12 @@ For each workload (``text-padded``: real all-MiniLM-L6-v2 over 384 real sentence
 64 tokens; ``hf``: the transformers pipeline of benchmarks/text/hf.py, 300 sentences through
 ``DataCollatorWithPadding``):
 
-1. ``autotune.optimize(model, dataset, n_trials=16)`` with the default space, then
-   ``autotune.optimize(model, dataset, budget="3m")``, each in a fresh process. The table gives
-   each run's wall time as the process saw it, the run's own phases (prepare, search, finish)
-   and the finish's share, from ``best_config.json``.
+1. Each run of :data:`RUNS` in a fresh process, in order, as a user calls ``autotune.optimize``
+   (the default space, on the CPU), with the machine's compile cache in a folder of the
+   workload's own (``AUTOTUNE_CACHE_DIR``): emptied before the cold 16-trial run, which fills
+   it; every later run reads it, as a user's second run does. The table gives each run's wall
+   time as the process saw it, the run's own phases (prepare, search, finish) and the finish's
+   share, from ``best_config.json``.
 2. A fresh process times, in rounds of rotating order over the whole dataset: the plain fp32
    loop (the model as given, batches of 32 in dataset order), the hand recipe (fp32 eager,
    batches of 32 sorted by length and trimmed to their longest sentence: what an engineer writes
@@ -22,9 +25,11 @@ For each workload (``text-padded``: real all-MiniLM-L6-v2 over 384 real sentence
    ``autotune.dataloader``.
    Each ratio is the geometric mean over rounds of that round's rate over the plain loop's.
 
-The issue's targets, printed as met or not: a 16-trial run in at most 4 minutes with its finish
-at most 25% of it, its winner at least 0.97 of the hand recipe, and the 3-minute budget's winner
-at least 0.95 of the 16-trial winner. Nothing here asserts a speed; time it on a quiet machine.
+The targets, printed as met or not: the cold 16-trial run in at most 180 s and the warm one in
+at most 150 s, each finish at most 25% of its run; the warm 16-trial winner at least 1.1 of the
+best hand recipe; ``budget=180`` (with 16 or 200 trials) at least 0.95 of the warm 16-trial
+winner and ``budget=90`` at least 0.9, each budget run ending within 10% of its budget and
+using at least 80% of it. Nothing here asserts a speed; time it on a quiet machine.
 """
 
 from __future__ import annotations
@@ -43,11 +48,32 @@ from benchmarks.core import machine, ratios_to, rotating_rounds, table, workload
 
 ROOT = Path(__file__).resolve().parents[2]
 BATCH_SIZE = 32
+# The runs, in order: (label, optimize's options). The first is cold (an empty compile cache),
+# the rest warm; "warm" is the 16-trial winner the budget runs are compared with.
 RUNS = {
-    "full": {"trials": {"n_trials": 16}, "budget": {"budget": "3m"}, "rounds": 7, "seconds": 2.0},
-    "smoke": {"trials": {"n_trials": 2}, "budget": {"budget": "40s"}, "rounds": 1, "seconds": 0.2},
+    "full": {
+        "runs": [
+            ("cold", {"n_trials": 16}),
+            ("warm", {"n_trials": 16}),
+            ("budget 180 s, 16 trials", {"budget": "180s", "n_trials": 16}),
+            ("budget 180 s, 200 trials", {"budget": "180s", "n_trials": 200}),
+            ("budget 90 s, 200 trials", {"budget": "90s", "n_trials": 200}),
+        ],
+        "rounds": 7,
+        "seconds": 2.0,
+    },
+    "smoke": {
+        "runs": [
+            ("cold", {"n_trials": 2}),
+            ("warm", {"n_trials": 2}),
+            ("budget 40 s", {"budget": "40s", "n_trials": 200}),
+        ],
+        "rounds": 1,
+        "seconds": 0.2,
+    },
 }
-TARGETS = {"whole_s": 240.0, "finish_share": 0.25, "of_hand": 0.97, "budget_of_trials": 0.95}
+TARGETS = {"cold_s": 180.0, "warm_s": 150.0, "finish_share": 0.25, "of_hand": 1.1, "budget_180": 0.95,
+           "budget_90": 0.9, "budget_end": 1.1, "budget_use": 0.8}  # fmt: skip
 
 
 def tune(name: str, out: str, options: dict[str, Any]) -> None:
@@ -58,8 +84,8 @@ def tune(name: str, out: str, options: dict[str, Any]) -> None:
     autotune.optimize(cfg["model"], cfg["dataset"], out_dir=out, device="cpu", **options)
 
 
-def _run(name: str, out: Path, options: dict[str, Any]) -> dict[str, Any]:
-    """``tune`` in a fresh process; its wall time and the run's own phases."""
+def _run(name: str, out: Path, options: dict[str, Any], cache: Path) -> dict[str, Any]:
+    """``tune`` in a fresh process, its compile cache in ``cache``; its wall time and the run's own phases."""
     code = "import json, sys; from benchmarks.text.budget import tune; tune(*json.loads(sys.argv[1]))"
     started = time.perf_counter()
     done = subprocess.run(
@@ -67,7 +93,7 @@ def _run(name: str, out: Path, options: dict[str, Any]) -> dict[str, Any]:
         capture_output=True,
         text=True,
         cwd=ROOT,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "AUTOTUNE_CACHE_DIR": str(cache)},
     )
     wall = time.perf_counter() - started
     if done.returncode != 0:
@@ -147,35 +173,75 @@ def _met(ok: bool) -> str:
     return "met" if ok else "not met"
 
 
+def _budget_s(options: dict[str, Any]) -> float | None:
+    from autotune.run.options import parse_duration
+
+    return parse_duration(options["budget"]) if "budget" in options else None
+
+
+def _against(label: str, options: dict[str, Any], mine: float, hand: float, warm: float) -> str:
+    """The run's winner against the best hand recipe (the 16-trial runs) or the warm 16-trial winner."""
+    budget = _budget_s(options)
+    if budget is None:
+        return f"{mine / hand:.2f} of hand" + (
+            f" ({_met(mine / hand >= TARGETS['of_hand'])})" if label == "warm" else ""
+        )
+    target = TARGETS["budget_180"] if budget >= 180 else TARGETS["budget_90"]
+    return f"{mine / warm:.2f} of 16 trials ({_met(mine / warm >= target)})"
+
+
+def _whole(label: str, options: dict[str, Any], wall: float) -> str:
+    """The run's wall time, against its target: the 16-trial runs' seconds, a budget's end and use."""
+    budget = _budget_s(options)
+    if budget is not None:
+        ends = wall <= TARGETS["budget_end"] * budget and wall >= TARGETS["budget_use"] * budget
+        return f"{wall:.0f} s = {wall / budget:.2f} of its budget ({_met(ends)})"
+    limit = TARGETS.get(f"{label}_s")
+    return f"{wall:.0f} s" + (f" ({_met(wall <= limit)})" if limit else "")
+
+
 def report(name: str, runs: dict[str, dict[str, Any]], timed: dict[str, Any]) -> list[list[Any]]:
     ratios = timed["ratios"]
     hand = max(ratios["hand"], ratios.get("hand bf16", 0.0))  # the best hand recipe
-    trials = ratios[runs["trials"]["out"]]
+    warm = ratios[runs["warm"]["out"]] if "warm" in runs else ratios[next(iter(runs.values()))["out"]]
     rows = []
     for label, run in runs.items():
         t = run["time"]
         share = (t.get("finish_s") or 0.0) / (t.get("total_s") or 1.0)
         mine = ratios[run["out"]]
-        against = (
-            f"{mine / hand:.2f} of hand ({_met(mine / hand >= TARGETS['of_hand'])})"
-            if label == "trials"
-            else f"{mine / trials:.2f} of 16 trials ({_met(mine / trials >= TARGETS['budget_of_trials'])})"
-        )
-        whole = f"{run['wall_s']:.0f} s" + (
-            f" ({_met(run['wall_s'] <= TARGETS['whole_s'])})" if label == "trials" else ""
-        )
         rows.append([
             name,
-            "16 trials" if label == "trials" else "budget 3m",
-            whole,
+            label,
+            _whole(label, run["options"], run["wall_s"]),
             f"{t.get('prepare_s', 0):.0f} / {t.get('search_s', 0):.0f} / {t.get('finish_s', 0):.0f} s",
             f"{share:.0%} ({_met(share <= TARGETS['finish_share'])})",
             f"{run['n_measured']}, {run['stop_reason']}",
             f"{run['claim']:.2f}x" if run.get("claim") else "-",
             f"{mine:.2f}x (hand {hand:.2f}x)",
-            against,
+            _against(label, run["options"], mine, hand, warm),
         ])  # fmt: skip
     return rows
+
+
+def _tuned(name: str, root: Path, plan: dict[str, Any], load: bool, winners: list[str]) -> dict[str, dict[str, Any]]:
+    """Each run of ``plan`` for workload ``name`` in ``root``: run now, or read back with ``load``."""
+    import shutil
+
+    cache = root / name / "compile-cache"
+    if not load:
+        shutil.rmtree(cache, ignore_errors=True)  # the first run is a first run on this machine
+    runs = {}
+    for label, options in plan["runs"]:
+        out = root / name / label.replace(" ", "-").replace(",", "")
+        if load:
+            run = _phases(out) | {"wall_s": json.loads((out / "wall.json").read_text())["wall_s"]}
+        else:
+            shutil.rmtree(out, ignore_errors=True)
+            run = _run(name, out, options, cache)
+            (out / "wall.json").write_text(json.dumps({"wall_s": run["wall_s"]}))
+        runs[label] = run | {"out": str(out), "options": options}
+        winners.append(f"{name}, {label}: {run['winner']}; finish {run['finish']}; compiling {run['compile_s']} s")
+    return runs
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -194,19 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"time to result, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     rows, winners = [], []
     for name in args.workloads.split(","):
-        runs = {}
-        for label in ("trials", "budget"):
-            out = root / name / label
-            run = (
-                _phases(out) | {"wall_s": json.loads((out / "wall.json").read_text())["wall_s"]} if args.load else None
-            )
-            if run is None:
-                run = _run(name, out, plan[label])
-                (out / "wall.json").write_text(json.dumps({"wall_s": run["wall_s"]}))
-            runs[label] = run | {"out": str(out)}
-            winners.append(f"{name}, {label}: {run['winner']}; finish {run['finish']}; compiling {run['compile_s']} s")
+        runs = _tuned(name, root, plan, args.load is not None, winners)
         code = "import json, sys; from benchmarks.text.budget import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
-        call = [name, [runs["trials"]["out"], runs["budget"]["out"]], plan["rounds"], plan["seconds"]]
+        call = [name, [run["out"] for run in runs.values()], plan["rounds"], plan["seconds"]]
         done = subprocess.run([sys.executable, "-c", code, json.dumps(call)], capture_output=True, text=True, cwd=ROOT,
                               env={**os.environ, "HF_HUB_OFFLINE": "1"})  # fmt: skip
         if done.returncode != 0:
