@@ -2,7 +2,7 @@
 
 import pytest
 
-from autotune.search.cost import FIRST_BUILD_S, finish_s, trial_cost_s
+from autotune.search.cost import EXPORT_TRIALS, FIRST_BUILD_S, finish_s, trial_cost_s
 
 COMPILE_S = FIRST_BUILD_S["compile"][0]  # a first compile's prior for a model of no parameters
 
@@ -85,9 +85,9 @@ def test_the_finish_prices_an_int8_picks_rebuilds_without_the_model_the_runs_cac
     made = {"config": {**BASE["config"], "runtime": "openvino"}, "ran": True, "wall_s": 18.4, "timed_s": 2.2,
             "build_s": 12.1, "compile_s": 0.1, "guard_s": 0.3, "int8_made_s": 10.0}  # fmt: skip
     assert rebuild_s(made) == pytest.approx(2.2)
-    assert export_s(made) == pytest.approx(2.2 + 2 * 8.4)  # was 12.2 + 2 * 18.4
+    assert export_s(made) == pytest.approx(2.2 + EXPORT_TRIALS * 8.4)  # was 12.2 + EXPORT_TRIALS * 18.4
     read = {**made, "int8_cached": True}  # a trial that read it: its build is what a rebuild costs
-    assert rebuild_s(read) == pytest.approx(12.2) and export_s(read) == pytest.approx(12.2 + 2 * 18.4)
+    assert rebuild_s(read) == pytest.approx(12.2) and export_s(read) == pytest.approx(12.2 + EXPORT_TRIALS * 18.4)
     # The least confirmation (a worker's builds and two rounds) less the making, once per process.
     assert finish_s(base, read, 0.0, diagnose=False, exports=False) - finish_s(
         base, made, 0.0, diagnose=False, exports=False
@@ -123,17 +123,17 @@ def test_the_finish_pays_two_fresh_workers_the_builds_the_rounds_and_the_export(
     assert finish_s(None, pick, 8.0) == 0.0
 
 
-def test_an_export_is_priced_at_two_of_the_picks_trials_and_a_compiled_pick_is_exported_uncompiled():
+def test_an_export_is_priced_at_its_share_of_the_picks_trials_and_a_compiled_pick_is_exported_uncompiled():
     """A real MiniLM pick's export (ONNX and TorchScript, each with its parity check) took
     20-26 s against 10-13 s for its trial: priced at one trial, a 3-minute budget ended 10%
     past its time."""
     from autotune.search.cost import export_s
 
     eager = {"config": BASE["config"], "wall_s": 12.0, "build_s": 0.2, "compile_s": 0.3}
-    assert export_s(eager) == pytest.approx(0.5 + 2 * 12.0)
+    assert export_s(eager) == pytest.approx(0.5 + EXPORT_TRIALS * 12.0)
     assert finish_s(BASE, eager, 8.0) - finish_s(BASE, eager, 8.0, exports=False) == pytest.approx(export_s(eager))
     compiled = {"config": {**BASE["config"], "compile_mode": "default"}, "wall_s": 30.0, "compile_s": 18.0}
-    assert export_s(compiled) == pytest.approx(2 * (30.0 - 18.0))  # its trials without their compile
+    assert export_s(compiled) == pytest.approx(EXPORT_TRIALS * (30.0 - 18.0))  # its trials without their compile
 
 
 def test_a_compile_killed_at_its_limit_raises_the_price_of_the_next():
