@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.knobs import declared
+from autotune.trial.inference import ROUND_WINDOWS
 
 __all__ = [
     "HEAVY_KNOBS",
@@ -291,6 +292,23 @@ def measure_s(record: Mapping[str, Any]) -> float:
     return max(timed, min(around, timed + float(record.get("compile_s") or 0.0) + 1.0))
 
 
+def round_s(record: Mapping[str, Any]) -> float:
+    """Seconds one confirmation round of ``record``'s configuration takes: its measurement's
+    overhead (warm-up batches, the loader's start) and :data:`ROUND_WINDOWS` of its trial's timed
+    windows (a trial times five).
+
+    Example:
+        >>> round_s({"wall_s": 12.0, "timed_s": 2.0, "n_windows": 5, "build_s": 1.0, "compile_s": 3.0, "guard_s": 2.0})
+        4.8
+        >>> round_s({"timed_s": 2.0})  # windows unknown: the trial's
+        2.0
+    """
+    timed = float(record.get("timed_s") or 0.0)
+    windows = int(record.get("n_windows") or 0)
+    share = min(1.0, ROUND_WINDOWS / windows) if windows else 1.0
+    return round(max(0.0, measure_s(record) - timed) + share * timed, 6)
+
+
 def finish_s(
     baseline: Mapping[str, Any] | None,
     best: Mapping[str, Any] | None,
@@ -306,10 +324,10 @@ def finish_s(
     each, ``n_rounds`` rounds of both (with the diagnosis, which times the loader and the model
     apart in the first process's first round, half a round more), then the export of the pick
     (:func:`export_s`). 0 before the baseline was
-    measured. A round is priced as one trial measurement (:func:`measure_s`), though rounds time
-    :data:`autotune.trial.inference.ROUND_WINDOWS` windows of a trial's five: the price is
-    high, which keeps a budget's reserve on the safe side (pre-padded budgets ended 6-29 s
-    early).
+    measured. A round is priced by :func:`round_s`: its measurement's overhead and
+    :data:`~autotune.trial.inference.ROUND_WINDOWS` of a trial's five windows. Priced as a whole
+    trial measurement, pre-padded budgets ended 6-29 s early, and a 90-s budget of the Hugging
+    Face pipeline kept 45 s for a finish that took 10.
 
     Example:
         >>> base = {"wall_s": 4.0, "timed_s": 2.0, "compile_s": 0.5, "guard_s": 1.5}
@@ -326,10 +344,10 @@ def finish_s(
     # The second process starts beside the first (a spare), at about a third of a start more.
     starts = start * (1.0 + SPARE_START * max(0, n_processes - 1))
     builds = rebuild_s(baseline) + rebuild_s(best)
-    round_s = measure_s(baseline) + measure_s(best)
+    both = round_s(baseline) + round_s(best)
     # The diagnosis times the loader and the model apart in the first process's first round:
     # their windows are shorter, about half a round.
-    rounds = n_rounds * round_s + (0.5 * round_s if diagnose else 0.0)
+    rounds = n_rounds * both + (0.5 * both if diagnose else 0.0)
     return starts + n_processes * builds + rounds + (export_s(best) if exports else 0.0)
 
 
