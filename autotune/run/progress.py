@@ -52,6 +52,7 @@ class PlainProgress:
         self.n_done, self.n_total = 0, n_trials
         self.last = "measuring the baseline"
         self.running: tuple[str, str, float] | None = None  # (what runs, its phase, since when)
+        self._said: set[tuple[int, str]] = set()  # (trial, phase) given a line already
         self.finishing: str | None = None  # why the search stopped, once it has
 
     def __enter__(self) -> PlainProgress:
@@ -176,8 +177,11 @@ class PlainProgress:
             return
         what = self.changes(trial[1]) or "(baseline)"
         if self.running is not None and self.running[:2] == (what, phase):
-            return  # the same phase again (a measurement repeated): said once
+            return  # the same phase again: said once
         self.running = (what, phase, time.monotonic())
+        if (trial[0], phase) in self._said:
+            return  # a measurement repeated within the trial: its warm-up compiles nothing new
+        self._said.add((trial[0], phase))
         if any(phase.startswith(p) for p in self.SLOW):
             self.console.print(
                 f"[{self.n_done + 1:>2}/{self.n_total}] {self.clock()}  {phase:<10} {' ' * 20}  {self.best_text}  {what}",

@@ -89,7 +89,9 @@ def test_a_slow_phase_gets_a_line_naming_the_running_trial_and_the_finish_its_ph
         progress(*_records()[0][:1], 1, 4)
         progress.phase("building", (1, {**BASE, "compile_mode": "default"}))  # quick: no line
         progress.phase("compiling", (1, {**BASE, "compile_mode": "default"}))
-        progress.phase("compiling", (1, {**BASE, "compile_mode": "default"}))  # measured again: one line
+        progress.phase("compiling", (1, {**BASE, "compile_mode": "default"}))  # said again: one line
+        progress.phase("timing", (1, {**BASE, "compile_mode": "default"}))
+        progress.phase("compiling", (1, {**BASE, "compile_mode": "default"}))  # measured again: still one line
         progress.phase("timing", (1, {**BASE, "compile_mode": "default"}))
         progress.phase("timing", None)  # a call's phase (the confirmation rounds): not a trial's
         progress.search_done("n_trials")
