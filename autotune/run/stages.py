@@ -262,9 +262,8 @@ def execute(model: Any, dataset: Any, opts: Options, started: float | None = Non
     call's), or from now."""
     import time
 
-    from autotune.search.parallel import close_runners
-
     from autotune.export.hf import as_module
+    from autotune.search.parallel import close_runners
 
     started = time.monotonic() if started is None else started
     model = as_module(model)  # a SentenceTransformer goes in as it is: called as every phase calls a model
