@@ -42,6 +42,8 @@ class PlainProgress:
 
     # Phases worth a line of their own off a terminal: those that run for seconds with nothing else to show.
     SLOW = ("compiling", "converting", "calibrating", "pruning")
+    # Whether a slow phase prints its line (the live display shows every phase in its footer instead).
+    phase_lines = True
 
     def __init__(self, console: Any, timeout: float | None = None, n_trials: int = 0) -> None:
         self.console, self.timeout = console, timeout
@@ -182,7 +184,7 @@ class PlainProgress:
         if (trial[0], phase) in self._said:
             return  # a measurement repeated within the trial: its warm-up compiles nothing new
         self._said.add((trial[0], phase))
-        if any(phase.startswith(p) for p in self.SLOW):
+        if self.phase_lines and any(phase.startswith(p) for p in self.SLOW):
             self.console.print(
                 f"[{self.n_done + 1:>2}/{self.n_total}] {self.clock()}  {phase:<10} {' ' * 20}  {self.best_text}  {what}",
                 highlight=False,
@@ -211,6 +213,7 @@ class LiveProgress(PlainProgress):
     def __init__(self, console: Any, timeout: float | None = None, n_trials: int = 0) -> None:
         super().__init__(console, timeout, n_trials)
         self._live: Any = None
+        self.phase_lines = False
 
     def __rich__(self) -> Any:
         from rich.console import Group
@@ -252,11 +255,6 @@ class LiveProgress(PlainProgress):
         status = "screened" if rec.get("kind") == "screened" else rec.get("status")
         self.last = f"{status}: {detail}"
         self.console.print(self.line(rec, detail), highlight=False, soft_wrap=True)
-
-    def phase(self, phase: str, trial: tuple[int, dict[str, Any]] | None = None) -> None:
-        if trial is None or self.finishing is not None:
-            return
-        self.running = (self.changes(trial[1]) or "(baseline)", phase, time.monotonic())  # the footer shows it
 
 
 def make_progress(

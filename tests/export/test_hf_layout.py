@@ -20,26 +20,13 @@ from torch.utils.data import DataLoader
 import autotune
 from autotune.export.hf import SentenceEmbedding, as_module, find_hf
 from autotune.export.hf_layout import write_hf_layout
-from tests.run.test_huggingface import sentences, tokenizer
+from tests.run.test_huggingface import sentences, tiny_encoder, tokenizer
 
 transformers = pytest.importorskip("transformers", reason="the Hugging Face tests need the dev extra")
 pytest.importorskip("openvino", reason="runtime=openvino needs the openvino extra")
 
 FAST = {"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0, "max_others_cpu": 1.0, "max_cov": 1.0}
 TEXTS = sentences(24, seed=3)
-
-
-def _bert(vocab_size: int) -> torch.nn.Module:
-    torch.manual_seed(0)
-    config = transformers.BertConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-    )
-    return transformers.BertModel(config).eval()
 
 
 def _optimize(model, tok, out):
@@ -73,7 +60,7 @@ def bert_run(tmp_path_factory):
     from autotune.export import export_artifacts
 
     tok, out = tokenizer(), tmp_path_factory.mktemp("bert-hf")
-    model = _bert(tok.vocab_size)
+    model = tiny_encoder(tok.vocab_size)
     collator = transformers.DataCollatorWithPadding(tok)
     encoded = tok(TEXTS, truncation=True)
     samples = [{key: encoded[key][i] for key in encoded} for i in range(len(TEXTS))]
@@ -90,7 +77,7 @@ def sentence_run(tmp_path_factory):
     its ONNX export beside it."""
     st = pytest.importorskip("sentence_transformers", reason="needs sentence-transformers (the dev extra)")
     tok, folder = tokenizer(), tmp_path_factory.mktemp("tiny-bert")
-    _bert(tok.vocab_size).save_pretrained(folder)
+    tiny_encoder(tok.vocab_size).save_pretrained(folder)
     tok.save_pretrained(folder)
     try:  # where sentence-transformers 6 keeps its modules; 5 had them in `models`
         from sentence_transformers.sentence_transformer import modules
@@ -250,7 +237,7 @@ class _Pooled(torch.nn.Module):
 
 
 def test_a_wrappers_graph_is_left_out_with_the_reason(tmp_path):
-    model = _Pooled(_bert(30))
+    model = _Pooled(tiny_encoder(30))
     assert find_hf(model).pretrained is model.encoder and not find_hf(model).own_outputs
     artifacts = {"onnx": {"status": "ok", "path": "model.onnx", "output_names": ["output"]}}
     write_hf_layout(model, None, tmp_path, artifacts)

@@ -56,7 +56,8 @@ class MeanPooled(torch.nn.Module):
         return (hidden * keep).sum(1) / keep.sum(1).clamp(min=1)
 
 
-def tiny_bert(vocab_size: int) -> MeanPooled:
+def tiny_encoder(vocab_size: int) -> BertModel:
+    """A 2-layer BERT of random weights (seeded) over ``vocab_size`` tokens."""
     torch.manual_seed(0)
     config = BertConfig(
         vocab_size=vocab_size,
@@ -66,7 +67,11 @@ def tiny_bert(vocab_size: int) -> MeanPooled:
         intermediate_size=64,
         max_position_embeddings=64,
     )
-    return MeanPooled(BertModel(config)).eval()
+    return BertModel(config).eval()
+
+
+def tiny_bert(vocab_size: int) -> MeanPooled:
+    return MeanPooled(tiny_encoder(vocab_size)).eval()
 
 
 def sentences(n: int, seed: int = 0) -> list[str]:
