@@ -186,6 +186,27 @@ def test_predict_builds_a_costly_config_once_per_process_and_reuses_it():
     assert len(built) == 2
 
 
+def test_predict_called_again_on_the_same_samples_reuses_the_builds_loader_and_warm_up():
+    """Each predict call makes a predictor: the build's last loader and warm-up are reused, not
+    made again (they were a tenth of a pass of real MiniLM text); the same list grown gets its own."""
+    collated = []
+
+    def collate(batch):
+        collated.append(len(batch))
+        return torch.utils.data.default_collate(batch)
+
+    config = {"batch_size": 8, "runtime": "torchscript"}  # traced: warmed per batch shape
+    model, data = MLP(), classification_data(20)
+    first = autotune.predict(model, data, config, collate_fn=collate, device="cpu")
+    assert collated[-5:] == [8, 4, 8, 8, 4]  # the build's, a batch of each shape to warm up, the pass
+    done = len(collated)
+    second = autotune.predict(model, data, config, collate_fn=collate, device="cpu")
+    assert collated[done:] == [8, 8, 4] and torch.equal(first.tensor, second.tensor)
+    data.append(data[0])
+    grown = autotune.predict(model, data, config, collate_fn=collate, device="cpu")
+    assert len(grown) == 21 and torch.equal(grown.tensor[20], first.tensor[0])
+
+
 def test_a_model_changed_since_it_was_tuned_is_tuned_again_and_predict_says_so():
     import warnings
 
