@@ -132,6 +132,15 @@ class _Limits:
         kept = self.reserve(records) if self.reserve is not None and self.baseline is not None else 0.0
         return self.deadline - kept - time.monotonic()
 
+    def afford(self, records: list[dict[str, Any]]) -> Callable[[Sequence[Mapping[str, Any]]], bool] | None:
+        """Whether trials of some configurations, one after another, fit in what the search has
+        left (their predicted costs, :func:`trial_cost_s`); ``None`` without a deadline."""
+        left = self._left(records)
+        if left is None or self.baseline is None:
+            return None
+        baseline = self.baseline
+        return lambda configs: sum(trial_cost_s(c, records, baseline) for c in configs) <= left
+
     def out_of_time(self, study: optuna.Study) -> bool:
         """Whether the search must stop: its deadline passed, or not even a trial as cheap as
         the baseline would finish before it."""

@@ -328,6 +328,19 @@ class Screening:
         lever = next((lever for lever in self.levers if changes in lever.variants), None)
         return [dict(v) for v in lever.variants[lever.variants.index(changes) :]] if lever else [dict(changes)]
 
+    def _builds(
+        self, steps: Sequence[Sequence[Mapping[str, Any]]], current: dict[str, Any], held: list[Mapping[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """The first variant of each costly lever in ``steps`` on ``current``: what the builds
+        to come would measure (their prices are what matters)."""
+        found = []
+        for variants in steps:
+            changes = self._symbols(variants[0], current)
+            candidate = self._add(current, held, changes) or self._replace(current, held, changes)[0]
+            if candidate is not None:
+                found.append(candidate)
+        return found
+
     def _replace(
         self, config: Mapping[str, Any], held: list[Mapping[str, Any]], changes: Mapping[str, Any]
     ) -> tuple[dict[str, Any] | None, list[Mapping[str, Any]]]:

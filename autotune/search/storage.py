@@ -376,3 +376,25 @@ def open_group(
             continue
         _stamp(storage, study_id, name, hardware, attrs)
         return target, True
+
+
+def withdraw_twins(study: Any) -> None:
+    """Of queued trials with the same configuration (two workers queued it at the same moment),
+    keep the oldest: the others are failed while still waiting, marked ``withdrawn``."""
+    import contextlib
+
+    from optuna.trial import TrialState
+
+    storage, seen = study._storage, set()
+    for t in study.get_trials(deepcopy=False):
+        key = t.user_attrs.get("queued_key")
+        if key is None:
+            continue
+        if key in seen and t.state == TrialState.WAITING:
+            # Taken as a worker's ask takes a queued trial: atomically, and only if still waiting
+            # (another worker may have asked for it, or withdrawn it, first).
+            with contextlib.suppress(Exception):
+                if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
+                    storage.set_trial_user_attr(t._trial_id, "withdrawn", True)
+                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
+        seen.add(key)

@@ -51,6 +51,7 @@ from autotune.record import trial_record
 from autotune.search.cost import HEAVY_KNOBS, build_s, is_costly
 from autotune.search.levers import Lever, fed, levers, size_levers  # re-exported: their former home
 from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
+from autotune.search.storage import withdraw_twins
 
 __all__ = ["STRATEGIES", "Lever", "Staged", "check_strategy", "levers", "queue_next", "size_levers"]
 
@@ -137,7 +138,7 @@ class Staged(Screening):
     # ---- what to measure next -------------------------------------------------------------
 
     def composition(
-        self, records: Sequence[Mapping[str, Any]], first_tier_only: bool = False
+        self, records: Sequence[Mapping[str, Any]], first_tier_only: bool = False, afford: Any = None
     ) -> tuple[dict[str, Any] | None, list[Any]]:
         """The next configuration to compose, or ``None`` when composing is done, and the
         changes measured clearly harmful on top of the composed configuration.
@@ -151,6 +152,9 @@ class Staged(Screening):
         page scans, one thread measured 1.7% faster while decoding bound the pipeline; kept, it
         halved the model once the decoded-sample cache removed the decoding. The costly builds
         (compile, int8, another runtime) come last, once each, on the best cheap composition.
+        ``afford`` (under a deadline, see :meth:`~autotune.search.limits._Limits.afford`): where
+        the batch's next step and those builds do not all fit in the time left, the builds go
+        first and the batch is climbed after them.
         """
         scores = self._scores(records)
         paid = sorted(
@@ -192,7 +196,9 @@ class Staged(Screening):
             if tier == 2 and steps and recipe_ratio is not None and first_tier_only:
                 # The batch around the cheap composition is climbed before a costly build.
                 climb = self._interactions(records, scores, self._alone_harmful(records) + harmful, batch_only=True)
-                if climb is not None:
+                # Under a deadline, the step waits where it and the builds do not all fit (a 3-minute
+                # budget of real MiniLM climbed to 256 for +10% and never built OpenVINO bf16: 1.5x).
+                if climb is not None and (afford is None or afford([climb, *self._builds(steps, current, held)])):
                     return climb, harmful
             if tier and recipe_ratio is not None:
                 # The batch around a recipe was climbed before screening: the costly builds and
@@ -335,9 +341,12 @@ class Staged(Screening):
                     return candidate
         return None
 
-    def next_configs(self, records: Sequence[Mapping[str, Any]], n_trials: int) -> tuple[str, list[dict[str, Any]]]:
+    def next_configs(
+        self, records: Sequence[Mapping[str, Any]], n_trials: int, afford: Any = None
+    ) -> tuple[str, list[dict[str, Any]]]:
         """The phase the study is in and what to queue for it: the screening configurations
-        left, else the next composition, else nothing (``"refine"``: TPE proposes)."""
+        left, else the next composition, else nothing (``"refine"``: TPE proposes). ``afford``:
+        see :meth:`composition`."""
         scores = self._scores(records)
         if self.baseline_key not in scores:
             return "baseline", []  # queued by the study loop itself
@@ -352,7 +361,7 @@ class Staged(Screening):
                 return "compose", ablate
             # Built on first: the cheap first-tier levers it can take, the batch around the
             # best, then the costly builds on that.
-            composed, harmful = self.composition(records, first_tier_only=True)
+            composed, harmful = self.composition(records, first_tier_only=True, afford=afford)
             if composed is not None:
                 return "compose", [composed]
             # A costly build that leads has a best batch of its own: its neighbours are measured
@@ -387,9 +396,10 @@ def _quickest_best(ranked: Sequence[Mapping[str, Any]], scores: Mapping[str, Any
     return min(near, key=lambda r: (build_s(r), -scores[r["key"]]))
 
 
-def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
+def queue_next(study: Any, strategy: Staged, n_trials: int, limits: Any = None) -> str:
     """Queue in ``study`` what ``strategy`` says comes next and is not measured, running or
-    queued already (by this worker or another); return the phase.
+    queued already (by this worker or another); return the phase. ``limits``: the search's
+    deadline, which orders the composition by what fits in the time left.
 
     Every worker calls this before it asks for a trial, so the phases advance from the study's
     records alone. Two workers that queue the same configuration at the same moment still
@@ -405,7 +415,7 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
     for t in waiting:
         if "fixed_params" in t.system_attrs and not t.user_attrs.get("held"):
             known.add(Config(strategy._full(t.system_attrs["fixed_params"])).key())
-    phase, configs = strategy.next_configs(records, n_trials)
+    phase, configs = strategy.next_configs(records, n_trials, limits.afford(records) if limits else None)
     if phase == "refine" and not waiting:
         # The sampler proposes the knobs not held (Optuna samples what a queued trial leaves out).
         held = strategy.held(records)
@@ -419,27 +429,5 @@ def queue_next(study: Any, strategy: Staged, n_trials: int) -> str:
         params = {n: config[n] for n in strategy.space.searched if REGISTRY[n].applies(config)}
         study.enqueue_trial(params, user_attrs={"phase": phase, "queued_key": key}, skip_if_exists=True)
     if configs:
-        _withdraw_twins(study)
+        withdraw_twins(study)
     return phase
-
-
-def _withdraw_twins(study: Any) -> None:
-    """Of queued trials with the same configuration (two workers queued it at the same moment),
-    keep the oldest: the others are failed while still waiting, marked ``withdrawn``."""
-    import contextlib
-
-    from optuna.trial import TrialState
-
-    storage, seen = study._storage, set()
-    for t in study.get_trials(deepcopy=False):
-        key = t.user_attrs.get("queued_key")
-        if key is None:
-            continue
-        if key in seen and t.state == TrialState.WAITING:
-            # Taken as a worker's ask takes a queued trial: atomically, and only if still waiting
-            # (another worker may have asked for it, or withdrawn it, first).
-            with contextlib.suppress(Exception):
-                if storage.set_trial_state_values(t._trial_id, TrialState.RUNNING):
-                    storage.set_trial_user_attr(t._trial_id, "withdrawn", True)
-                    storage.set_trial_state_values(t._trial_id, TrialState.FAIL)
-        seen.add(key)

@@ -309,7 +309,7 @@ def run_trials(
             from autotune.search.strategy import queue_next
 
             if not requeue_refused(study, limits):  # a lever refused for time, now affordable, goes first
-                queue_next(study, strategy, n_trials)
+                queue_next(study, strategy, n_trials, limits)
         outcome = _ask_and_run(
             study,
             runner,

@@ -884,6 +884,48 @@ def test_the_next_configurations_do_not_depend_on_the_trial_budget():
     assert staged.next_configs(records, 16) == staged.next_configs(records, 200)
 
 
+def test_under_a_deadline_the_costly_builds_go_before_a_batch_climb_that_would_crowd_them_out():
+    """A 3-minute budget of real MiniLM climbed the batch to 64, 128 and 256 (+10%, 31 s) before
+    its costly builds, and ended on OpenVINO's float build, before the bf16 one that ran 1.5x.
+    Where the batch's next step and the builds to come do not all fit in the time left, the
+    builds come first; where they fit (or without a deadline) the batch is climbed first."""
+
+    def speed(c):
+        return _independent(c) * (1.3 if c["compile_mode"] == "default" else 1.0)
+
+    space, table = _table(speed, {**SPACE, "compile_mode": ["none", "default"]})
+    study, _ = _run(space, table, 4)  # the baseline, the recipe and its two ablations
+    records = [t.user_attrs for t in _measured(study)]
+    staged = Staged(space, ["throughput"])
+    _, [free] = staged.next_configs(records, 16)
+    assert (free["batch_size"], free["compile_mode"]) == (64, "none")
+    priced = []
+
+    def fits(configs):
+        priced.append([(c["batch_size"], c["compile_mode"]) for c in configs])
+        return True
+
+    assert staged.next_configs(records, 16, afford=fits)[1] == [free]
+    assert priced == [[(64, "none"), (32, "default")]]  # the climb's step, then the compile on the recipe
+    _, [tight] = staged.next_configs(records, 16, afford=lambda configs: False)
+    assert (tight["batch_size"], tight["compile_mode"], tight["padding"]) == (32, "default", "trim"), tight
+
+
+def test_what_fits_under_a_deadline_is_priced_from_the_trials_measured():
+    import time
+
+    from autotune.search.limits import _Limits
+
+    limits = _Limits(TableRunner({}), None, time.monotonic() + 30.0, 30.0)
+    assert limits.afford([]) is None  # nothing is priced before the baseline's trial
+    limits.baseline = {"config": {"compile_mode": "none", "batch_size": 8}, "ran": True, "wall_s": 2.0}
+    afford = limits.afford([limits.baseline])
+    cheap, compiled = {"compile_mode": "none", "batch_size": 32}, {"compile_mode": "default", "batch_size": 8}
+    assert afford([cheap, compiled])  # 2 s and a compile's prior (22 s) fit in 30
+    assert not afford([cheap, compiled, compiled])
+    assert _Limits(TableRunner({}), None, None, None).afford([]) is None  # no deadline, no limit
+
+
 @pytest.fixture
 def new_knob():
     """A knob added the way a contributor adds one: its own class, registered, declaring its lever."""
