@@ -5,6 +5,7 @@ beside the best hand recipe.
     python -m benchmarks.text.budget                          # text-padded and hf; about 40 minutes
     python -m benchmarks.text.budget --workloads hf           # one workload
     python -m benchmarks.text.budget --load OUT               # re-time the finished runs in OUT
+    python -m benchmarks.text.budget --load OUT --again "budget 90 s, 200 trials"   # run one again, re-time all
     python -m benchmarks.text.budget --smoke                  # tiny budgets: checks that it runs
 
 For each workload (``text-padded``: real all-MiniLM-L6-v2 over 384 real sentences pre-padded to
@@ -223,8 +224,11 @@ def report(name: str, runs: dict[str, dict[str, Any]], timed: dict[str, Any]) ->
     return rows
 
 
-def _tuned(name: str, root: Path, plan: dict[str, Any], load: bool, winners: list[str]) -> dict[str, dict[str, Any]]:
-    """Each run of ``plan`` for workload ``name`` in ``root``: run now, or read back with ``load``."""
+def _tuned(
+    name: str, root: Path, plan: dict[str, Any], load: bool, winners: list[str], again: tuple[str, ...] = ()
+) -> dict[str, dict[str, Any]]:
+    """Each run of ``plan`` for workload ``name`` in ``root``: run now, or read back with
+    ``load`` but for the runs labelled in ``again``, run now on the compile cache the others left."""
     import shutil
 
     cache = root / name / "compile-cache"
@@ -233,7 +237,7 @@ def _tuned(name: str, root: Path, plan: dict[str, Any], load: bool, winners: lis
     runs = {}
     for label, options in plan["runs"]:
         out = root / name / label.replace(" ", "-").replace(",", "")
-        if load:
+        if load and label not in again:
             run = _phases(out) | {"wall_s": json.loads((out / "wall.json").read_text())["wall_s"]}
         else:
             shutil.rmtree(out, ignore_errors=True)
@@ -251,7 +255,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="directory for the runs (default: a temporary one)")
     parser.add_argument("--load", type=Path, help="re-time the finished runs in this directory; no tuning")
     parser.add_argument("--smoke", action="store_true", help="tiny budgets: checks that everything runs")
+    parser.add_argument(
+        "--again", default="", help="with --load: run these again (labels, ';'-separated), then re-time all"
+    )
     args = parser.parse_args(argv)
+    again = tuple(label.strip() for label in args.again.split(";") if label.strip())
+    if unknown := [label for label in again if label not in {lbl for lbl, _ in RUNS["full"]["runs"]}]:
+        parser.error(f"No run labelled {unknown[0]!r}. Known: {'; '.join(lbl for lbl, _ in RUNS['full']['runs'])}.")
     if unknown := [n for n in args.workloads.split(",") if n not in known]:
         parser.error(f"No workload named {unknown[0]!r}. Known: {', '.join(known)}.")
     plan = RUNS["smoke" if args.smoke else "full"]
@@ -260,7 +270,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"time to result, {info['date']}, {info['cpu']}, {info['cpu_count']} cores")
     rows, winners = [], []
     for name in args.workloads.split(","):
-        runs = _tuned(name, root, plan, args.load is not None, winners)
+        runs = _tuned(name, root, plan, args.load is not None, winners, again)
         code = "import json, sys; from benchmarks.text.budget import retime; print(json.dumps(retime(*json.loads(sys.argv[1]))))"
         call = [name, [run["out"] for run in runs.values()], plan["rounds"], plan["seconds"]]
         done = subprocess.run([sys.executable, "-c", code, json.dumps(call)], capture_output=True, text=True, cwd=ROOT,
