@@ -356,22 +356,26 @@ def finish_s(
 # trial with a cache per run (priced at one trial, a 3-minute budget ended 10% past its time);
 # with the machine's cache it took 15-17 s in a first run and 5-8 s in later ones (picks whose
 # trials took 9-15 s), and priced at two trials a 90-s budget stopped searching at 43 s and
-# ended at 65 s.
+# ended at 65 s. The trial is counted as measured once (:func:`once_s`): an export measures
+# nothing, and a recipe whose windows disagreed was measured three times (15 s for a 5-s trial),
+# which left a 90-s budget's confirmation 12 s of the 23 it needed, and the run ended at 55 s.
 EXPORT_TRIALS = 1.25
 
 
 def export_s(best: Mapping[str, Any]) -> float:
     """Predicted seconds of exporting ``best``: its build again (uncompiled: no file format
-    carries a compile) and :data:`EXPORT_TRIALS` of its trial's wall time.
+    carries a compile) and :data:`EXPORT_TRIALS` of its trial's wall time, measured once.
 
     Example:
         >>> export_s({"wall_s": 12.0, "build_s": 0.5, "compile_s": 0.5})
         16.0
         >>> export_s({"wall_s": 30.0, "compile_s": 8.0, "config": {"compile_mode": "default"}})
         27.5
+        >>> round(export_s({"wall_s": 15.0, "timed_s": 4.0, "n_measurements": 3, "build_s": 0.5, "compile_s": 0.5}), 1)
+        8.1
     """
     # The trial's own wall time less what the run's caches keep (NNCF's int8 model).
-    export = rebuild_s(best) + EXPORT_TRIALS * (float(best.get("wall_s") or 0.0) - _cached_s(best))
+    export = rebuild_s(best) + EXPORT_TRIALS * (once_s(best) - _cached_s(best))
     if (best.get("config") or {}).get("compile_mode", "none") != "none":
         export -= (1 + EXPORT_TRIALS) * float(best.get("compile_s") or 0.0)  # exported uncompiled
     return max(0.0, export)
