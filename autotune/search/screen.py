@@ -329,15 +329,19 @@ class Screening:
         return [dict(v) for v in lever.variants[lever.variants.index(changes) :]] if lever else [dict(changes)]
 
     def _builds(
-        self, steps: Sequence[Sequence[Mapping[str, Any]]], current: dict[str, Any], held: list[Mapping[str, Any]]
+        self,
+        steps: Sequence[Sequence[Mapping[str, Any]]],
+        current: dict[str, Any],
+        held: list[Mapping[str, Any]],
+        scores: Mapping[str, Any],
     ) -> list[dict[str, Any]]:
-        """The first variant of each costly lever in ``steps`` on ``current``: what the builds
-        to come would measure (their prices are what matters)."""
+        """The first variant of each costly lever in ``steps`` on ``current`` not measured yet
+        (in ``scores``): what the builds to come would measure (their prices are what matters)."""
         found = []
         for variants in steps:
             changes = self._symbols(variants[0], current)
             candidate = self._add(current, held, changes) or self._replace(current, held, changes)[0]
-            if candidate is not None:
+            if candidate is not None and Config(candidate).key() not in scores:
                 found.append(candidate)
         return found
 

@@ -194,11 +194,11 @@ class Staged(Screening):
         ]
         for tier, steps in enumerate((first, second, heavy)):
             if tier == 2 and steps and recipe_ratio is not None and first_tier_only:
-                # The batch around the cheap composition is climbed before a costly build.
+                # The batch is climbed before a costly build; under a deadline, where both fit (a 3-minute
+                # budget of real MiniLM climbed to 256 for +10%, never built OpenVINO bf16: 1.5x).
                 climb = self._interactions(records, scores, self._alone_harmful(records) + harmful, batch_only=True)
-                # Under a deadline, the step waits where it and the builds do not all fit (a 3-minute
-                # budget of real MiniLM climbed to 256 for +10% and never built OpenVINO bf16: 1.5x).
-                if climb is not None and (afford is None or afford([climb, *self._builds(steps, current, held)])):
+                builds = [] if afford is None else self._builds(steps, current, held, scores)
+                if climb is not None and (afford is None or afford([climb, *builds])):
                     return climb, harmful
             if tier and recipe_ratio is not None:
                 # The batch around a recipe was climbed before screening: the costly builds and
