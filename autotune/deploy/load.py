@@ -75,7 +75,7 @@ class Predictor:
         flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
         names = list(self.record.get("output_names") or [])
         if (
-            self.format in ("onnx", "openvino")
+            by_format(self.format).flat_outputs
             and isinstance(out, tuple)
             and names
             and not names[0].startswith("output")
@@ -102,7 +102,7 @@ class Predictor:
         if len(sizes) != 1 or 0 in sizes:
             raise InputError(f"Inputs must share one non-zero batch size, but have {sorted(sizes)}.")
         n = sizes.pop()
-        chunks = []
+        chunks, fixed = [], by_format(self.format).fixed_batch
         with torch.inference_mode():
             for start in range(0, n, self.batch_size):
                 part = [t[start : start + self.batch_size].to(self.device) for t in tensors]
@@ -111,7 +111,7 @@ class Predictor:
                 # was checked. ONNX and OpenVINO graphs have a dynamic batch axis, and a short
                 # chunk runs at its own size, as the trials ran it: padded, a last chunk of 12
                 # computed 32 rows (7% of a real-text pass), and dynamic int8 scaled the zeros too.
-                fed = pad_batch(part, self.batch_size) if self.format == "torchscript" else part
+                fed = pad_batch(part, self.batch_size) if fixed else part
                 out = self._structured(self.module(*fed))
                 chunks.append(slice_batch(out, size))
         out = map_tensors(lambda t: t.to(home), concat_outputs(chunks))

@@ -14,7 +14,17 @@ from typing import Any, ClassVar
 
 from autotune.errors import ConfigError
 
-__all__ = ["REGISTRY", "Runtime", "by_format", "formats", "get_runtime", "names", "register", "restoring"]
+__all__ = [
+    "REGISTRY",
+    "Runtime",
+    "by_format",
+    "formats",
+    "get_runtime",
+    "names",
+    "precision_knob",
+    "register",
+    "restoring",
+]
 
 
 class Runtime:
@@ -45,6 +55,10 @@ class Runtime:
     compiles_per_shape: ClassVar[bool] = False
     # A winner of this runtime ships its measured file whatever formats the run exports.
     always_ships: ClassVar[bool] = False
+    # Its file returns the model's outputs flat, by name (a graph), where the model may return a dict.
+    flat_outputs: ClassVar[bool] = False
+    # Its file may hold the batch size it was made with (a trace): a load feeds it full batches.
+    fixed_batch: ClassVar[bool] = False
 
     def problem(self, ctx: Any) -> str | None:
         """Why the runtime is not offered on ``ctx`` (a :class:`~autotune.knobs.base.SpaceContext`),
@@ -86,6 +100,11 @@ class Runtime:
         :func:`autotune.load`; ``record`` is its entry in ``best_config.json``."""
         return self.open_file(path, record)
 
+    def load_settings(self, config: Any, device: str) -> dict[str, Any]:
+        """What the record of the run's artifact in this format holds besides its file, for its
+        load: the settings of the winner's ``config`` it runs with on the run's ``device``."""
+        return {}
+
     def files(self, path: Path) -> list[Path]:
         """The artifact's files besides ``path`` (a weights file), removed with it."""
         return []
@@ -121,6 +140,13 @@ def get_runtime(name: str) -> Runtime:
         return REGISTRY[name]
     except KeyError:
         raise ConfigError(f"No runtime named {name!r}. Known: torch, {', '.join(names())}.") from None
+
+
+def precision_knob(runtime: str) -> str | None:
+    """The knob that sets the precision of ``runtime``'s own graph (``ort_precision``), or
+    ``None`` where torch's precision knobs apply (``torch``, TorchScript)."""
+    found = REGISTRY.get(runtime)
+    return None if found is None else found.precision_knob
 
 
 def formats() -> tuple[str, ...]:

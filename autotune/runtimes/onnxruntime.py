@@ -25,6 +25,7 @@ class OnnxRuntime(Runtime):
     order = 20
     load_rank = 0  # first: an ONNX graph runs without Python's model code or torch
     precision_knob = "ort_precision"
+    flat_outputs = True
     help = "ONNX Runtime on the exported graph"
 
     def problem(self, ctx: Any) -> str | None:
@@ -77,6 +78,21 @@ class OnnxRuntime(Runtime):
         info.update(ort=ort)
         # The graph's outputs are flat; a metric expects the model's own structure.
         return info, restoring(model, example, runner)
+
+    def load_settings(self, config: Any, device: str) -> dict[str, Any]:
+        from autotune.export.ort import provider_for
+
+        # An onnxruntime winner ran its own provider (a fallback is infeasible); for another, what
+        # a session on the run's device really gets here: the CPU's where ONNX Runtime cannot load
+        # its CUDA provider.
+        own = config["runtime"] == self.name
+        return {
+            "ort": {
+                "provider": config["ort_provider"] if own else provider_for(device),
+                "graph_optimization": config["ort_graph_optimization"] if own else "all",
+                "intra_op_threads": config["num_threads"] or 0,
+            }
+        }
 
     def open_file(self, path: Path, artifact: dict[str, Any]) -> Any:
         from autotune.export.onnx import OrtModule

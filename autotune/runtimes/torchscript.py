@@ -20,6 +20,7 @@ class TorchScript(Runtime):
     order = 10
     load_rank = 10
     compiles_per_shape = True
+    fixed_batch = True
     help = "a frozen TorchScript trace"
 
     def build(self, state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
