@@ -28,7 +28,7 @@ from autotune.deploy.light import (  # noqa: F401  (their former home: serve and
 )
 from autotune.errors import ConfigError, InputError
 from autotune.export.stored import from_stored, rebuild_output
-from autotune.runtimes.base import by_format, formats
+from autotune.runtimes.base import by_format, formats, of_format
 from autotune.samples import concat_outputs, map_tensors, pad_batch, slice_batch
 
 __all__ = ["Predictor", "run_device"]
@@ -74,8 +74,10 @@ class Predictor:
         """The model's own output structure from every format: an ONNX graph returns its outputs
         flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
         names = list(self.record.get("output_names") or [])
+        runtime = of_format(self.format)  # None for the torch model itself
         if (
-            by_format(self.format).flat_outputs
+            runtime is not None
+            and runtime.flat_outputs
             and isinstance(out, tuple)
             and names
             and not names[0].startswith("output")
@@ -102,7 +104,8 @@ class Predictor:
         if len(sizes) != 1 or 0 in sizes:
             raise InputError(f"Inputs must share one non-zero batch size, but have {sorted(sizes)}.")
         n = sizes.pop()
-        chunks, fixed = [], by_format(self.format).fixed_batch
+        runtime = of_format(self.format)  # None for the torch model itself
+        chunks, fixed = [], runtime is not None and runtime.fixed_batch
         with torch.inference_mode():
             for start in range(0, n, self.batch_size):
                 part = [t[start : start + self.batch_size].to(self.device) for t in tensors]

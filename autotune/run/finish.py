@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import TrialError
-from autotune.runtimes.base import by_format
+from autotune.runtimes.base import of_format
 
 __all__ = [
     "export_winner",
@@ -338,6 +338,7 @@ def export_winner(
     config = best["config"]
     for fmt, artifact in artifacts.items():
         artifact["batch_size"] = config["batch_size"]
-        # The settings its runtime loads it with (an ONNX graph's session settings).
-        artifact.update(by_format(fmt).load_settings(config, env.device))
+        runtime = of_format(fmt)
+        if runtime is not None:  # the settings its runtime loads it with (an ONNX graph's session's)
+            artifact.update(runtime.load_settings(config, env.device))
     return artifacts

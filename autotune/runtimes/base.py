@@ -21,6 +21,7 @@ __all__ = [
     "formats",
     "get_runtime",
     "names",
+    "of_format",
     "precision_knob",
     "register",
     "restoring",
@@ -161,10 +162,15 @@ def by_format(fmt: str) -> Runtime:
     Raises:
         ConfigError: no runtime writes ``fmt`` (the message lists the formats).
     """
-    for runtime in REGISTRY.values():
-        if runtime.format == fmt:
-            return runtime
-    raise ConfigError(f"No artifact format named {fmt!r}. Known: {', '.join(formats())}.")
+    runtime = of_format(fmt)
+    if runtime is None:
+        raise ConfigError(f"No artifact format named {fmt!r}. Known: {', '.join(formats())}.")
+    return runtime
+
+
+def of_format(fmt: str) -> Runtime | None:
+    """The runtime whose artifacts are in format ``fmt``, or ``None`` (``"torch"``: the model itself)."""
+    return next((r for r in REGISTRY.values() if r.format == fmt), None)
 
 
 def restoring(model: Any, example: Any, runner: Callable[..., Any]) -> Callable[..., Any]:
