@@ -27,8 +27,8 @@ from autotune.deploy.light import (  # noqa: F401  (their former home: serve and
     _read_artifacts,
 )
 from autotune.errors import ConfigError, InputError
-from autotune.export import FORMATS
 from autotune.export.stored import from_stored, rebuild_output
+from autotune.runtimes.base import by_format, formats, of_format
 from autotune.samples import concat_outputs, map_tensors, pad_batch, slice_batch
 
 __all__ = ["Predictor", "run_device"]
@@ -74,8 +74,10 @@ class Predictor:
         """The model's own output structure from every format: an ONNX graph returns its outputs
         flat, where TorchScript keeps a dict; both give the dict of the model's keys."""
         names = list(self.record.get("output_names") or [])
+        runtime = of_format(self.format)  # None for the torch model itself
         if (
-            self.format in ("onnx", "openvino")
+            runtime is not None
+            and runtime.flat_outputs
             and isinstance(out, tuple)
             and names
             and not names[0].startswith("output")
@@ -102,7 +104,8 @@ class Predictor:
         if len(sizes) != 1 or 0 in sizes:
             raise InputError(f"Inputs must share one non-zero batch size, but have {sorted(sizes)}.")
         n = sizes.pop()
-        chunks = []
+        runtime = of_format(self.format)  # None for the torch model itself
+        chunks, fixed = [], runtime is not None and runtime.fixed_batch
         with torch.inference_mode():
             for start in range(0, n, self.batch_size):
                 part = [t[start : start + self.batch_size].to(self.device) for t in tensors]
@@ -111,7 +114,7 @@ class Predictor:
                 # was checked. ONNX and OpenVINO graphs have a dynamic batch axis, and a short
                 # chunk runs at its own size, as the trials ran it: padded, a last chunk of 12
                 # computed 32 rows (7% of a real-text pass), and dynamic int8 scaled the zeros too.
-                fed = pad_batch(part, self.batch_size) if self.format == "torchscript" else part
+                fed = pad_batch(part, self.batch_size) if fixed else part
                 out = self._structured(self.module(*fed))
                 chunks.append(slice_batch(out, size))
         out = map_tensors(lambda t: t.to(home), concat_outputs(chunks))
@@ -207,15 +210,14 @@ def _read_parity(out_dir: Path) -> dict[str, Any]:
 
 def _choose(artifacts: dict[str, Any], fmt: str | None, where: Path) -> tuple[str, dict[str, Any]]:
     if fmt is not None:
-        if fmt not in FORMATS:
-            raise ConfigError(f"No artifact format named {fmt!r}. Known: {', '.join(FORMATS)}.")
+        by_format(fmt)  # an unknown format is refused, the known ones listed
         if fmt not in artifacts:
             raise ConfigError(f"{str(where)!r} has no {fmt} artifact. It has: {', '.join(artifacts)}.")
         if artifacts[fmt].get("status") != "ok":
             error = artifacts[fmt].get("error") or "no reason recorded"
             warnings.warn(f"Loading the {fmt} artifact although it failed its checks: {error}", stacklevel=3)
         return fmt, artifacts[fmt]
-    for name in FORMATS:  # ONNX first: it runs without Python's model code or torch
+    for name in formats():  # ONNX first: it runs without Python's model code or torch
         if (artifacts.get(name) or {}).get("status") == "ok":
             return name, artifacts[name]
     failed = "; ".join(f"{k}: {(v or {}).get('error') or 'failed'}" for k, v in artifacts.items())
@@ -226,36 +228,8 @@ def _choose(artifacts: dict[str, Any], fmt: str | None, where: Path) -> tuple[st
 
 
 def _open(fmt: str, path: Path, record: dict[str, Any], device: str) -> Any:
-    on_cuda = torch.device(device).type == "cuda"
-    if fmt == "torchscript":
-        return torch.jit.load(str(path), map_location=device)
-    if fmt == "openvino":  # on the CPU: a tensor on another device comes back there
-        from autotune.export.openvino import OvModule
-
-        return OvModule(path, record["input_names"], record.get("output_names") or [], **(record.get("openvino") or {}))
-    from autotune.export.onnx import OrtModule
-    from autotune.export.ort import CPU_PROVIDER, CUDA_PROVIDER, GPU_PROVIDERS, provider_for, provider_problem
-
-    ort = record.get("ort") or {}
-    recorded = ort.get("provider") or ""
-    # The recorded GPU provider where a session here gets it, else CUDA's, else the CPU's.
-    provider = provider_for(device, recorded if recorded in GPU_PROVIDERS else None)
-    if on_cuda and provider == CPU_PROVIDER:
-        warnings.warn(
-            f"The ONNX artifact runs on ONNX Runtime's CPU provider: {CUDA_PROVIDER} is "
-            f"{provider_problem(CUDA_PROVIDER)}. Load with device='cpu', or install the onnxruntime-gpu "
-            "built for this CUDA.",
-            stacklevel=4,
-        )
-    return OrtModule(
-        path,
-        record["input_names"],
-        record.get("output_names") or [],
-        provider=provider,
-        graph_optimization=ort.get("graph_optimization", "all"),
-        intra_op_threads=ort.get("intra_op_threads", 0),
-        io_binding=provider != CPU_PROVIDER,
-    )
+    """The module that serves the ``fmt`` artifact at ``path`` on ``device``: its runtime's."""
+    return by_format(fmt).open(path, record, device)
 
 
 def _load_one(

@@ -29,7 +29,7 @@ from autotune.deploy.load import (
     run_device,
 )
 from autotune.errors import ConfigError
-from autotune.export import FORMATS
+from autotune.runtimes.base import formats
 
 __all__ = ["TorchPredictor", "decide", "load", "rate", "serve", "timing_batch", "torch_candidate"]
 
@@ -95,7 +95,7 @@ def load(
         predictor = _load_one(out_dir, fmt, record, run_batch_size, device, allow_modified)
         predictor.chosen += _not_the_winner(record)
         return predictor
-    passed = [f for f in FORMATS if (artifacts.get(f) or {}).get("status") == "ok"]
+    passed = [f for f in formats() if (artifacts.get(f) or {}).get("status") == "ok"]
     if not passed and model is None:
         _choose(artifacts, None, out_dir)  # raises: nothing passed its checks
     loaded = {f: _load_one(out_dir, f, artifacts[f], run_batch_size, device, allow_modified) for f in passed}

@@ -126,7 +126,7 @@ def write_hf_layout(model: Any, collate_fn: Any, out_dir: Path, artifacts: dict[
         model: The user's model, untouched (its config and modules are saved, not its weights).
         collate_fn: The run's collate; its ``tokenizer`` is saved when it has one.
         out_dir: The run's folder, where the artifacts are.
-        artifacts: ``{format: record}`` as :func:`autotune.export.export_artifacts` returns it.
+        artifacts: ``{format: record}`` as :func:`autotune.runtimes.artifacts.export_artifacts` returns it.
     """
     from autotune.export.hf import find_hf
     from autotune.export.parity import describe_error

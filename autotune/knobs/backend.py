@@ -2,26 +2,19 @@
 ``ort_provider``, ``ort_precision``, ``ort_graph_optimization`` and ``ort_io_binding`` (the
 OpenVINO ones are in :mod:`autotune.knobs.openvino`).
 
-A TorchScript, ONNX Runtime or OpenVINO candidate is exported inside its trial and measured end
-to end like any other, so it competes with the torch-side candidates under the same guard.
+``runtime``'s values are PyTorch's and those of the runtimes registered in
+:mod:`autotune.runtimes`, each of which builds its own candidate. A TorchScript, ONNX Runtime or
+OpenVINO candidate is exported inside its trial and measured end to end like any other, so it
+competes with the torch-side candidates under the same guard.
 """
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
 from typing import Any
 
 from autotune.export.scratch import candidate_dir
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
-
-
-def _ort_providers() -> list[str]:
-    if importlib.util.find_spec("onnxruntime") is None:
-        return []
-    import onnxruntime
-
-    return list(onnxruntime.get_available_providers())
+from autotune.runtimes.base import get_runtime, names
 
 
 @register
@@ -31,130 +24,45 @@ class Runtime(Knob):
     order = 40
     modes = ("inference",)
     stage = Stage.COMPILE
-    choices = ("torch", "torchscript", "onnxruntime", "openvino")
     default = "torch"
-    help = (
-        "What runs the model: PyTorch, a frozen TorchScript trace, ONNX Runtime on the exported graph, "
-        "or OpenVINO (CPU) on the converted model."
-    )
+
+    @property
+    def choices(self) -> tuple[str, ...]:  # type: ignore[override]
+        # PyTorch, then every registered runtime: a runtime's module is all that names it.
+        return ("torch", *names())
+
+    @property
+    def help(self) -> str:  # type: ignore[override]
+        *first, last = ["PyTorch", *(get_runtime(name).help for name in names())]
+        return f"What runs the model: {', '.join(first)}, or {last}."
 
     def offer(self, ctx: SpaceContext) -> Offer:
-        values, excluded = ["torch", "torchscript"], {}
-        if _ort_providers():
-            values.append("onnxruntime")
-        else:
-            excluded["onnxruntime"] = "onnxruntime is not installed"
-        why = _openvino_problem(ctx)
-        if why is None:
-            values.append("openvino")
-        else:
-            excluded["openvino"] = why
+        values, excluded = ["torch"], {}
+        for name in names():
+            why = get_runtime(name).problem(ctx)
+            if why is None:
+                values.append(name)
+            else:
+                excluded[name] = why
         return Offer(values, excluded)
 
     def apply(self, state: Any, value: str) -> None:
         if value == "torch":
             return
         from autotune.errors import TrialError
-        from autotune.export import torchscript as ts
         from autotune.knobs.compress import _extras
 
         extras = _extras(state, "runtime")
         folder = candidate_dir()
         state.torch_model = state.model
         try:
-            if value == "torchscript":
-                import torch
-
-                # Traced on the model's own device: a CPU example cannot run a CUDA model.
-                info = ts.export_torchscript(state.model, extras.example_on(state.device), folder / "model.pt")
-                script = torch.jit.load(str(folder / "model.pt"), map_location=state.device)
-                state.model = ts.ScriptRunner(script, info["input_names"])
-                state.artifact = {"format": "torchscript", **info, "path": str(folder / "model.pt")}
-            elif value == "openvino":
-                from autotune.knobs.openvino import build_openvino
-
-                state.model, info = build_openvino(state, extras, folder)
-            else:
-                state.model, info = _ort_module(state, extras, folder)
+            state.model, info = get_runtime(value).build(state, extras, folder)
         except TrialError:
             raise
         except Exception as exc:  # an exporter's failure rules this candidate out, nothing more
             raise TrialError("unsupported", f"{value} export failed: {type(exc).__name__}: {exc}") from exc
         state.info.update({f"{value}_{k}": v for k, v in info.items() if isinstance(v, (str, int, float, bool))})
         state.runtime = value
-
-
-def _openvino_problem(ctx: SpaceContext) -> str | None:
-    """Why ``runtime=openvino`` is not offered here, or ``None``."""
-    if ctx.env.is_cuda:
-        return "OpenVINO runs on the CPU; trials run on CUDA"
-    from autotune.export.ov_run import openvino_problem
-
-    return openvino_problem()
-
-
-def _ort_module(state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
-    from autotune.export import onnx as ox
-
-    config = state.config
-    example = extras.example_on(state.device)  # the model may be on CUDA; the example is kept on the CPU
-    info = ox.export_onnx(state.model, example, folder / "model.onnx", spatial=bool(extras.ragged))
-    # Read from the run's cache, or what a rebuild reading it skips: the finish prices rebuilds so.
-    state.info.update({k: info[k] for k in ("onnx_cached", "onnx_export_s") if k in info})
-    path = folder / "model.onnx"
-    precision = config["ort_precision"]
-    if precision == "fp16":
-        ox.to_fp16(path, folder / "model.fp16.onnx")
-        path = folder / "model.fp16.onnx"
-    elif precision.startswith("int8"):
-        state.info["float_bytes"] = path.stat().st_size  # the fp32 graph's size, beside the int8 one
-        dst = folder / "model.int8.onnx"
-        if config.get("int8_fallback", 0) != 0:
-            from autotune.compress.fallback import onnx_with_fallback
-
-            fallback = config["int8_fallback"]
-            state.info.update(
-                onnx_with_fallback(path, dst, precision, fallback, extras.calibration, extras.int8, config)
-            )
-        else:
-            per_channel = bool(config.get("int8_per_channel", False))
-            ox.quantize_onnx(path, dst, precision, extras.calibration, per_channel=per_channel)
-        path = dst
-    module = ox.OrtModule(
-        path,
-        info["input_names"],
-        info["output_names"],
-        provider=config["ort_provider"],
-        graph_optimization=config["ort_graph_optimization"],
-        intra_op_threads=config["num_threads"] or 0,
-        io_binding=config["ort_io_binding"] and config["ort_provider"] != "CPUExecutionProvider",
-    )
-    # ONNX Runtime falls back to the CPU when a provider's libraries do not load, without raising:
-    # such a trial would be measured on the CPU under the GPU provider's name.
-    state.info["ort_provider_ran"] = module.provider_ran
-    if module.provider_ran != module.provider:
-        from autotune.errors import TrialError
-
-        raise TrialError(
-            "unsupported",
-            f"ONNX Runtime ran the session on {module.provider_ran}, not on the {module.provider} it was asked "
-            "for (its libraries did not load here; `autotune doctor` shows why)",
-        )
-    # The graph and session settings that were measured: what the export ships for this winner.
-    ort = {"provider": module.provider, "graph_optimization": module.graph_optimization}
-    state.artifact = {
-        "format": "onnx",
-        **info,
-        "path": str(path),
-        "precision": precision,
-        "ort": {**ort, "intra_op_threads": module.intra_op_threads},
-    }
-    if "int8_kept" in state.info:  # the mixed graph: these layers stay float in the shipped file
-        state.artifact["int8_kept"] = list(state.info["int8_kept"])
-    from autotune.export.keyed import keyed
-
-    # The model's dict (or ModelOutput) back from the flat outputs, as the user's code reads it.
-    return keyed(module, info["output_names"], info.get("output_type")), {**info, "precision": precision}
 
 
 class _OrtKnob(Knob):
@@ -165,7 +73,7 @@ class _OrtKnob(Knob):
         return config.get("runtime") == "onnxruntime"
 
     def apply(self, state: Any, value: Any) -> None:
-        pass  # read by ``runtime`` when it builds the ONNX Runtime session
+        pass  # read by the ONNX Runtime runtime when it builds its session
 
 
 @register

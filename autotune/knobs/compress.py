@@ -8,10 +8,11 @@ work is done by :mod:`autotune.compress.prune` (torch-pruning) and :mod:`autotun
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.errors import ConfigError
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
+from autotune.runtimes.base import precision_knob
 
 
 def _extras(state: Any, knob: str) -> Any:
@@ -142,7 +143,7 @@ class Quantization(Knob):
 
     def applies(self, config: dict[str, Any]) -> bool:
         # ONNX Runtime and OpenVINO quantize their own graphs (ort_precision, ov_precision).
-        return config.get("runtime", "torch") not in ("onnxruntime", "openvino")
+        return precision_knob(config.get("runtime", "torch")) is None
 
     def offer(self, ctx: SpaceContext) -> Offer:
         import autotune.compress.quantize as _quantize
@@ -196,21 +197,19 @@ _INT8_ORT = ("int8_dynamic", "int8_static")
 
 
 class _Int8Setting(Knob):
-    """A setting of the int8 methods named in ``torch_methods``, ``ort_methods`` and
-    ``ov_methods``, read by ``quantization`` (torch), ``ort_precision`` (ONNX Runtime) and
-    ``ov_precision`` (OpenVINO) when they quantize."""
+    """A setting of the int8 methods named in ``torch_methods`` and ``graph_methods``, read by
+    ``quantization`` (torch) and by a runtime's own precision knob (``ort_precision`` for ONNX
+    Runtime, ``ov_precision`` for OpenVINO: the keys of ``graph_methods``) when they quantize."""
 
     modes = ("inference",)
     stage = Stage.WEIGHTS
     torch_methods: tuple[str, ...] = ()
-    ort_methods: tuple[str, ...] = ()
-    ov_methods: tuple[str, ...] = ()
+    graph_methods: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     def applies(self, config: dict[str, Any]) -> bool:
-        if config.get("runtime", "torch") == "onnxruntime":
-            return config.get("ort_precision") in self.ort_methods
-        if config.get("runtime", "torch") == "openvino":
-            return config.get("ov_precision") in self.ov_methods
+        own = precision_knob(config.get("runtime", "torch"))
+        if own is not None:
+            return config.get(own) in self.graph_methods.get(own, ())
         return config.get("quantization", "none") in self.torch_methods
 
     def apply(self, state: Any, value: Any) -> None:
@@ -224,8 +223,7 @@ class Int8Fallback(_Int8Setting):
     held = True
     order = 74  # after quantization and ort_precision, whose values decide whether it applies
     torch_methods = ("int8_dynamic", "int8_weight_only", "int8_static")
-    ort_methods = _INT8_ORT
-    ov_methods = ("int8_static",)
+    graph_methods = {"ort_precision": _INT8_ORT, "ov_precision": ("int8_static",)}
     choices = (0, 1, 2, 4, 8, "auto")
     default = 0
     help = (
@@ -251,7 +249,8 @@ class Int8PerChannel(_Int8Setting):
     name = "int8_per_channel"
     held = True
     order = 75  # after quantization and ort_precision, whose values decide whether it applies
-    torch_methods = ort_methods = ("int8_dynamic",)
+    torch_methods = ("int8_dynamic",)
+    graph_methods = {"ort_precision": ("int8_dynamic",)}
     choices = (False, True)
     default = False
     help = (

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
+from autotune.runtimes.base import precision_knob
 
 
 @register
@@ -19,7 +20,8 @@ class ChannelsLast(Knob):
     help = "Store weights and 4-D inputs as NHWC, which convolution kernels on tensor cores and oneDNN prefer."
 
     def applies(self, config: dict[str, Any]) -> bool:
-        return config.get("runtime", "torch") not in ("onnxruntime", "openvino")
+        # ONNX Runtime and OpenVINO lay out their own graphs.
+        return precision_knob(config.get("runtime", "torch")) is None
 
     def offer(self, ctx: SpaceContext) -> Offer:
         if ctx.data.image_input:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
+from autotune.runtimes.base import precision_knob
 
 
 @register
@@ -24,7 +25,7 @@ class AmpDtype(Knob):
 
     def applies(self, config: dict[str, Any]) -> bool:
         # ONNX Runtime and OpenVINO have their own precision knobs (ort_precision, ov_precision).
-        return config.get("runtime", "torch") not in ("onnxruntime", "openvino")
+        return precision_knob(config.get("runtime", "torch")) is None
 
     def offer(self, ctx: SpaceContext) -> Offer:
         env = ctx.env

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.errors import TrialError
+from autotune.runtimes.base import of_format
 
 __all__ = [
     "export_winner",
@@ -335,18 +336,9 @@ def export_winner(
     if summary is not None:
         summary["build_inputs"] = reply.get("build_inputs")
     config = best["config"]
-    ort = config["runtime"] == "onnxruntime"
-    from autotune.export.ort import provider_for
-
-    # What a session on the run's device really gets here: the CPU's where ONNX Runtime cannot
-    # load its CUDA provider. An onnxruntime winner ran its own provider (a fallback is infeasible).
-    default_provider = provider_for(env.device)
     for fmt, artifact in artifacts.items():
         artifact["batch_size"] = config["batch_size"]
-        if fmt == "onnx":
-            artifact["ort"] = {
-                "provider": config["ort_provider"] if ort else default_provider,
-                "graph_optimization": config["ort_graph_optimization"] if ort else "all",
-                "intra_op_threads": config["num_threads"] or 0,
-            }
+        runtime = of_format(fmt)
+        if runtime is not None:  # the settings its runtime loads it with (an ONNX graph's session's)
+            artifact.update(runtime.load_settings(config, env.device))
     return artifacts

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from autotune.record import Result
+from autotune.runtimes.base import precision_knob
 
 __all__ = ["figures_note", "write_best", "write_hardware_groups", "write_pareto"]
 
@@ -89,13 +90,9 @@ def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> st
     )
 
 
-# The precision knob of each runtime that runs an exported file.
-_EXPORTED_PRECISION = {"onnxruntime": "ort_precision", "openvino": "ov_precision"}
-
-
 def _exported_int8(config: dict[str, Any]) -> bool:
     """Whether ``config`` quantizes to int8 on an exported runtime's side (calibrated on the run's draw)."""
-    precision = _EXPORTED_PRECISION.get(config.get("runtime"))
+    precision = precision_knob(config.get("runtime", "torch"))
     return precision is not None and str(config.get(precision, "")).startswith("int8")
 
 
@@ -108,7 +105,7 @@ def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     config = best.get("config") or {}
     runtime = config.get("runtime", "torch")
     # An exported runtime quantizes on its side: its precision knob says how (NNCF static int8 for OpenVINO).
-    precision = _EXPORTED_PRECISION.get(runtime)
+    precision = precision_knob(runtime)
     method = config.get(precision) if precision else config.get("quantization")
     return {
         "method": method,

@@ -35,7 +35,7 @@ def _onnx_source(state: Any) -> tuple[Any, ...]:
 
 
 def _check_args(common: dict[str, Any]) -> dict[str, Any]:
-    """The parity-check arguments among :func:`~autotune.export.export_artifacts`' keywords."""
+    """The parity-check arguments among :func:`~autotune.runtimes.artifacts.export_artifacts`' keywords."""
     return {k: v for k, v in common.items() if k not in ("fallback", "spatial")}
 
 
@@ -118,7 +118,7 @@ class ArtifactExport:
         self, state: Any, tuned: Any, out: Any, common: dict[str, Any], by_format: dict[str, Any]
     ) -> dict[str, Any]:
         """The ONNX artifact of a winner that ran no ONNX file: its export, or the nearest form."""
-        from autotune.export import export_artifacts
+        from autotune.runtimes.artifacts import export_artifacts
 
         size, example = state.batch_size, self.extras.example_on(state.device)
         model, note = _onnx_form(tuned, state.device)
@@ -169,8 +169,9 @@ class ArtifactExport:
         import dataclasses as dc
         from pathlib import Path
 
-        from autotune.export import export_artifacts, ship_measured
         from autotune.export.hf_layout import write_hf_layout
+        from autotune.runtimes.artifacts import export_artifacts, ship_measured
+        from autotune.runtimes.base import by_format as runtime_of
 
         # No file format carries torch.compile: the files are exported from, and checked against,
         # the uncompiled module, which is built without compiling it (a compiled MiniLM pick's
@@ -202,7 +203,9 @@ class ArtifactExport:
         by_format = {}
         artifacts: dict[str, Any] = {}
         # An OpenVINO winner's IR ships whatever formats were asked for: it is the winner's own file.
-        own = state.artifact and state.artifact["format"] in (*formats, "openvino")
+        own = state.artifact and (
+            state.artifact["format"] in formats or runtime_of(state.artifact["format"]).always_ships
+        )
         measured = state.artifact if own else None
         if measured is not None:
             # The winner ran an exported file: that file ships, not a re-export of its torch model.

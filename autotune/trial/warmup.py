@@ -59,11 +59,14 @@ def signature(batch: Any) -> tuple[Any, ...]:
 
 def compiles_per_shape(state: Any) -> bool:
     """Whether ``state``'s build does work per input shape on first sight: ``torch.compile``,
-    TorchScript, OpenVINO (its CPU plugin prepares its kernels for each new shape of a dynamic
-    model), cuDNN's autotuner."""
+    a runtime that declares it (TorchScript; OpenVINO, whose CPU plugin prepares its kernels for
+    each new shape of a dynamic model), cuDNN's autotuner."""
+    from autotune.runtimes.base import REGISTRY
+
+    runtime = REGISTRY.get(state.runtime)
     return (
         state.compile_mode != "none"
-        or state.runtime in ("torchscript", "openvino")
+        or (runtime is not None and runtime.compiles_per_shape)
         or bool(state.settings.get("cudnn_benchmark"))
     )
 

@@ -14,7 +14,7 @@ from torch.utils.data import default_collate
 from autotune.deploy.load import Predictor
 from autotune.deploy.serve import load
 from autotune.errors import ConfigError, InputError
-from autotune.export import export_artifacts
+from autotune.runtimes.artifacts import export_artifacts
 from tests.models import SmallCNN
 
 

@@ -237,7 +237,7 @@ def test_a_second_int8_build_of_the_same_model_reads_the_runs_cache(tmp_path, mo
     import types
 
     from autotune.export.openvino import CACHE_ENV, convert_openvino
-    from autotune.knobs.openvino import _int8
+    from autotune.runtimes.openvino import _int8
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     model, example = DeepMLP().eval(), torch.randn(8, 16)
@@ -274,7 +274,7 @@ def test_the_int8_cache_is_shared_by_configurations_that_differ_in_the_loader_an
     import types
 
     from autotune.export.openvino import CACHE_ENV, convert_openvino
-    from autotune.knobs.openvino import _int8
+    from autotune.runtimes.openvino import _int8
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     float_model, info = convert_openvino(DeepMLP().eval(), torch.randn(8, 16))
@@ -291,7 +291,7 @@ def test_a_damaged_int8_cache_entry_is_made_again_not_a_failed_trial(tmp_path, m
     import types
 
     from autotune.export.openvino import CACHE_ENV, convert_openvino
-    from autotune.knobs.openvino import _int8
+    from autotune.runtimes.openvino import _int8
 
     monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
     float_model, info = convert_openvino(DeepMLP().eval(), torch.randn(8, 16))
@@ -324,7 +324,7 @@ def test_a_second_openvino_build_of_the_same_torch_model_reads_its_conversion_fr
     import types
 
     from autotune.export.openvino import CACHE_ENV, float_cache
-    from autotune.knobs.openvino import _converted
+    from autotune.runtimes.openvino import _converted
 
     example, x = torch.randn(8, 16), torch.randn(4, 16)
 

@@ -12,7 +12,7 @@ from torch.utils.data import default_collate
 
 import autotune
 from autotune.deploy.serve import TorchPredictor, decide
-from autotune.export import export_artifacts
+from autotune.runtimes.artifacts import export_artifacts
 from tests.models import SmallCNN
 
 

@@ -10,7 +10,7 @@ import autotune
 from autotune.cli import main
 from autotune.deploy.verify import env_diff, verify
 from autotune.errors import ConfigError
-from autotune.export import export_artifacts
+from autotune.runtimes.artifacts import export_artifacts
 from tests.models import Oracle, classification_data
 
 

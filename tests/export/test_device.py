@@ -74,7 +74,7 @@ def test_the_runtime_knob_exports_on_the_models_device(monkeypatch, handed_out, 
 
 
 def test_the_winners_export_gets_the_example_on_the_models_device(monkeypatch, handed_out, tmp_path):
-    import autotune.export as export
+    import autotune.runtimes.artifacts as export
 
     seen: list = []
     _spy(monkeypatch, export, "export_artifacts", seen)

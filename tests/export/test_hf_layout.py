@@ -57,7 +57,7 @@ def bert_run(tmp_path_factory):
     """A BertModel's OpenVINO IR, exported and checked as a run's export does, and its folder
     written from the model and the run's collate (the run's own hook is the sentence test's)."""
     from autotune.batching import Batching
-    from autotune.export import export_artifacts
+    from autotune.runtimes.artifacts import export_artifacts
 
     tok, out = tokenizer(), tmp_path_factory.mktemp("bert-hf")
     model = tiny_encoder(tok.vocab_size)

@@ -57,8 +57,8 @@ def test_export_none_writes_no_artifacts(tmp_path):
 
 
 def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_path):
-    from autotune.export import export_artifacts
     from autotune.knobs.state import TunedModule
+    from autotune.runtimes.artifacts import export_artifacts
     from autotune.trial.inference import _onnx_form
 
     tuned = TunedModule(Oracle().eval(), "bfloat16", False)

@@ -85,7 +85,7 @@ def test_the_models_outputs_are_computed_once_for_every_format_checked_against_i
     second of a Hugging Face winner's export. The model's outputs are computed for the first
     format and kept for the others; each artifact still runs on its own."""
     import autotune.export.parity as parity
-    from autotune.export import export_artifacts
+    from autotune.runtimes.artifacts import export_artifacts
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
     samples = [torch.randn(4) for _ in range(12)]
@@ -104,7 +104,7 @@ def test_a_memo_shared_by_a_winners_export_calls_keeps_each_models_outputs_apart
     import copy
 
     import autotune.export.parity as parity
-    from autotune.export import export_artifacts
+    from autotune.runtimes.artifacts import export_artifacts
 
     model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval()
     other = copy.deepcopy(model)

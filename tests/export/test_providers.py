@@ -46,11 +46,14 @@ def test_a_session_asked_for_cuda_says_it_ran_on_the_cpu(tmp_path):
 
 
 def test_the_onnx_check_of_a_cuda_model_records_the_provider_that_ran(tmp_path):
-    from autotune.export import _onnx_runner
+    from autotune.runtimes.base import get_runtime
 
     model = MLP().eval()
     example = default_collate(classification_data(8))
-    info, run = _onnx_runner(model, example, tmp_path / "model.onnx", "cuda:0")
+    path = tmp_path / "model.onnx"
+    info, run = get_runtime("onnxruntime").export(
+        model, example, path, device="cuda:0", fallback=None, source=None, spatial=False
+    )
     assert info["ort"]["provider"] == CPU_PROVIDER
     with torch.no_grad():
         torch.testing.assert_close(run(example[0]), model(example[0]), rtol=1e-4, atol=1e-5)
@@ -78,7 +81,7 @@ def test_the_winners_onnx_record_names_the_provider_a_session_gets_on_the_runs_d
 
 def test_an_artifact_loaded_on_cuda_without_a_cuda_provider_says_it_runs_on_the_cpu(tmp_path):
     from autotune.deploy.load import _open
-    from autotune.export import export_artifacts
+    from autotune.runtimes.artifacts import export_artifacts
 
     samples = classification_data(16)
     records = export_artifacts(MLP().eval(), default_collate(samples[:8]), samples, 8, tmp_path, ["onnx"])

@@ -13,8 +13,9 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from autotune.errors import ConfigError, ExportError
-from autotune.export import export_artifacts, file_digest
+from autotune.export import file_digest
 from autotune.export.torchscript import export_torchscript
+from autotune.runtimes.artifacts import export_artifacts
 from tests.models import MLP, ItemBranch, SmallCNN
 
 

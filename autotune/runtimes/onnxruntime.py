@@ -1,0 +1,209 @@
+"""``runtime=onnxruntime``: the tuned model exported to ONNX (:mod:`autotune.export.onnx`), in
+the graph precision of ``ort_precision``, run by an ONNX Runtime session with the provider,
+graph optimization and I/O binding of the ``ort_*`` knobs; its artifact is ``model.onnx``."""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.runtimes.base import Runtime, register, restoring
+
+__all__ = ["ORT_DEFAULTS", "OnnxRuntime"]
+
+# The ONNX Runtime settings an exported ONNX artifact is checked (and later loaded) with.
+ORT_DEFAULTS = {"provider": "CPUExecutionProvider", "graph_optimization": "all", "intra_op_threads": 0}
+
+
+@register
+class OnnxRuntime(Runtime):
+    name = "onnxruntime"
+    format = "onnx"
+    file_name = "model.onnx"
+    order = 20
+    load_rank = 0  # first: an ONNX graph runs without Python's model code or torch
+    precision_knob = "ort_precision"
+    flat_outputs = True
+    help = "ONNX Runtime on the exported graph"
+
+    def problem(self, ctx: Any) -> str | None:
+        if importlib.util.find_spec("onnxruntime") is None:
+            return "onnxruntime is not installed"
+        import onnxruntime
+
+        return None if onnxruntime.get_available_providers() else "onnxruntime is not installed"
+
+    def build(self, state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+        from autotune.export import onnx as ox
+
+        example = extras.example_on(state.device)  # the model may be on CUDA; the example is kept on the CPU
+        info = ox.export_onnx(state.model, example, folder / self.file_name, spatial=bool(extras.ragged))
+        # Read from the run's cache, or what a rebuild reading it skips: the finish prices rebuilds so.
+        state.info.update({k: info[k] for k in ("onnx_cached", "onnx_export_s") if k in info})
+        path, precision = _in_precision(state, extras, folder / self.file_name)
+        module = _session(state, path, info)
+        # The graph and session settings that were measured: what the export ships for this winner.
+        ort = {"provider": module.provider, "graph_optimization": module.graph_optimization}
+        state.artifact = {
+            "format": self.format,
+            **info,
+            "path": str(path),
+            "precision": precision,
+            "ort": {**ort, "intra_op_threads": module.intra_op_threads},
+        }
+        if "int8_kept" in state.info:  # the mixed graph: these layers stay float in the shipped file
+            state.artifact["int8_kept"] = list(state.info["int8_kept"])
+        from autotune.export.keyed import keyed
+
+        # The model's dict (or ModelOutput) back from the flat outputs, as the user's code reads it.
+        return keyed(module, info["output_names"], info.get("output_type")), {**info, "precision": precision}
+
+    def export(
+        self, model: Any, example: Any, path: Path, *, device: str, fallback: Any, source: Any, spatial: bool
+    ) -> tuple[dict[str, Any], Callable[..., Any]]:
+        from autotune.export.onnx import OrtModule, export_onnx
+        from autotune.export.ort import provider_for
+
+        if source is None:
+            info = export_onnx(model, example, path, spatial=spatial)
+        else:
+            info = _quantized_export(source, example, path, spatial)
+        # The provider a session on this device really gets here: the CPU's where ONNX Runtime has no
+        # working CUDA provider, so the record says what the check ran on.
+        ort = dict(ORT_DEFAULTS, provider=provider_for(device))
+        on_gpu = ort["provider"] != ORT_DEFAULTS["provider"]
+        runner = OrtModule(path, info["input_names"], info["output_names"], io_binding=on_gpu, **ort)
+        info.update(ort=ort)
+        # The graph's outputs are flat; a metric expects the model's own structure.
+        return info, restoring(model, example, runner)
+
+    def load_settings(self, config: Any, device: str) -> dict[str, Any]:
+        from autotune.export.ort import provider_for
+
+        # An onnxruntime winner ran its own provider (a fallback is infeasible); for another, what
+        # a session on the run's device really gets here: the CPU's where ONNX Runtime cannot load
+        # its CUDA provider.
+        own = config["runtime"] == self.name
+        return {
+            "ort": {
+                "provider": config["ort_provider"] if own else provider_for(device),
+                "graph_optimization": config["ort_graph_optimization"] if own else "all",
+                "intra_op_threads": config["num_threads"] or 0,
+            }
+        }
+
+    def open_file(self, path: Path, artifact: dict[str, Any]) -> Any:
+        from autotune.export.onnx import OrtModule
+
+        return OrtModule(path, artifact["input_names"], artifact["output_names"], **artifact["ort"])
+
+    def open(self, path: Path, record: dict[str, Any], device: str) -> Any:
+        import warnings
+
+        import torch
+
+        from autotune.export.onnx import OrtModule
+        from autotune.export.ort import CPU_PROVIDER, CUDA_PROVIDER, GPU_PROVIDERS, provider_for, provider_problem
+
+        ort = record.get("ort") or {}
+        recorded = ort.get("provider") or ""
+        # The recorded GPU provider where a session here gets it, else CUDA's, else the CPU's.
+        provider = provider_for(device, recorded if recorded in GPU_PROVIDERS else None)
+        if torch.device(device).type == "cuda" and provider == CPU_PROVIDER:
+            warnings.warn(
+                f"The ONNX artifact runs on ONNX Runtime's CPU provider: {CUDA_PROVIDER} is "
+                f"{provider_problem(CUDA_PROVIDER)}. Load with device='cpu', or install the onnxruntime-gpu "
+                "built for this CUDA.",
+                stacklevel=5,
+            )
+        return OrtModule(
+            path,
+            record["input_names"],
+            record.get("output_names") or [],
+            provider=provider,
+            graph_optimization=ort.get("graph_optimization", "all"),
+            intra_op_threads=ort.get("intra_op_threads", 0),
+            io_binding=provider != CPU_PROVIDER,
+        )
+
+
+def _in_precision(state: Any, extras: Any, path: Path) -> tuple[Path, str]:
+    """The exported float graph at ``path`` in ``ort_precision``: the graph to run, and the precision."""
+    from autotune.export import onnx as ox
+
+    config, folder = state.config, path.parent
+    precision = config["ort_precision"]
+    if precision == "fp16":
+        ox.to_fp16(path, folder / "model.fp16.onnx")
+        return folder / "model.fp16.onnx", precision
+    if not precision.startswith("int8"):
+        return path, precision
+    state.info["float_bytes"] = path.stat().st_size  # the fp32 graph's size, beside the int8 one
+    dst = folder / "model.int8.onnx"
+    if config.get("int8_fallback", 0) != 0:
+        from autotune.compress.fallback import onnx_with_fallback
+
+        fallback = config["int8_fallback"]
+        state.info.update(onnx_with_fallback(path, dst, precision, fallback, extras.calibration, extras.int8, config))
+    else:
+        per_channel = bool(config.get("int8_per_channel", False))
+        ox.quantize_onnx(path, dst, precision, extras.calibration, per_channel=per_channel)
+    return dst, precision
+
+
+def _session(state: Any, path: Path, info: dict[str, Any]) -> Any:
+    """The session of ``state``'s ``ort_*`` settings on the graph at ``path``.
+
+    Raises:
+        TrialError: ``unsupported`` when ONNX Runtime ran it on another provider than asked.
+    """
+    from autotune.export.onnx import OrtModule
+
+    config = state.config
+    module = OrtModule(
+        path,
+        info["input_names"],
+        info["output_names"],
+        provider=config["ort_provider"],
+        graph_optimization=config["ort_graph_optimization"],
+        intra_op_threads=config["num_threads"] or 0,
+        io_binding=config["ort_io_binding"] and config["ort_provider"] != "CPUExecutionProvider",
+    )
+    # ONNX Runtime falls back to the CPU when a provider's libraries do not load, without raising:
+    # such a trial would be measured on the CPU under the GPU provider's name.
+    state.info["ort_provider_ran"] = module.provider_ran
+    if module.provider_ran != module.provider:
+        from autotune.errors import TrialError
+
+        raise TrialError(
+            "unsupported",
+            f"ONNX Runtime ran the session on {module.provider_ran}, not on the {module.provider} it was asked "
+            "for (its libraries did not load here; `autotune doctor` shows why)",
+        )
+    return module
+
+
+def _quantized_export(source: Any, example: Any, path: Path, spatial: bool) -> dict[str, Any]:
+    """The nearest exportable form (the pruned float model), quantized on the ONNX side with the
+    winner's method: ``source`` is ``(float model, method, calibration[, how])`` (see
+    :func:`~autotune.runtimes.artifacts.export_artifacts`' ``onnx_source``); parity is still
+    measured against the tuned model."""
+    from autotune.export.onnx import export_onnx, quantize_onnx
+
+    float_model, method, calibration, *rest = source
+    how = rest[0] if rest else {}
+    src = path.with_suffix(".float.onnx")
+    info = export_onnx(float_model, example, src, spatial=spatial)
+    try:
+        if how.get("keep"):  # layers kept float on the graph, ranked by ONNX Runtime's own int8 error
+            config = {**how.get("config", {}), "int8_per_channel": how.get("per_channel", False)}
+            kept = how["fallback"](src, path, method, how["keep"], calibration, how.get("plan"), config)
+            info["quantized"] = {"method": method, "kept_float": kept["int8_kept"]}
+        else:
+            per_channel = how.get("per_channel", False)
+            info["quantized"] = quantize_onnx(src, path, method, calibration, per_channel=per_channel)
+    finally:
+        src.unlink(missing_ok=True)
+    return info

@@ -1,0 +1,201 @@
+"""``runtime=openvino``: the tuned model converted by OpenVINO, run on its CPU plugin; its
+artifact is the IR, ``model.xml`` with its weights ``model.bin`` beside it.
+
+The candidate is the tuned torch module converted by ``openvino.convert_model`` (or through its
+ONNX export), inside its trial, with dynamic batch and sequence axes; in ``int8_static``
+(``ov_precision``) it is quantized by NNCF on the run's calibration batches, the layers
+``int8_fallback`` keeps float in NNCF's ignored scope. It runs on the CPU plugin with the
+inference precision, the performance hint (``ov_hint``) and the thread count (``num_threads``)
+of its configuration.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from autotune.runtimes.base import Runtime, register, restoring
+
+__all__ = ["OpenVino"]
+
+
+@register
+class OpenVino(Runtime):
+    name = "openvino"
+    format = "openvino"
+    file_name = "model.xml"
+    order = 30
+    load_rank = 20
+    precision_knob = "ov_precision"
+    compiles_per_shape = True  # its CPU plugin prepares its kernels for each new shape of a dynamic model
+    always_ships = True  # the winner's IR is its own file, whatever formats were asked for
+    flat_outputs = True
+    help = "OpenVINO (CPU) on the converted model"
+
+    def problem(self, ctx: Any) -> str | None:
+        if ctx.env.is_cuda:
+            return "OpenVINO runs on the CPU; trials run on CUDA"
+        from autotune.export.ov_run import openvino_problem
+
+        return openvino_problem()
+
+    def build(self, state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+        """The OpenVINO candidate: its IR in ``ov_precision``, compiled with ``ov_hint``. Sets
+        ``state.artifact``'s ``precision`` and the compile settings under ``openvino``.
+
+        Raises:
+            TrialError: ``unsupported`` when OpenVINO is missing, the device is not the CPU, or
+                the model cannot be converted or quantized to hold the guard.
+        """
+        from autotune.errors import TrialError
+        from autotune.export.openvino import OvModule, calibration_feeds, is_transformer, save_openvino
+        from autotune.export.ov_run import openvino_problem
+
+        problem = openvino_problem()
+        if problem is not None or not str(state.device).startswith("cpu"):
+            raise TrialError("unsupported", problem or f"OpenVINO runs on the CPU here, not on {state.device}")
+        config = state.config
+        example = extras.example_on("cpu")
+        model, info = _converted(state, example, bool(extras.ragged), folder)
+        precision = config.get("ov_precision", "fp32")
+        if precision == "int8_static":
+            from autotune.compress.quantize import serialized_bytes
+
+            state.info["float_bytes"] = serialized_bytes(state.model)  # the weights before int8, beside the IR's
+            feeds = calibration_feeds(extras.calibration, info["input_names"])
+            model = _int8(model, config, extras, feeds, is_transformer(model), state.info)
+        saved = save_openvino(model, folder / self.file_name)
+        settings = {
+            "precision": "bf16" if precision == "bf16" else "f32",
+            "hint": config.get("ov_hint", "latency"),
+            "threads": config.get("num_threads") or 0,
+        }
+        module = OvModule(saved["path"], info["input_names"], info["output_names"], **settings)
+        measured = module.runner.properties()  # compiles now: a setting the plugin refuses fails here
+        state.artifact = {
+            "format": self.format,
+            "path": saved["path"],
+            "input_names": info["input_names"],
+            "output_names": info["output_names"],
+            "precision": precision,
+            "converted_from": info["converted_from"],
+            "openvino": settings,
+        }
+        if "int8_kept" in state.info:  # these layers stay float in the shipped IR
+            state.artifact["int8_kept"] = list(state.info["int8_kept"])
+        record = {**info, "precision": precision, "bytes": saved["bytes"]}
+        record.update({f"plugin_{k}": v for k, v in measured.items()})
+        from autotune.export.keyed import keyed
+
+        # The model's dict (or ModelOutput) back from the flat outputs, as the user's code reads it.
+        return keyed(module, info["output_names"], info.get("output_type")), record
+
+    def export(
+        self, model: Any, example: Any, path: Path, *, device: str, fallback: Any, source: Any, spatial: bool
+    ) -> tuple[dict[str, Any], Callable[..., Any]]:
+        from autotune.export import file_digest
+        from autotune.export.openvino import OvModule, convert_openvino, save_openvino
+
+        converted, info = convert_openvino(model, example, spatial=spatial, onnx_path=path.with_suffix(".onnx"))
+        path.with_suffix(".onnx").unlink(missing_ok=True)
+        save_openvino(converted, path)
+        runner = OvModule(path, info["input_names"], info["output_names"])  # the saved files are what ship
+        run = restoring(model, example, runner)
+        info.update(
+            path=str(path), bin_path=path.with_suffix(".bin").name, bin_sha256=file_digest(path.with_suffix(".bin"))
+        )
+        return info, run
+
+    def open_file(self, path: Path, artifact: dict[str, Any]) -> Any:
+        from autotune.export.openvino import OvModule
+
+        return OvModule(path, artifact["input_names"], artifact["output_names"], **artifact["openvino"])
+
+    def open(self, path: Path, record: dict[str, Any], device: str) -> Any:
+        from autotune.export.openvino import OvModule
+
+        # On the CPU: a tensor on another device comes back there.
+        return OvModule(path, record["input_names"], record.get("output_names") or [], **(record.get("openvino") or {}))
+
+    def files(self, path: Path) -> list[Path]:
+        return [path.with_suffix(".bin")]
+
+    def ship_files(self, source: Path, path: Path, record: dict[str, Any]) -> None:
+        import shutil
+
+        from autotune.export import file_digest
+
+        weights = path.with_suffix(".bin")
+        shutil.copyfile(source.with_suffix(".bin"), weights)
+        record.update(
+            bin_path=weights.name, bin_sha256=file_digest(weights), bytes=record["bytes"] + weights.stat().st_size
+        )
+
+
+def _converted(state: Any, example: Any, spatial: bool, folder: Path) -> tuple[Any, dict[str, Any]]:
+    """``state.model`` converted to OpenVINO, or read from the run's cache where the same torch
+    model was converted before (another trial at another batch size, a confirmation's worker,
+    the export): ``ov_converted_cached`` in ``state.info`` then, else the seconds the conversion
+    took (``ov_convert_s``), which a later build of it skips."""
+    from autotune.export.openvino import convert_openvino
+    from autotune.export.ov_cache import float_cache
+
+    cache = float_cache(state.model, example, spatial)
+    record: dict[str, Any] = {}
+    cached = cache.load(record, "ov_converted_cached") if cache is not None and cache.hit() else None
+    if cached is not None:
+        state.info["ov_converted_cached"] = record.pop("ov_converted_cached")
+        return cached, record
+    began = time.perf_counter()
+    model, info = convert_openvino(state.model, example, spatial=spatial, onnx_path=folder / "model.onnx")
+    made_s = time.perf_counter() - began
+    if cache is not None and cache.save(model, info):
+        state.info["ov_convert_s"] = made_s
+    return model, info
+
+
+def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
+    """``model`` in NNCF static int8: every layer NNCF takes, or with ``int8_fallback`` the most
+    sensitive kept float; read from the run's cache where the same float model, configuration,
+    calibration and guard were quantized before (a confirmation's fresh workers and the export
+    rebuilt it each time: NNCF and its fallback took 10-15 s a build of real MiniLM). The user's
+    metric function is not in the key: a run resumed with another metric reads the layers the
+    first kept float."""
+    from autotune.export.ov_cache import int8_cache
+
+    plan = extras.int8
+    guard = None if plan is None else [plan.max_drop, plan.keep, plan.kinds]
+    # What NNCF and the fallback read besides the float model (hashed whole): the batch, threads
+    # and loader of a trial do not change the IR, so their neighbours read it too.
+    settings = {k: config.get(k) for k in ("ov_precision", "int8_fallback", "int8_per_channel")}
+    cache = int8_cache(model, feeds, [settings, transformer, guard])
+    cached = cache.load(info) if cache is not None and cache.hit() else None
+    if cached is not None:
+        return cached
+    before, began = dict(info), time.perf_counter()
+    quantized = _quantize(model, config, extras, feeds, transformer, info)
+    made_s = time.perf_counter() - began
+    if cache is not None and cache.save(
+        quantized, {k: v for k, v in info.items() if k not in before or before[k] != v}
+    ):
+        # What a rebuild reading it from the cache skips: the finish prices its rebuilds without it.
+        info["int8_made_s"] = made_s
+    return quantized
+
+
+def _quantize(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
+    from autotune.export.openvino import quantize_openvino
+
+    fallback = config.get("int8_fallback", 0)
+    info["int8_transformer"] = transformer
+    if fallback == 0:
+        return quantize_openvino(model, feeds, transformer=transformer)
+    from autotune.compress.fallback import openvino_with_fallback
+
+    quantized, record = openvino_with_fallback(
+        model, fallback, extras.calibration, feeds, extras.int8, config, transformer
+    )
+    info.update(record)
+    return quantized

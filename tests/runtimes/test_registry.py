@@ -1,0 +1,112 @@
+"""A runtime is one registered class: a runtime defined here, in the test alone, is offered by
+the ``runtime`` knob, validated as a configuration's value, built by ``apply`` and measured by a
+search, and the registry forgets it afterwards. No other module names it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import autotune
+from autotune.config import Config
+from autotune.data import describe
+from autotune.errors import ConfigError
+from autotune.knobs import SpaceContext, get_knob
+from autotune.record import trial_record
+from autotune.runtimes.base import REGISTRY, Runtime, formats, get_runtime, names, register
+from tests.models import MLP, classification_data
+
+
+class Traced(Runtime):
+    """The tuned model run as its ``torch.jit.trace``, saved to ``model.traced.pt`` and read back."""
+
+    name = "traced"
+    format = "traced"
+    file_name = "model.traced.pt"
+    help = "a plain trace"
+    built: list[Path] = []  # the files its builds wrote
+
+    def build(self, state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+        from autotune.samples import model_inputs
+
+        path = folder / self.file_name
+        args, _ = model_inputs(extras.example_on(state.device))  # the model's positional inputs
+        torch.jit.save(torch.jit.trace(state.model, tuple(args), check_trace=False), str(path))
+        self.built.append(path)
+        state.artifact = {"format": self.format, "path": str(path), "input_names": ["x"]}
+        return torch.jit.load(str(path)), {"bytes": path.stat().st_size}
+
+
+@contextlib.contextmanager
+def registered(cls: type[Runtime]) -> Iterator[Runtime]:
+    """``cls`` in the registry while the block runs, and gone after it, whatever happens."""
+    register(cls)
+    try:
+        yield REGISTRY[cls.name]
+    finally:
+        REGISTRY.pop(cls.name, None)
+        Traced.built.clear()
+
+
+@pytest.fixture
+def traced() -> Iterator[Runtime]:
+    with registered(Traced) as runtime:
+        yield runtime
+
+
+def test_the_knob_offers_a_registered_runtime_and_validates_it(traced, cpu_env):
+    knob = get_knob("runtime")
+    assert knob.choices[0] == "torch" and knob.choices[-1] == "traced"
+    assert "traced" in knob.offer(SpaceContext(cpu_env, describe([torch.zeros(4)]), 32)).values
+    assert Config({"runtime": "traced"})["runtime"] == "traced"
+    assert knob.parse("traced") == "traced" and "a plain trace" in knob.help
+    assert get_runtime("traced") is traced and "traced" in formats()
+
+
+def test_apply_builds_through_a_registered_runtime(traced):
+    model, data = MLP().eval(), classification_data(32)
+    fast = autotune.apply(model, {"runtime": "traced", "batch_size": 8}, dataset=data, device="cpu")
+    assert len(traced.built) == 1 and traced.built[0].name == "model.traced.pt"
+    batch = torch.stack([x for x, _ in data[:8]])
+    with torch.no_grad():
+        torch.testing.assert_close(fast(batch), model(batch))
+
+
+def test_a_search_measures_a_registered_runtime(traced, tmp_path):
+    result = autotune.optimize(
+        MLP(),
+        classification_data(64),
+        space={"base": None, "batch_size": [8, 16]},
+        fix={"runtime": "traced"},
+        baseline_batch_size=8,
+        measure={"n_windows": 2, "window_s": 0.02, "warmup_batches": 1, "n_remeasure": 0},
+        n_trials=2,  # the baseline (torch), then a candidate with the runtime fixed
+        n_finalists=0,
+        device="cpu",
+        isolation="inprocess",
+        out_dir=tmp_path,
+        export=(),
+        profile=False,
+        progress=False,
+    )
+    records = [trial_record(t) for t in result.study.trials]
+    measured = [r for r in records if (r.get("config") or {}).get("runtime") == "traced"]
+    assert traced.built and measured, records
+    assert all(r["status"] == "ok" and r["samples_per_s"] > 0 for r in measured), measured
+
+
+def test_the_registry_forgets_a_runtime_registered_in_a_test():
+    with registered(Traced):
+        assert "traced" in names()
+        with pytest.raises(ConfigError, match="registered already"):
+            register(Traced)
+    assert "traced" not in names() and "traced" not in get_knob("runtime").choices
+    with pytest.raises(ConfigError, match="Known values"):
+        Config({"runtime": "traced"})
+    with pytest.raises(ConfigError, match=r"No runtime named 'traced'\. Known: torch, torchscript"):
+        get_runtime("traced")
