@@ -330,3 +330,23 @@ def test_a_budget_that_holds_the_confirmation_but_not_a_selection_confirms_the_f
     measured.clear()
     result.claim_speedup(runner, baseline, [fast, close], 3, True, FAST, budget_s=60.0, need_s=20.0)
     assert measured[0] == [32, 16]
+
+
+def test_while_nothing_beats_the_baseline_the_finish_keeps_only_the_exports_time():
+    """A 90-s budget of real text refused its recipe for the confirmation it would need, and
+    ended at 52 s with the baseline: with nothing to confirm, the search keeps only what the
+    export and the reports need; once a candidate beats the baseline, its confirmation too."""
+    from types import SimpleNamespace
+
+    from autotune.run.finish import REPORT_S, finish_reserve
+    from autotune.search.cost import export_s
+
+    run = SimpleNamespace(
+        runners=[SimpleNamespace(restarts=True, start_s=3.0)],
+        options=SimpleNamespace(export=("onnx",), train=False, limit_s=90.0),
+    )
+    trial = {"status": "ok", "wall_s": 12.0, "timed_s": 4.0, "compile_s": 0.5, "guard_s": 3.0, "config": {}}
+    base = {**trial, "baseline": True, "samples_per_s": 100.0}
+    slower, faster = {**trial, "samples_per_s": 80.0}, {**trial, "samples_per_s": 300.0}
+    assert finish_reserve(run, [base]) == finish_reserve(run, [base, slower]) == export_s(base) + REPORT_S
+    assert finish_reserve(run, [base, slower, faster]) > export_s(base) + REPORT_S + 10.0
