@@ -119,7 +119,7 @@ def optimize(
             (no protection from crashes; timeouts interrupt the work with an alarm).
         n_val: Samples in the fixed validation subset of the guard.
         measure: Timing settings: ``n_windows``, ``window_s``, ``warmup_batches``, the noise
-            limits ``max_cov`` (0.05), ``max_others_cpu`` (0.10) and ``n_remeasure`` (2), and
+            limits ``max_cov`` (0.05), ``max_others_cpu`` (0.10) and ``n_remeasure`` (2; 1 under a ``budget`` or ``timeout``), and
             ``stop_share`` (0.75: a trial whose first windows run under that share of the best so
             far stops early; 0 times every trial fully); see
             :class:`autotune.trial.measure.MeasureSettings`.

@@ -350,3 +350,13 @@ def test_while_nothing_beats_the_baseline_the_finish_keeps_only_the_exports_time
     slower, faster = {**trial, "samples_per_s": 80.0}, {**trial, "samples_per_s": 300.0}
     assert finish_reserve(run, [base]) == finish_reserve(run, [base, slower]) == export_s(base) + REPORT_S
     assert finish_reserve(run, [base, slower, faster]) > export_s(base) + REPORT_S + 10.0
+
+
+def test_under_a_time_limit_a_noisy_trial_is_measured_again_once_unless_the_user_says():
+    """Three measurements of a noisy baseline and of OpenVINO's float build took 55 s of a
+    3-minute budget, and OpenVINO bf16 was refused for 2 s."""
+    from autotune.run.options import Options
+
+    assert Options(n_trials=8).timing().n_remeasure == 2
+    assert Options(budget="3m").timing().n_remeasure == 1 and Options(timeout=60).timing().n_remeasure == 1
+    assert Options(budget="3m", measure={"n_remeasure": 2}).timing().n_remeasure == 2
