@@ -24,6 +24,7 @@ __all__ = [
     "of_format",
     "precision_knob",
     "register",
+    "requestable_formats",
     "restoring",
 ]
 
@@ -56,6 +57,9 @@ class Runtime:
     compiles_per_shape: ClassVar[bool] = False
     # A winner of this runtime ships its measured file whatever formats the run exports.
     always_ships: ClassVar[bool] = False
+    # ``optimize(export=...)`` may ask for its format: the winner's model exported to it, whatever
+    # runtime the winner ran.
+    export_on_request: ClassVar[bool] = True
     # Its file returns the model's outputs flat, by name (a graph), where the model may return a dict.
     flat_outputs: ClassVar[bool] = False
     # Its file may hold the batch size it was made with (a trace): a load feeds it full batches.
@@ -154,6 +158,11 @@ def formats() -> tuple[str, ...]:
     """The artifact formats the runtimes write, in the order a load prefers them."""
     ranked = sorted(REGISTRY.values(), key=lambda r: (r.load_rank, r.order, r.name))
     return tuple(dict.fromkeys(r.format for r in ranked))
+
+
+def requestable_formats() -> tuple[str, ...]:
+    """The artifact formats ``optimize(export=...)`` may ask for, in the order of :func:`formats`."""
+    return tuple(f for f in formats() if by_format(f).export_on_request)
 
 
 def by_format(fmt: str) -> Runtime:

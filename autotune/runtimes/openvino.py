@@ -31,6 +31,7 @@ class OpenVino(Runtime):
     precision_knob = "ov_precision"
     compiles_per_shape = True  # its CPU plugin prepares its kernels for each new shape of a dynamic model
     always_ships = True  # the winner's IR is its own file, whatever formats were asked for
+    export_on_request = False  # an IR ships with an OpenVINO winner only: no other winner is converted
     flat_outputs = True
     help = "OpenVINO (CPU) on the converted model"
 
