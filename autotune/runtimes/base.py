@@ -37,8 +37,9 @@ class Runtime:
     output folder), ``order`` (its place among the knob's choices) and ``help``, and implement
     :meth:`build`. They override :meth:`problem` where the runtime is not offered everywhere,
     :meth:`export` and :meth:`open_file` where the winner's file is exported and loaded, and
-    :meth:`open` where a saved file is served by :func:`autotune.load`. Heavy imports (the
-    runtime's own package, torch) stay inside the methods: ``import autotune`` imports none.
+    :meth:`open` where a saved file is served by :func:`autotune.load` (and :meth:`open_light`
+    where it is served without torch). Heavy imports (the runtime's own package, torch) stay
+    inside the methods: ``import autotune`` imports none.
     """
 
     name: ClassVar[str]
@@ -50,6 +51,8 @@ class Runtime:
     # first: an ONNX graph runs without Python's model code).
     load_rank: ClassVar[int] = 1000
     help: ClassVar[str] = ""
+    # How a sentence names its artifact ("an OpenVINO artifact"); its name where unset.
+    title: ClassVar[str] = ""
     # The knob that sets the precision of its own graph (``ort_precision``): where there is one,
     # torch's precision, quantization and layout knobs do not apply to the candidate.
     precision_knob: ClassVar[str | None] = None
@@ -60,6 +63,9 @@ class Runtime:
     # ``optimize(export=...)`` may ask for its format: the winner's model exported to it, whatever
     # runtime the winner ran.
     export_on_request: ClassVar[bool] = True
+    # Its file runs with numpy alone: :func:`autotune.load` serves it without importing torch
+    # (:meth:`open_light`).
+    runs_without_torch: ClassVar[bool] = False
     # Its file returns the model's outputs flat, by name (a graph), where the model may return a dict.
     flat_outputs: ClassVar[bool] = False
     # Its file may hold the batch size it was made with (a trace): a load feeds it full batches.
@@ -104,6 +110,14 @@ class Runtime:
         """The module that serves the saved artifact at ``path`` on ``device``, for
         :func:`autotune.load`; ``record`` is its entry in ``best_config.json``."""
         return self.open_file(path, record)
+
+    def open_light(self, path: Path, record: dict[str, Any]) -> Any:
+        """The module that serves the saved artifact at ``path`` on the CPU with numpy alone,
+        importing no torch, for :func:`autotune.load` where torch is not wanted or not installed:
+        ``module.run(arrays)`` takes the inputs as numpy arrays in ``record``'s ``input_names``
+        order and returns the outputs, flat, as numpy arrays. For a runtime that sets
+        ``runs_without_torch``; ``record`` is its entry in ``best_config.json``."""
+        raise NotImplementedError(f"the {self.name} runtime needs torch to run its file")
 
     def load_settings(self, config: Any, device: str) -> dict[str, Any]:
         """What the record of the run's artifact in this format holds besides its file, for its

@@ -33,7 +33,9 @@ class OpenVino(Runtime):
     always_ships = True  # the winner's IR is its own file, whatever formats were asked for
     export_on_request = False  # an IR ships with an OpenVINO winner only: no other winner is converted
     flat_outputs = True
+    runs_without_torch = True  # its IR runs with openvino and numpy alone
     help = "OpenVINO (CPU) on the converted model"
+    title = "OpenVINO"
 
     def problem(self, ctx: Any) -> str | None:
         if ctx.env.is_cuda:
@@ -119,6 +121,12 @@ class OpenVino(Runtime):
 
         # On the CPU: a tensor on another device comes back there.
         return OvModule(path, record["input_names"], record.get("output_names") or [], **(record.get("openvino") or {}))
+
+    def open_light(self, path: Path, record: dict[str, Any]) -> Any:
+        from autotune.export.ov_run import OvRunner
+
+        settings = dict(record.get("openvino") or {})
+        return OvRunner(path, list(record["input_names"]), list(record.get("output_names") or []), **settings)
 
     def files(self, path: Path) -> list[Path]:
         return [path.with_suffix(".bin")]
