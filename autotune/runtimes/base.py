@@ -18,6 +18,7 @@ __all__ = [
     "REGISTRY",
     "Runtime",
     "by_format",
+    "doctor_row",
     "formats",
     "get_runtime",
     "names",
@@ -36,10 +37,11 @@ class Runtime:
     file is, a key of ``best_config.json``'s ``artifacts``), ``file_name`` (that file in the
     output folder), ``order`` (its place among the knob's choices) and ``help``, and implement
     :meth:`build`. They override :meth:`problem` where the runtime is not offered everywhere,
-    :meth:`export` and :meth:`open_file` where the winner's file is exported and loaded, and
+    :meth:`export` and :meth:`open_file` where the winner's file is exported and loaded,
     :meth:`open` where a saved file is served by :func:`autotune.load` (and :meth:`open_light`
-    where it is served without torch). Heavy imports (the runtime's own package, torch) stay
-    inside the methods: ``import autotune`` imports none.
+    where it is served without torch), and :meth:`doctor_facts` and :meth:`doctor_checks` where
+    ``autotune doctor`` has something to check. Heavy imports (the runtime's own package, torch)
+    stay inside the methods: ``import autotune`` imports none.
     """
 
     name: ClassVar[str]
@@ -53,6 +55,9 @@ class Runtime:
     help: ClassVar[str] = ""
     # How a sentence names its artifact ("an OpenVINO artifact"); its name where unset.
     title: ClassVar[str] = ""
+    # The distributions that install its Python package, any one of which will do (ONNX Runtime's
+    # two wheels): the doctor's requirement check and `autotune verify`'s version diff read them.
+    packages: ClassVar[tuple[str, ...]] = ()
     # The knob that sets the precision of its own graph (``ort_precision``): where there is one,
     # torch's precision, quantization and layout knobs do not apply to the candidate.
     precision_knob: ClassVar[str | None] = None
@@ -132,6 +137,21 @@ class Runtime:
         """Copy the files besides the artifact at ``source`` (see :meth:`files`) beside its copy
         at ``path``, and add them to its ``record`` (their names, digests and bytes)."""
 
+    def doctor_facts(self, on_cuda: bool) -> dict[str, Any] | None:
+        """What ``autotune doctor`` records of the runtime on this machine, as a JSON-safe dict
+        (its version, why it cannot run here, what it offers), or ``None`` where it has nothing
+        to check. ``on_cuda``: torch has a CUDA device here. A failure to collect may raise: the
+        doctor records it as the section's ``{"error": ...}``."""
+        return None
+
+    def doctor_checks(self, facts: dict[str, Any]) -> list[dict[str, Any]]:
+        """The doctor's rows of the runtime's section, a pure function of the facts the doctor
+        gathered (perhaps on another machine): the runtime's own under ``facts[self.name]`` (see
+        :meth:`doctor_facts`) and the host's (``packages``, ``cpu``, ``gpus``). Each row is
+        ``{"name", "status", "detail"}``, with ``"fix"`` where there is something to do;
+        ``status`` is ``"ok"``, ``"info"``, ``"warn"`` or ``"fail"``."""
+        return []
+
 
 REGISTRY: dict[str, Runtime] = {}
 
@@ -194,6 +214,12 @@ def by_format(fmt: str) -> Runtime:
 def of_format(fmt: str) -> Runtime | None:
     """The runtime whose artifacts are in format ``fmt``, or ``None`` (``"torch"``: the model itself)."""
     return next((r for r in REGISTRY.values() if r.format == fmt), None)
+
+
+def doctor_row(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
+    """One row of :meth:`Runtime.doctor_checks`: what was checked, ``"ok"``, ``"info"``,
+    ``"warn"`` or ``"fail"``, what was found and what to do about it."""
+    return {"name": name, "status": status, "detail": detail, "fix": fix}
 
 
 def restoring(model: Any, example: Any, runner: Callable[..., Any]) -> Callable[..., Any]:
