@@ -57,7 +57,7 @@ def _print_checks(console: Any, checks: list[Any]) -> None:
     """The doctor's checks in one table, section by section; problems carry what to do."""
     from rich.table import Table
 
-    from autotune.doctor.core import SECTIONS
+    from autotune.doctor.core import sections
 
     styles = {"ok": "green", "info": "blue", "warn": "yellow", "fail": "bold red"}
     table = Table(title="autotune doctor", expand=True)
@@ -65,7 +65,7 @@ def _print_checks(console: Any, checks: list[Any]) -> None:
         table.add_column(col, no_wrap=True)
     table.add_column("detail", ratio=3)
     table.add_column("what to do", ratio=2)
-    for section in SECTIONS:
+    for section in sections():  # the registered runtimes' sections among the host's
         rows = [c for c in checks if c.section == section]
         for i, c in enumerate(rows):
             style = styles[c.status]

@@ -1,9 +1,10 @@
-"""Serving an OpenVINO artifact without torch (:class:`OvPredictor`), and reading a run's
-directory without torch: its artifacts, their files inside it, which one is the winner
+"""Serving an artifact without torch (:class:`LightPredictor`), and reading a run's directory
+without torch: its artifacts, their files inside it, which one is the winner
 (:mod:`autotune.deploy.load` re-exports these helpers).
 
-An OpenVINO winner's IR runs with ``openvino`` and ``numpy`` alone; :func:`autotune.deploy.entry.load`
-serves it so.
+A runtime whose file runs with numpy alone (``runs_without_torch``: an OpenVINO winner's IR runs
+with ``openvino`` and ``numpy``) opens it for :func:`autotune.deploy.entry.load` through its
+:meth:`~autotune.runtimes.base.Runtime.open_light`.
 
 Example:
     >>> predict = autotune.load("autotune_out", format="openvino")  # doctest: +SKIP
@@ -21,41 +22,58 @@ from typing import Any
 
 from autotune.errors import ConfigError, InputError
 from autotune.export import file_digest
+from autotune.runtimes.base import Runtime, by_format, formats
 
-__all__ = ["OvPredictor", "open_openvino"]
+__all__ = ["LightPredictor", "open_light"]
 
 
-def open_openvino(out_dir: Path, fmt: str | None, device: str | None, allow_modified: bool) -> OvPredictor:
-    """The run's OpenVINO artifact as an :class:`OvPredictor`: asked for (``fmt="openvino"``),
-    or (``fmt=None``) as the one artifact that runs without torch.
+def _light_runtimes() -> list[Runtime]:
+    """The runtimes whose files run without torch, in the order a load prefers their formats."""
+    return [r for r in map(by_format, formats()) if r.runs_without_torch]
+
+
+def open_light(out_dir: Path, fmt: str | None, device: str | None, allow_modified: bool) -> LightPredictor:
+    """The run's artifact that runs without torch as a :class:`LightPredictor`: asked for (``fmt``,
+    a format whose runtime ``runs_without_torch``), or (``fmt=None``) the first of those that
+    passed its checks.
 
     Raises:
         ConfigError: no such artifact (or, unasked, none that passed its checks), ``device``
             other than the CPU, its files missing, outside ``out_dir`` or changed since export.
     """
+    runtimes = _light_runtimes() if fmt is None else [by_format(fmt)]
+    kinds = " or ".join(r.title or r.name for r in runtimes)
     if device is not None and str(device) != "cpu":
-        raise ConfigError(f"An OpenVINO artifact runs on the CPU, but device={device!r} was given: pass device='cpu'.")
+        raise ConfigError(f"An {kinds} artifact runs on the CPU, but device={device!r} was given: pass device='cpu'.")
     artifacts, run_batch_size = _read_artifacts(out_dir)
-    record = artifacts.get("openvino")
     if fmt is None:
-        if not record or record.get("status") != "ok":
+        passed = [r for r in runtimes if (artifacts.get(r.format) or {}).get("status") == "ok"]
+        if not passed:
+            one = "the one kind that runs" if len(runtimes) == 1 else "the kinds that run"
             raise ConfigError(
-                f"torch is not installed here, and {str(out_dir)!r} has no OpenVINO artifact that passed its checks, "
-                "the one kind that runs without it. Install torch to serve the others."
+                f"torch is not installed here, and {str(out_dir)!r} has no {kinds} artifact that passed its checks, "
+                f"{one} without it. Install torch to serve the others."
             )
+        runtime = passed[0]
+        fmt, record = runtime.format, artifacts[runtime.format]
         chosen = (
-            "openvino: served untimed, as torch is not installed here and only the OpenVINO artifact runs without it"
+            f"{fmt}: served untimed, as torch is not installed here and only the {runtime.title or runtime.name} "
+            "artifact runs without it"
         )
     else:
+        runtime, record = runtimes[0], artifacts.get(fmt)
         if not record:
-            raise ConfigError(f"{str(out_dir)!r} has no openvino artifact. It has: {', '.join(artifacts)}.")
+            raise ConfigError(f"{str(out_dir)!r} has no {fmt} artifact. It has: {', '.join(artifacts)}.")
         if record.get("status") != "ok":
             error = record.get("error") or "no reason recorded"
-            warnings.warn(f"Loading the openvino artifact although it failed its checks: {error}", stacklevel=3)
-        chosen = "openvino: asked for"
-    path = _inside(out_dir, record.get("path"), "openvino")
-    _check_files(path, record, "openvino", allow_modified)
-    predictor = OvPredictor(path, record, artifact_batch_size(record, run_batch_size, "openvino"))
+            warnings.warn(f"Loading the {fmt} artifact although it failed its checks: {error}", stacklevel=3)
+        chosen = f"{fmt}: asked for"
+    path = _inside(out_dir, record.get("path"), fmt)
+    _check_files(path, record, fmt, allow_modified)
+    if "input_names" not in record:
+        raise ConfigError(f"The {fmt} artifact's entry in best_config.json lacks `input_names`: export it again.")
+    module = runtime.open_light(path, record)
+    predictor = LightPredictor(module, fmt, path, record, artifact_batch_size(record, run_batch_size, fmt))
     predictor.chosen = chosen + _not_the_winner(record)
     predictor.run = run_of(out_dir) or {}
     return predictor
@@ -82,9 +100,10 @@ def run_of(out_dir: Path) -> dict[str, Any] | None:
     return {"config": best.get("config") or {}, "data": best.get("data") or {}}
 
 
-class OvPredictor:
-    """An OpenVINO artifact behind a plain call, without torch: numpy arrays in and out (torch
-    tensors in give torch tensors out, as :class:`~autotune.deploy.load.Predictor`'s do).
+class LightPredictor:
+    """An artifact behind a plain call, without torch: numpy arrays in and out (torch tensors in
+    give torch tensors out, as :class:`~autotune.deploy.load.Predictor`'s do). Its runtime's
+    :meth:`~autotune.runtimes.base.Runtime.open_light` runs the file.
 
     Inputs run in chunks of the tuned batch size, the last one padded to it (its last sample
     repeated), and the outputs are concatenated. One output comes back as an array; several as a
@@ -93,8 +112,8 @@ class OvPredictor:
     as a plain dict.
 
     Attributes:
-        format: ``"openvino"``.
-        path: ``model.xml``.
+        format: The artifact's format (``"openvino"``).
+        path: Its file (``model.xml``).
         batch_size: Samples per chunk.
         device: ``"cpu"``.
         input_names: The inputs, in positional order.
@@ -102,23 +121,16 @@ class OvPredictor:
         chosen: Which artifact :func:`load` took and why.
     """
 
-    format = "openvino"
-
-    def __init__(self, path: Path, record: dict[str, Any], batch_size: int) -> None:
-        from autotune.export.ov_run import OvRunner
-
-        if "input_names" not in record:
-            raise ConfigError("The openvino artifact's entry in best_config.json lacks `input_names`: export it again.")
+    def __init__(self, module: Any, fmt: str, path: Path, record: dict[str, Any], batch_size: int) -> None:
+        self.module, self.format = module, fmt
         self.path, self.record, self.batch_size, self.device = Path(path), record, batch_size, "cpu"
         self.input_names: list[str] = list(record["input_names"])
         self.output_names: list[str] = list(record.get("output_names") or [])
-        settings = dict(record.get("openvino") or {})
-        self.module = OvRunner(self.path, self.input_names, self.output_names, **settings)
-        self.chosen = "openvino"
+        self.chosen = fmt
         self.run: dict[str, Any] = {}
 
     def __repr__(self) -> str:
-        return f"OvPredictor(path={str(self.path)!r}, batch_size={self.batch_size})"
+        return f"LightPredictor(format={self.format!r}, path={str(self.path)!r}, batch_size={self.batch_size})"
 
     def _positional(self, inputs: Any) -> list[Any]:
         return positional_inputs(inputs, self.input_names)

@@ -1,6 +1,6 @@
 """Samples through a served artifact, batched as the run's winner batched them: what
 ``Predictor.predict`` does, for every kind of predictor (:class:`~autotune.deploy.load.Predictor`,
-:class:`~autotune.deploy.light.OvPredictor`), which call it with themselves."""
+:class:`~autotune.deploy.light.LightPredictor`), which call it with themselves."""
 
 from __future__ import annotations
 

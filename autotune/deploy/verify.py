@@ -30,6 +30,7 @@ from autotune.deploy.serve import load
 from autotune.errors import ConfigError
 from autotune.export import file_digest
 from autotune.export.parity import _errors, _finite, check_parity, describe_error, flat_inputs
+from autotune.runtimes.base import REGISTRY, Runtime, names
 from autotune.samples import map_tensors
 from autotune.trial.guard import fidelity
 
@@ -41,7 +42,6 @@ _N_WARMUP = 3
 _N_REPEATS = 3
 
 ENV_KEYS = ("device", "gpu_name", "gpu_capability", "cpu_capability", "cpu_threads", "machine")
-_VERSION_KEYS = ("torch", "onnxruntime", "openvino", "python", "cuda")
 
 THROUGHPUT_NOTES = {
     "samples_per_s": "artifact only: pre-collated batches already on the device, no data loading",
@@ -179,15 +179,28 @@ def _check_one(
     return {**result, "status": "ok" if reason is None else "failed", "reason": reason}
 
 
+def _packaged() -> list[Runtime]:
+    """The runtimes with a package of their own (ONNX Runtime, OpenVINO), in their order."""
+    return [REGISTRY[name] for name in names() if REGISTRY[name].packages]
+
+
+def _version_keys() -> tuple[str, ...]:
+    """The versions :func:`env_diff` compares: torch's, each packaged runtime's, Python's and CUDA's."""
+    return ("torch", *(r.name for r in _packaged()), "python", "cuda")
+
+
 def _versions_here() -> dict[str, str | None]:
+    """Each packaged runtime's version here (the first of its wheels installed), or ``None``."""
     from importlib import metadata
 
-    found: dict[str, str | None] = {"onnxruntime": None, "openvino": None}
-    for key, dist in (("onnxruntime", "onnxruntime"), ("onnxruntime", "onnxruntime-gpu"), ("openvino", "openvino")):
-        try:
-            found[key] = found[key] or metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            pass
+    found: dict[str, str | None] = {}
+    for runtime in _packaged():
+        found[runtime.name] = None
+        for dist in runtime.packages:
+            try:
+                found[runtime.name] = found[runtime.name] or metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                pass
     return found
 
 
@@ -205,7 +218,7 @@ def env_diff(recorded: dict[str, Any], current: dict[str, Any]) -> list[dict[str
         if recorded.get(key) != current.get(key):
             diff.append({"key": key, "recorded": recorded.get(key), "current": current.get(key)})
     old, new = recorded.get("versions") or {}, current.get("versions") or {}
-    for key in _VERSION_KEYS:
+    for key in _version_keys():
         if key in old and old[key] != new.get(key):
             diff.append({"key": f"versions.{key}", "recorded": old[key], "current": new.get(key)})
     return diff

@@ -5,10 +5,20 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-__all__ = ["SECTIONS", "STATUSES", "Check"]
+from autotune.runtimes.base import names
+
+__all__ = ["SECTIONS", "STATUSES", "Check", "sections"]
 
 STATUSES = ("ok", "info", "warn", "fail")
-SECTIONS = ("software", "cuda", "gpu", "cpu", "compile", "onnxruntime", "openvino", "system")
+
+
+def sections() -> tuple[str, ...]:
+    """The doctor's sections, in the order it prints them: the host's, one per registered runtime
+    (its name; empty where it checks nothing), the system's."""
+    return ("software", "cuda", "gpu", "cpu", "compile", *names(), "system")
+
+
+SECTIONS = sections()  # those of the runtimes registered when the doctor is imported
 
 _GIB = 2**30
 _PACKAGES = (
@@ -28,10 +38,8 @@ _PACKAGES = (
 )
 # Without these autotune cannot run at all; any other unmet requirement only disables a feature.
 _ESSENTIAL = ("torch", "optuna", "numpy")
-_ORT_DISTS = ("onnxruntime", "onnxruntime-gpu")  # one module, two wheels: either satisfies the other
 _DISK_WARN, _DISK_FAIL = 5 * _GIB, _GIB // 2
 _SHM_WARN = _GIB
-_PROVIDERS_TO_LOAD = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 _NO_COMPILE = "or leave compile_mode out (--fix compile_mode=none); autotune leaves it out by itself when it cannot run"
 
 
@@ -40,7 +48,7 @@ class Check:
     """One finding of the doctor.
 
     Attributes:
-        section: One of :data:`SECTIONS`.
+        section: One of :func:`sections` (a runtime's section is its name).
         name: What was checked, e.g. ``"C++ compiler"``.
         status: ``"ok"``, ``"info"`` (a fact, nothing to do), ``"warn"`` (tuning runs, but
             something is lost or noisy) or ``"fail"`` (fix it before tuning).

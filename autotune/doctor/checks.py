@@ -1,7 +1,8 @@
 """The doctor's rules for the torch stack: software, CUDA, GPUs and torch.compile.
 
-Facts (from :func:`autotune.doctor.core.gather`) in, :class:`Check` rows out; the CPU, ONNX
-Runtime and system rules are in :mod:`autotune.doctor.host`.
+Facts (from :func:`autotune.doctor.core.gather`) in, :class:`Check` rows out; the CPU and
+system rules are in :mod:`autotune.doctor.host`, each runtime's in its own module
+(:meth:`autotune.runtimes.base.Runtime.doctor_checks`).
 
 Pure functions of the facts dict, one per section, so that a report recorded on another
 machine (a GPU server, say) is diagnosed and printed the same way here. Each problem carries

@@ -2,11 +2,12 @@
 
 :func:`gather` collects the facts (versions, driver, GPUs, CPU, compilers, ONNX Runtime
 providers, OpenVINO, memory and disk) into a JSON-safe dict, reusing :mod:`autotune.env` for everything
-a study also records, and runs the probes of :mod:`autotune.doctor.probe`. :func:`diagnose`
-turns facts into :class:`Check` rows with the rules of :mod:`autotune.doctor.checks` and
-:mod:`autotune.doctor.host`; it is a pure function, so facts recorded on one machine can be
-diagnosed anywhere. Nothing heavy is imported, and CUDA is not touched, until :func:`gather`
-runs.
+a study also records, and runs the probes of :mod:`autotune.doctor.probe`; each runtime collects
+its own section (:meth:`~autotune.runtimes.base.Runtime.doctor_facts`). :func:`diagnose` turns
+facts into :class:`Check` rows with the rules of :mod:`autotune.doctor.checks`,
+:mod:`autotune.doctor.host` and each runtime's (:meth:`~autotune.runtimes.base.Runtime.doctor_checks`);
+it is a pure function, so facts recorded on one machine can be diagnosed anywhere. Nothing heavy
+is imported, and CUDA is not touched, until :func:`gather` runs.
 
 Example:
     >>> from autotune.doctor.core import diagnose, gather
@@ -28,16 +29,16 @@ from autotune.doctor.base import (  # noqa: F401  (re-exported: the doctor's pub
     _ESSENTIAL,
     _GIB,
     _NO_COMPILE,
-    _ORT_DISTS,
     _PACKAGES,
-    _PROVIDERS_TO_LOAD,
     _SHM_WARN,
     SECTIONS,
     STATUSES,
     Check,
+    sections,
 )
+from autotune.runtimes.base import REGISTRY, Runtime, names
 
-__all__ = ["SECTIONS", "STATUSES", "Check", "diagnose", "exit_code", "gather", "run_checks"]
+__all__ = ["SECTIONS", "STATUSES", "Check", "diagnose", "exit_code", "gather", "run_checks", "sections"]
 
 
 def run_checks(workdir: str | os.PathLike = ".", *, compile_check: bool = False) -> list[Check]:
@@ -80,8 +81,11 @@ def gather(
         "system": _system_facts(Path(workdir)),
     }
     facts["gpus"] = _guarded(_gpu_facts) if facts["torch"].get("cuda_available") else []
-    facts["onnxruntime"] = _ort_facts(on_cuda=bool(facts["gpus"]) and "error" not in facts["gpus"])
-    facts["openvino"] = _guarded(_openvino_facts)
+    on_cuda = bool(facts["gpus"]) and "error" not in facts["gpus"]
+    for runtime in _runtimes():  # each runtime's own section (ONNX Runtime's providers, OpenVINO's CPU plugin)
+        found = _guarded(lambda runtime=runtime: runtime.doctor_facts(on_cuda))
+        if found is not None:
+            facts[runtime.name] = found
     facts["compile_check"] = None
     if compile_check and "error" not in facts["torch"]:
         facts["compile_check"] = _compile_checks(facts, compile_timeout)
@@ -146,9 +150,10 @@ def _requirements() -> list[dict[str, Any]] | None:
         req = Requirement(text)
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
             continue  # another platform's requirement, or an optional extra
-        names = _ORT_DISTS if req.name in _ORT_DISTS else (req.name,)
+        # A runtime's package may come in several wheels (ONNX Runtime's): any one satisfies the others.
+        wheels = next((r.packages for r in _runtimes() if req.name in r.packages), (req.name,))
         installed = None
-        for name in names:
+        for name in wheels:
             try:
                 installed = metadata.version(name)
                 break
@@ -269,26 +274,9 @@ def _system_facts(workdir: Path) -> dict[str, Any]:
     }
 
 
-def _openvino_facts() -> dict[str, Any]:
-    from autotune.doctor.openvino import facts
-
-    return facts()
-
-
-def _ort_facts(on_cuda: bool) -> dict[str, Any]:
-    import importlib.util
-
-    if importlib.util.find_spec("onnxruntime") is None:
-        return {"version": None, "providers": [], "loads": {}}
-    try:
-        import onnxruntime
-    except Exception as exc:  # a broken install
-        return {"version": None, "providers": [], "loads": {}, "error": f"{type(exc).__name__}: {exc}"}
-    from autotune.doctor.probe import ort_provider_loads
-
-    providers = list(onnxruntime.get_available_providers())
-    loads = {p: ort_provider_loads(p) for p in _PROVIDERS_TO_LOAD if on_cuda and p in providers}
-    return {"version": onnxruntime.__version__, "providers": providers, "loads": loads}
+def _runtimes() -> list[Runtime]:
+    """The registered runtimes, in their order: the doctor's sections between the host's."""
+    return [REGISTRY[name] for name in names()]
 
 
 # --- diagnosing --------------------------------------------------------------------------------
@@ -298,10 +286,13 @@ def diagnose(facts: dict[str, Any]) -> list[Check]:
     """Turn facts from :func:`gather` (possibly recorded elsewhere) into checks, in section order."""
     import autotune.doctor.checks as stack
     import autotune.doctor.host as host
-    import autotune.doctor.openvino as openvino
 
     found: list[Check] = []
-    parts = (stack.software, stack.cuda, stack.gpus, host.cpu, stack.compiler, host.onnxruntime, openvino.checks)
-    for part in (*parts, host.system):
+    for part in (stack.software, stack.cuda, stack.gpus, host.cpu, stack.compiler, _runtime_checks, host.system):
         found += part(facts)
     return found
+
+
+def _runtime_checks(facts: dict[str, Any]) -> list[Check]:
+    """Each runtime's rows (:meth:`~autotune.runtimes.base.Runtime.doctor_checks`), in its own section."""
+    return [Check(runtime.name, **row) for runtime in _runtimes() for row in runtime.doctor_checks(facts)]

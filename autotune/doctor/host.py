@@ -1,4 +1,5 @@
-"""The doctor's rules for the host: the CPU, ONNX Runtime, memory and disk.
+"""The doctor's rules for the host: the CPU, memory and disk (each runtime has its own:
+:meth:`autotune.runtimes.base.Runtime.doctor_checks`).
 
 Pure functions of the facts dict, like :mod:`autotune.doctor.checks`.
 """
@@ -8,9 +9,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from autotune.doctor.base import _DISK_FAIL, _DISK_WARN, _GIB, _SHM_WARN, Check, _gib, _gpu_list
+from autotune.doctor.base import _DISK_FAIL, _DISK_WARN, _GIB, _SHM_WARN, Check, _gib
 
-__all__ = ["cpu", "onnxruntime", "system"]
+__all__ = ["cpu", "system"]
 
 
 # --- CPU ---------------------------------------------------------------------------------------
@@ -122,96 +123,6 @@ def _load(c: dict[str, Any]) -> Check:
             "tune on an otherwise idle machine, and compare only results measured under the same load",
         )
     return Check("cpu", "load", "ok", detail)
-
-
-# --- ONNX Runtime ------------------------------------------------------------------------------
-
-_SHORT = {"CPUExecutionProvider": "CPU", "CUDAExecutionProvider": "CUDA", "TensorrtExecutionProvider": "TensorRT"}
-
-
-def onnxruntime(facts: dict[str, Any]) -> list[Check]:
-    """The ONNX Runtime install and its providers; on CUDA, whether the GPU providers load."""
-    ort, packages = facts["onnxruntime"], facts["packages"]
-    if ort.get("error"):
-        return [
-            Check(
-                "onnxruntime",
-                "onnxruntime",
-                "warn",
-                f"installed but cannot be imported: {ort['error']}",
-                "reinstall it: pip install --force-reinstall onnxruntime-gpu (onnxruntime off Linux x86-64)",
-            )
-        ]
-    if ort.get("version") is None:
-        return [
-            Check(
-                "onnxruntime",
-                "onnxruntime",
-                "warn",
-                "not installed: runtime=onnxruntime is left out, and ONNX artifacts cannot be checked for parity",
-                "pip install onnxruntime-gpu (Linux x86-64) or onnxruntime",
-            )
-        ]
-    dists = [d for d in ("onnxruntime", "onnxruntime-gpu") if packages.get(d)]
-    providers = ", ".join(_SHORT.get(p, p) for p in ort["providers"])
-    detail = f"{ort['version']} ({', '.join(dists) or '?'}); providers: {providers}"
-    rows = [Check("onnxruntime", "onnxruntime", "ok", detail)]
-    if len(dists) == 2:
-        rows.append(
-            Check(
-                "onnxruntime",
-                "onnxruntime wheels",
-                "warn",
-                "both onnxruntime and onnxruntime-gpu are installed: they share one module, the last installed wins",
-                "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install onnxruntime-gpu",
-            )
-        )
-    on_cuda = bool(_gpu_list(facts))
-    for provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
-        row = _provider(provider, ort, on_cuda)
-        if row is not None:
-            rows.append(row)
-    return rows
-
-
-def _provider(provider: str, ort: dict[str, Any], on_cuda: bool) -> Check | None:
-    listed = provider in ort["providers"]
-    if not on_cuda:
-        if listed:
-            return Check(
-                "onnxruntime",
-                provider,
-                "info",
-                "listed, but there is no CUDA device here: trials use CPUExecutionProvider",
-            )
-        return None
-    if not listed:
-        if provider == "TensorrtExecutionProvider":
-            return None  # an optional extra; CUDAExecutionProvider is the one that matters
-        return Check(
-            "onnxruntime",
-            provider,
-            "warn",
-            "not in this onnxruntime build: runtime=onnxruntime runs on the CPU provider only",
-            "pip uninstall -y onnxruntime, then pip install onnxruntime-gpu",
-        )
-    load = (ort.get("loads") or {}).get(provider) or {}
-    if load.get("ok"):
-        return Check("onnxruntime", provider, "ok", "loads: a session ran on it")
-    fix = (
-        "install the CUDA and cuDNN versions the reason names (pip install 'onnxruntime-gpu[cuda,cudnn]'), or an "
-        "onnxruntime-gpu built for torch's CUDA; meanwhile --fix ort_provider=CPUExecutionProvider"
-    )
-    if provider == "TensorrtExecutionProvider":
-        fix = "install the TensorRT this onnxruntime-gpu was built with (pip install tensorrt), or --fix ort_provider=CUDAExecutionProvider"
-    return Check(
-        "onnxruntime",
-        provider,
-        "warn",
-        f"listed but does not load ({load.get('detail', 'not tried')}); ONNX Runtime then falls back to the CPU "
-        f"silently, so trials with ort_provider={provider} are measured on the CPU",
-        fix,
-    )
 
 
 # --- memory and disk ---------------------------------------------------------------------------

@@ -219,9 +219,12 @@ class Options:
         export = self.export if self.export is not None else (() if self.train else ("onnx", "torchscript"))
         formats = (export,) if isinstance(export, str) else tuple(export or ())
         formats = tuple(f for f in formats if f != "none")
+        from autotune.runtimes.base import requestable_formats
+
+        known = requestable_formats()
         for fmt in formats:
-            if fmt not in ("onnx", "torchscript"):
-                raise ConfigError(f"No export format named {fmt!r}. Known: onnx, torchscript (or none).")
+            if fmt not in known:
+                raise ConfigError(f"No export format named {fmt!r}. Known: {', '.join(known)} (or none).")
         return formats
 
     @property

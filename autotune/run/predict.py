@@ -250,9 +250,10 @@ def predictor(
         config: A dict, :class:`~autotune.Config`, ``best_config.json`` or its directory; for an
             applied model, ``None`` or the config it was applied with.
         dataset: The data the build needs (configs that prune or quantize), as for
-            :func:`~autotune.apply`; a DataLoader gives its dataset and collate. With a compiled
-            config, one batch of each shape the tuned loader makes of it runs here
-            (:meth:`Predictor.warm`), so the calls do not compile them.
+            :func:`~autotune.apply`; a DataLoader gives its dataset and collate. With a config
+            that compiles per shape (torch.compile, TorchScript, OpenVINO's CPU plugin), one
+            batch of each shape the tuned loader makes of it runs here (:meth:`Predictor.warm`),
+            so the calls do not compile them.
         collate_fn: The collate the run used, if it needed one.
         pad_values: As for :func:`~autotune.optimize`.
         device: ``"auto"``, ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
@@ -284,8 +285,13 @@ def predictor(
 
 
 def _compiles(cfg: Any) -> bool:
-    """Whether ``cfg``'s model compiles per input shape (torch.compile, TorchScript)."""
-    return cfg["compile_mode"] != "none" or cfg["runtime"] == "torchscript"
+    """Whether ``cfg``'s model does work per input shape on first sight: torch.compile, or a
+    runtime that declares it (TorchScript; OpenVINO, whose CPU plugin prepares its kernels for
+    each new shape), as a trial's warm-up reads it (:func:`~autotune.trial.warmup.compiles_per_shape`)."""
+    from autotune.runtimes.base import REGISTRY
+
+    runtime = REGISTRY.get(cfg["runtime"])  # None for the torch model itself
+    return cfg["compile_mode"] != "none" or (runtime is not None and runtime.compiles_per_shape)
 
 
 def _costly(cfg: Any) -> bool:

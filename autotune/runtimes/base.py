@@ -18,12 +18,14 @@ __all__ = [
     "REGISTRY",
     "Runtime",
     "by_format",
+    "doctor_row",
     "formats",
     "get_runtime",
     "names",
     "of_format",
     "precision_knob",
     "register",
+    "requestable_formats",
     "restoring",
 ]
 
@@ -35,9 +37,11 @@ class Runtime:
     file is, a key of ``best_config.json``'s ``artifacts``), ``file_name`` (that file in the
     output folder), ``order`` (its place among the knob's choices) and ``help``, and implement
     :meth:`build`. They override :meth:`problem` where the runtime is not offered everywhere,
-    :meth:`export` and :meth:`open_file` where the winner's file is exported and loaded, and
-    :meth:`open` where a saved file is served by :func:`autotune.load`. Heavy imports (the
-    runtime's own package, torch) stay inside the methods: ``import autotune`` imports none.
+    :meth:`export` and :meth:`open_file` where the winner's file is exported and loaded,
+    :meth:`open` where a saved file is served by :func:`autotune.load` (and :meth:`open_light`
+    where it is served without torch), and :meth:`doctor_facts` and :meth:`doctor_checks` where
+    ``autotune doctor`` has something to check. Heavy imports (the runtime's own package, torch)
+    stay inside the methods: ``import autotune`` imports none.
     """
 
     name: ClassVar[str]
@@ -49,6 +53,11 @@ class Runtime:
     # first: an ONNX graph runs without Python's model code).
     load_rank: ClassVar[int] = 1000
     help: ClassVar[str] = ""
+    # How a sentence names its artifact ("an OpenVINO artifact"); its name where unset.
+    title: ClassVar[str] = ""
+    # The distributions that install its Python package, any one of which will do (ONNX Runtime's
+    # two wheels): the doctor's requirement check and `autotune verify`'s version diff read them.
+    packages: ClassVar[tuple[str, ...]] = ()
     # The knob that sets the precision of its own graph (``ort_precision``): where there is one,
     # torch's precision, quantization and layout knobs do not apply to the candidate.
     precision_knob: ClassVar[str | None] = None
@@ -56,6 +65,12 @@ class Runtime:
     compiles_per_shape: ClassVar[bool] = False
     # A winner of this runtime ships its measured file whatever formats the run exports.
     always_ships: ClassVar[bool] = False
+    # ``optimize(export=...)`` may ask for its format: the winner's model exported to it, whatever
+    # runtime the winner ran.
+    export_on_request: ClassVar[bool] = True
+    # Its file runs with numpy alone: :func:`autotune.load` serves it without importing torch
+    # (:meth:`open_light`).
+    runs_without_torch: ClassVar[bool] = False
     # Its file returns the model's outputs flat, by name (a graph), where the model may return a dict.
     flat_outputs: ClassVar[bool] = False
     # Its file may hold the batch size it was made with (a trace): a load feeds it full batches.
@@ -101,6 +116,14 @@ class Runtime:
         :func:`autotune.load`; ``record`` is its entry in ``best_config.json``."""
         return self.open_file(path, record)
 
+    def open_light(self, path: Path, record: dict[str, Any]) -> Any:
+        """The module that serves the saved artifact at ``path`` on the CPU with numpy alone,
+        importing no torch, for :func:`autotune.load` where torch is not wanted or not installed:
+        ``module.run(arrays)`` takes the inputs as numpy arrays in ``record``'s ``input_names``
+        order and returns the outputs, flat, as numpy arrays. For a runtime that sets
+        ``runs_without_torch``; ``record`` is its entry in ``best_config.json``."""
+        raise NotImplementedError(f"the {self.name} runtime needs torch to run its file")
+
     def load_settings(self, config: Any, device: str) -> dict[str, Any]:
         """What the record of the run's artifact in this format holds besides its file, for its
         load: the settings of the winner's ``config`` it runs with on the run's ``device``."""
@@ -113,6 +136,21 @@ class Runtime:
     def ship_files(self, source: Path, path: Path, record: dict[str, Any]) -> None:
         """Copy the files besides the artifact at ``source`` (see :meth:`files`) beside its copy
         at ``path``, and add them to its ``record`` (their names, digests and bytes)."""
+
+    def doctor_facts(self, on_cuda: bool) -> dict[str, Any] | None:
+        """What ``autotune doctor`` records of the runtime on this machine, as a JSON-safe dict
+        (its version, why it cannot run here, what it offers), or ``None`` where it has nothing
+        to check. ``on_cuda``: torch has a CUDA device here. A failure to collect may raise: the
+        doctor records it as the section's ``{"error": ...}``."""
+        return None
+
+    def doctor_checks(self, facts: dict[str, Any]) -> list[dict[str, Any]]:
+        """The doctor's rows of the runtime's section, a pure function of the facts the doctor
+        gathered (perhaps on another machine): the runtime's own under ``facts[self.name]`` (see
+        :meth:`doctor_facts`) and the host's (``packages``, ``cpu``, ``gpus``). Each row is
+        ``{"name", "status", "detail"}``, with ``"fix"`` where there is something to do;
+        ``status`` is ``"ok"``, ``"info"``, ``"warn"`` or ``"fail"``."""
+        return []
 
 
 REGISTRY: dict[str, Runtime] = {}
@@ -156,6 +194,11 @@ def formats() -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.format for r in ranked))
 
 
+def requestable_formats() -> tuple[str, ...]:
+    """The artifact formats ``optimize(export=...)`` may ask for, in the order of :func:`formats`."""
+    return tuple(f for f in formats() if by_format(f).export_on_request)
+
+
 def by_format(fmt: str) -> Runtime:
     """The runtime whose artifacts are in format ``fmt``.
 
@@ -171,6 +214,12 @@ def by_format(fmt: str) -> Runtime:
 def of_format(fmt: str) -> Runtime | None:
     """The runtime whose artifacts are in format ``fmt``, or ``None`` (``"torch"``: the model itself)."""
     return next((r for r in REGISTRY.values() if r.format == fmt), None)
+
+
+def doctor_row(name: str, status: str, detail: str, fix: str | None = None) -> dict[str, Any]:
+    """One row of :meth:`Runtime.doctor_checks`: what was checked, ``"ok"``, ``"info"``,
+    ``"warn"`` or ``"fail"``, what was found and what to do about it."""
+    return {"name": name, "status": status, "detail": detail, "fix": fix}
 
 
 def restoring(model: Any, example: Any, runner: Callable[..., Any]) -> Callable[..., Any]:

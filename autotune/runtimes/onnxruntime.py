@@ -9,12 +9,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.runtimes.base import Runtime, register, restoring
+from autotune.runtimes.base import Runtime, doctor_row, register, restoring
 
-__all__ = ["ORT_DEFAULTS", "OnnxRuntime"]
+__all__ = ["ORT_DEFAULTS", "OnnxRuntime", "ort_provider_loads"]
 
 # The ONNX Runtime settings an exported ONNX artifact is checked (and later loaded) with.
 ORT_DEFAULTS = {"provider": "CPUExecutionProvider", "graph_optimization": "all", "intra_op_threads": 0}
+# The GPU providers whose loading the doctor tries on CUDA (a listed one may not load).
+_PROVIDERS_TO_LOAD = ("CUDAExecutionProvider", "TensorrtExecutionProvider")
 
 
 @register
@@ -26,6 +28,7 @@ class OnnxRuntime(Runtime):
     load_rank = 0  # first: an ONNX graph runs without Python's model code or torch
     precision_knob = "ort_precision"
     flat_outputs = True
+    packages = ("onnxruntime", "onnxruntime-gpu")  # one module, two wheels: either satisfies the other
     help = "ONNX Runtime on the exported graph"
 
     def problem(self, ctx: Any) -> str | None:
@@ -128,6 +131,61 @@ class OnnxRuntime(Runtime):
             io_binding=provider != CPU_PROVIDER,
         )
 
+    def doctor_facts(self, on_cuda: bool) -> dict[str, Any]:
+        """ONNX Runtime's version and providers and, on CUDA, whether its GPU providers load
+        (:func:`ort_provider_loads`, each in a fresh process)."""
+        if importlib.util.find_spec("onnxruntime") is None:
+            return {"version": None, "providers": [], "loads": {}}
+        try:
+            import onnxruntime
+        except Exception as exc:  # a broken install
+            return {"version": None, "providers": [], "loads": {}, "error": f"{type(exc).__name__}: {exc}"}
+        providers = list(onnxruntime.get_available_providers())
+        loads = {p: ort_provider_loads(p) for p in _PROVIDERS_TO_LOAD if on_cuda and p in providers}
+        return {"version": onnxruntime.__version__, "providers": providers, "loads": loads}
+
+    def doctor_checks(self, facts: dict[str, Any]) -> list[dict[str, Any]]:
+        """The ONNX Runtime install and its providers; on CUDA, whether the GPU providers load."""
+        ort, packages = facts[self.name], facts["packages"]
+        if ort.get("error"):
+            return [
+                doctor_row(
+                    "onnxruntime",
+                    "warn",
+                    f"installed but cannot be imported: {ort['error']}",
+                    "reinstall it: pip install --force-reinstall onnxruntime-gpu (onnxruntime off Linux x86-64)",
+                )
+            ]
+        if ort.get("version") is None:
+            return [
+                doctor_row(
+                    "onnxruntime",
+                    "warn",
+                    "not installed: runtime=onnxruntime is left out, and ONNX artifacts cannot be checked for parity",
+                    "pip install onnxruntime-gpu (Linux x86-64) or onnxruntime",
+                )
+            ]
+        dists = [d for d in self.packages if packages.get(d)]
+        providers = ", ".join(_SHORT.get(p, p) for p in ort["providers"])
+        detail = f"{ort['version']} ({', '.join(dists) or '?'}); providers: {providers}"
+        rows = [doctor_row("onnxruntime", "ok", detail)]
+        if len(dists) == 2:
+            rows.append(
+                doctor_row(
+                    "onnxruntime wheels",
+                    "warn",
+                    "both onnxruntime and onnxruntime-gpu are installed: they share one module, the last installed wins",
+                    "pip uninstall -y onnxruntime onnxruntime-gpu, then pip install onnxruntime-gpu",
+                )
+            )
+        gpus = facts.get("gpus") or []
+        on_cuda = isinstance(gpus, list) and any(isinstance(g, dict) and "index" in g for g in gpus)
+        for provider in ("CUDAExecutionProvider", "TensorrtExecutionProvider"):
+            row = _provider_row(provider, ort, on_cuda)
+            if row is not None:
+                rows.append(row)
+        return rows
+
 
 def _in_precision(state: Any, extras: Any, path: Path) -> tuple[Path, str]:
     """The exported float graph at ``path`` in ``ort_precision``: the graph to run, and the precision."""
@@ -207,3 +265,92 @@ def _quantized_export(source: Any, example: Any, path: Path, spatial: bool) -> d
     finally:
         src.unlink(missing_ok=True)
     return info
+
+
+# --- the doctor's ONNX Runtime section ---------------------------------------------------------
+
+_SHORT = {"CPUExecutionProvider": "CPU", "CUDAExecutionProvider": "CUDA", "TensorrtExecutionProvider": "TensorRT"}
+
+
+def _provider_row(provider: str, ort: dict[str, Any], on_cuda: bool) -> dict[str, Any] | None:
+    listed = provider in ort["providers"]
+    if not on_cuda:
+        if listed:
+            return doctor_row(
+                provider, "info", "listed, but there is no CUDA device here: trials use CPUExecutionProvider"
+            )
+        return None
+    if not listed:
+        if provider == "TensorrtExecutionProvider":
+            return None  # an optional extra; CUDAExecutionProvider is the one that matters
+        return doctor_row(
+            provider,
+            "warn",
+            "not in this onnxruntime build: runtime=onnxruntime runs on the CPU provider only",
+            "pip uninstall -y onnxruntime, then pip install onnxruntime-gpu",
+        )
+    load = (ort.get("loads") or {}).get(provider) or {}
+    if load.get("ok"):
+        return doctor_row(provider, "ok", "loads: a session ran on it")
+    fix = (
+        "install the CUDA and cuDNN versions the reason names (pip install 'onnxruntime-gpu[cuda,cudnn]'), or an "
+        "onnxruntime-gpu built for torch's CUDA; meanwhile --fix ort_provider=CPUExecutionProvider"
+    )
+    if provider == "TensorrtExecutionProvider":
+        fix = "install the TensorRT this onnxruntime-gpu was built with (pip install tensorrt), or --fix ort_provider=CUDAExecutionProvider"
+    return doctor_row(
+        provider,
+        "warn",
+        f"listed but does not load ({load.get('detail', 'not tried')}); ONNX Runtime then falls back to the CPU "
+        f"silently, so trials with ort_provider={provider} are measured on the CPU",
+        fix,
+    )
+
+
+_ORT_PROBE = """
+import sys
+import torch  # as in a trial: torch's CUDA libraries are loaded before the session is made
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper
+
+x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+graph = helper.make_graph([helper.make_node("Add", ["x", "x"], ["y"])], "probe", [x], [y])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+model.ir_version = 8
+session = ort.InferenceSession(model.SerializeToString(), providers=[sys.argv[1], "CPUExecutionProvider"])
+session.run(None, {"x": np.ones(2, np.float32)})
+print("PROVIDERS " + ",".join(session.get_providers()))
+"""
+
+
+def ort_provider_loads(provider: str, timeout: float = 120.0) -> dict[str, Any]:
+    """Whether ONNX Runtime really creates a session on ``provider`` here, for the doctor.
+
+    A listed provider whose libraries are missing does not raise: ONNX Runtime logs the
+    problem and falls back to the CPU, so this runs a one-node graph in a fresh process (a
+    crash, a hang or a half-loaded library stays out of the caller) and reads which providers
+    the session ended up with.
+
+    Returns:
+        ``{"ok": bool, "detail": str}``; ``detail`` gives ONNX Runtime's own reason on failure.
+    """
+    import re
+    import subprocess
+    import sys
+
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _ORT_PROBE, provider], capture_output=True, text=True, timeout=timeout
+        )
+    except subprocess.TimeoutExpired:
+        return {"ok": False, "detail": f"creating a session did not finish in {timeout:.0f} s"}
+    found = re.search(r"^PROVIDERS (.*)$", done.stdout, re.MULTILINE)
+    if found and provider in found.group(1).split(","):
+        return {"ok": True, "detail": "a session ran on it"}
+    log = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr)
+    reasons = re.findall(r"with error: (.+)", log) + re.findall(r"(Require [^.]+)\.", log)
+    if not reasons:
+        reasons = [line.strip() for line in log.splitlines() if line.strip()][-1:] or ["no reason logged"]
+    return {"ok": False, "detail": "; ".join(dict.fromkeys(r.strip() for r in reasons))}

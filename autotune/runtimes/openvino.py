@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from autotune.runtimes.base import Runtime, register, restoring
+from autotune.runtimes.base import Runtime, doctor_row, register, restoring
 
 __all__ = ["OpenVino"]
 
@@ -31,8 +31,12 @@ class OpenVino(Runtime):
     precision_knob = "ov_precision"
     compiles_per_shape = True  # its CPU plugin prepares its kernels for each new shape of a dynamic model
     always_ships = True  # the winner's IR is its own file, whatever formats were asked for
+    export_on_request = False  # an IR ships with an OpenVINO winner only: no other winner is converted
     flat_outputs = True
+    runs_without_torch = True  # its IR runs with openvino and numpy alone
+    packages = ("openvino",)
     help = "OpenVINO (CPU) on the converted model"
+    title = "OpenVINO"
 
     def problem(self, ctx: Any) -> str | None:
         if ctx.env.is_cuda:
@@ -119,6 +123,12 @@ class OpenVino(Runtime):
         # On the CPU: a tensor on another device comes back there.
         return OvModule(path, record["input_names"], record.get("output_names") or [], **(record.get("openvino") or {}))
 
+    def open_light(self, path: Path, record: dict[str, Any]) -> Any:
+        from autotune.export.ov_run import OvRunner
+
+        settings = dict(record.get("openvino") or {})
+        return OvRunner(path, list(record["input_names"]), list(record.get("output_names") or []), **settings)
+
     def files(self, path: Path) -> list[Path]:
         return [path.with_suffix(".bin")]
 
@@ -132,6 +142,66 @@ class OpenVino(Runtime):
         record.update(
             bin_path=weights.name, bin_sha256=file_digest(weights), bytes=record["bytes"] + weights.stat().st_size
         )
+
+    def doctor_facts(self, on_cuda: bool) -> dict[str, Any]:
+        """OpenVINO's and NNCF's versions, why OpenVINO cannot run here (``problem``, ``None`` when
+        it can), and the CPU plugin's optimization capabilities (``FP32``, ``BF16``, ``INT8``, ...).
+        It imports ``openvino``, never NNCF, which imports torch."""
+        from importlib import metadata
+
+        from autotune.export.ov_run import core, openvino_problem
+
+        found: dict[str, Any] = {"version": None, "nncf": None, "problem": openvino_problem(), "capabilities": []}
+        for key, dist in (("version", "openvino"), ("nncf", "nncf")):
+            try:
+                found[key] = metadata.version(dist)
+            except metadata.PackageNotFoundError:
+                pass
+        if found["problem"] is None:
+            try:
+                found["capabilities"] = [str(c) for c in core().get_property("CPU", "OPTIMIZATION_CAPABILITIES")]
+            except Exception as exc:  # an older plugin without the property: the rows say unknown
+                found["capabilities_error"] = f"{type(exc).__name__}: {exc}"
+        return found
+
+    def doctor_checks(self, facts: dict[str, Any]) -> list[dict[str, Any]]:
+        """Whether ``runtime=openvino`` is offered (and, where not, why and how to fix it), whether
+        NNCF is there for its int8, and whether its bf16 precision pays on this CPU."""
+        ov = facts.get(self.name)
+        if not isinstance(ov, dict):
+            return []  # facts recorded before the section existed
+        if "error" in ov:
+            return [doctor_row("openvino", "warn", f"cannot be checked: {ov['error']}")]
+        if ov.get("problem"):
+            return [
+                doctor_row(
+                    "openvino",
+                    "info",
+                    f"runtime=openvino is left out: {ov['problem']}",
+                    "install the openvino extra (x86-64 Linux) or pip install openvino nncf, to let OpenVINO compete on the CPU",
+                )
+            ]
+        caps = ", ".join(ov.get("capabilities") or []) or "unknown"
+        rows = [doctor_row("openvino", "ok", f"{ov['version']}: runtime=openvino is offered on the CPU ({caps})")]
+        if ov.get("nncf"):
+            rows.append(doctor_row("nncf", "ok", f"{ov['nncf']}: ov_precision=int8_static (NNCF static int8)"))
+        else:
+            rows.append(
+                doctor_row(
+                    "nncf",
+                    "warn",
+                    "not installed: OpenVINO's int8 (ov_precision=int8_static) fails in every trial that tries it",
+                    "pip install nncf",
+                )
+            )
+        isa = set((facts.get("cpu") or {}).get("isa") or [])
+        if {"avx512_bf16", "amx_bf16"} & isa:
+            rows.append(doctor_row("bf16", "ok", "this CPU has bf16 units: ov_precision=bf16 is offered"))
+        else:
+            rows.append(
+                doctor_row("bf16", "info", "no bf16 units on this CPU: ov_precision=bf16 is left out (emulated, slow)")
+            )
+        return rows
 
 
 def _converted(state: Any, example: Any, spatial: bool, folder: Path) -> tuple[Any, dict[str, Any]]:

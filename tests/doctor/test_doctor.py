@@ -10,7 +10,8 @@ import pytest
 import autotune.doctor.core as _doctor
 from autotune.cli import _print_checks, main
 from autotune.doctor.core import Check, diagnose, gather
-from autotune.doctor.probe import compile_probe, ort_provider_loads
+from autotune.doctor.probe import compile_probe
+from autotune.runtimes.onnxruntime import ort_provider_loads
 
 # What gather() recorded on a GPU server: one H100 with another job's memory on it, a torch
 # built for CUDA 12.4 under a driver for 12.2, and an onnxruntime-gpu whose CUDA provider

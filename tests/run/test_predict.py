@@ -289,3 +289,21 @@ def test_a_predictor_warms_every_width_the_tuned_loader_makes_before_its_first_c
     frames = counters["frames"]["ok"]
     run(data)
     assert counters["frames"]["ok"] == frames and run.n_compiles == 0
+
+
+def test_a_predictor_of_an_openvino_config_warms_every_batch_shape_before_its_first_call():
+    """OpenVINO's CPU plugin prepares its kernels for each new input shape, and a trial warms each
+    shape before its timed windows: a predictor of an OpenVINO config runs one batch of each
+    width the tuned loader makes before its first call too, and its outputs are predict's."""
+    pytest.importorskip("openvino", reason="runtime=openvino needs the openvino extra")
+    config = {"batch_size": 4, "padding": "trim", "length_grouping": 4, "runtime": "openvino"}
+    data = [{"input_ids": torch.arange(1, n + 1), "attention_mask": torch.ones(n, dtype=torch.long)}
+            for n in [3, 5, 7] * 4]  # fmt: skip
+    model = _Pooled()
+    run = autotune.predictor(model, config, dataset=data, device="cpu")
+    assert run.compile_s > 0  # the warm-up ran, before any call
+    out = run(data)
+    torch.testing.assert_close(out.tensor, autotune.predict(model, data, config, device="cpu").tensor)
+    with torch.inference_mode():  # each sample's own output, in dataset order
+        expected = torch.cat([_Pooled()(**{k: v[None] for k, v in s.items()}) for s in data])
+    torch.testing.assert_close(out.tensor, expected, rtol=1e-4, atol=1e-5)

@@ -18,7 +18,7 @@ from autotune.data import describe
 from autotune.errors import ConfigError
 from autotune.knobs import SpaceContext, get_knob
 from autotune.record import trial_record
-from autotune.runtimes.base import REGISTRY, Runtime, formats, get_runtime, names, register
+from autotune.runtimes.base import REGISTRY, Runtime, doctor_row, formats, get_runtime, names, register
 from tests.models import MLP, classification_data
 
 
@@ -110,3 +110,40 @@ def test_the_registry_forgets_a_runtime_registered_in_a_test():
         Config({"runtime": "traced"})
     with pytest.raises(ConfigError, match=r"No runtime named 'traced'\. Known: torch, torchscript"):
         get_runtime("traced")
+
+
+class Checked(Traced):
+    """The trace again, with a section of its own in ``autotune doctor``."""
+
+    name = "checked"
+    format = "checked"
+    file_name = "model.checked.pt"
+
+    def doctor_facts(self, on_cuda: bool) -> dict[str, Any]:
+        return {"version": "1.0"}
+
+    def doctor_checks(self, facts: dict[str, Any]) -> list[dict[str, Any]]:
+        return [doctor_row("checked", "ok", f"{facts[self.name]['version']}: runtime=checked is offered")]
+
+
+def test_a_registered_runtime_has_its_doctor_section_and_is_an_export_format():
+    """The doctor gathers and prints a registered runtime's section under its name, and
+    ``optimize(export=...)`` takes its format, as long as it is registered."""
+    from rich.console import Console
+
+    from autotune.cli import _print_checks
+    from autotune.doctor.core import diagnose, gather
+    from autotune.run.options import Options
+
+    with registered(Checked):
+        facts = gather(".")
+        assert facts["checked"] == {"version": "1.0"}
+        checks = diagnose(facts)
+        assert [(c.name, c.status) for c in checks if c.section == "checked"] == [("checked", "ok")]
+        console = Console(record=True, width=250, color_system=None)
+        _print_checks(console, checks)
+        assert "1.0: runtime=checked is offered" in console.export_text()
+        assert Options(export=["checked"]).export == ("checked",)
+    assert not [c for c in diagnose(facts) if c.section == "checked"]  # gone with it
+    with pytest.raises(ConfigError, match="No export format named 'checked'"):
+        Options(export=["checked"])
