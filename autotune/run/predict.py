@@ -239,8 +239,8 @@ def predictor(
 ) -> Predictor:
     """A :class:`Predictor`: ``model`` tuned as ``config`` says, once, to call on any samples.
 
-    A config that is costly to build (compiled, exported, quantized or pruned) is built once
-    per process for the same model object, config and device: a second predictor, a
+    A config is built once per process for the same model object, config and device (a copy
+    of the model, or a compile, an export, a quantization or a pruning): a second predictor, a
     :func:`predict` or :func:`~autotune.load` with ``model=`` reuses it, unless the model's
     weights changed since (then it is built again, with a one-line warning).
 
@@ -307,9 +307,9 @@ def _costly(cfg: Any) -> bool:
 def _built(
     model: Any, config: Any, data: Any, collate_fn: Any, pad_values: Any, device: str, apply_kwargs: dict[str, Any]
 ) -> Predictor:
-    """A predictor over ``model`` tuned as ``config`` says: built here, or, for a config that is
-    costly to build, the build this process made already for the same model, config and device
-    (:mod:`autotune.run._built`), its process-wide settings turned on again."""
+    """A predictor over ``model`` tuned as ``config`` says: the build this process made already
+    for the same model, config and device (:mod:`autotune.run._built`), its process-wide
+    settings turned on again, or one built here."""
     import json
 
     from autotune.env import resolve_device
@@ -322,11 +322,12 @@ def _built(
         return apply(model, config, device=where, dataset=data, collate_fn=collate_fn, pad_values=pad_values,
                      **apply_kwargs)  # fmt: skip
 
-    if not _costly(cfg):
-        run = Predictor(build(), cfg, where, collate_fn, pad_values)
-        return run
-    # What the build depends on besides the model: the config with the run's draw (int8
-    # calibration), the device, and apply's other arguments by identity.
+    if not _costly(cfg) and not _weakly_held(model):
+        return Predictor(build(), cfg, where, collate_fn, pad_values)
+    # Every build is kept, a cheap one too: built on each call, the quickstart's winner (a copy
+    # of its MLP and a new loader per call, an epoch of 13 ms) ran predict() at 0.55 of apply +
+    # dataloader. What the build depends on besides the model: the config with the run's draw
+    # (int8 calibration), the device, and apply's other arguments by identity.
     recipe = json.dumps([cfg.to_dict(), _rebuild_of(config)], sort_keys=True, default=str)
     others = tuple(sorted((k, id(v)) for k, v in apply_kwargs.items()))
     entry = build_once(model, (recipe, where, others), build, "predict")
@@ -335,6 +336,15 @@ def _built(
     run = Predictor(entry.model, cfg, where, collate_fn, pad_values)
     run.build_s = 0.0 if entry.reused else entry.build_s
     return run
+
+
+def _weakly_held(model: Any) -> bool:
+    """Whether ``model`` can be held weakly, so a build of it can be kept with it."""
+    try:
+        weakref.ref(model)
+    except TypeError:
+        return False
+    return True
 
 
 def _activate(cfg: Any, device: str) -> None:
@@ -383,14 +393,13 @@ def predict(
     """Every sample's output, in dataset order, from ``model`` tuned and batched as ``config``
     says (its batch size, workers, padding and length grouping, whatever order the batches run in).
 
-    A one-shot :func:`predictor`. A config that is costly to build (compiled, exported,
-    quantized or pruned) is built once per process: a later call with the same model object,
-    config and device reuses that build, so a compiled model compiles on the first call only
-    (one batch of each shape the tuned loader makes of ``dataset`` runs first; the cost is
-    :attr:`Predictor.build_s` and :attr:`Predictor.compile_s` of a :func:`predictor`). A model
-    changed since (its weights updated in place, through torch) is tuned again, with a warning.
-    A build that needs data (int8 calibration) uses the first call's. Other configs are applied
-    on each call, which costs a copy of the model.
+    A one-shot :func:`predictor`. A config is built once per process (a copy of the model, or
+    a compile, an export, a quantization or a pruning): a later call with the same model object,
+    config and device reuses that build and its loader, so a compiled model compiles on the
+    first call only (one batch of each shape the tuned loader makes of ``dataset`` runs first;
+    the cost is :attr:`Predictor.build_s` and :attr:`Predictor.compile_s` of a
+    :func:`predictor`). A model changed since (its weights updated in place, through torch) is
+    tuned again, with a warning. A build that needs data (int8 calibration) uses the first call's.
 
     Args:
         model: The model (an ``nn.Module`` or a factory), as given to :func:`~autotune.optimize`,
