@@ -63,7 +63,7 @@ def fingerprint(model: Any) -> tuple[Any, ...] | None:
     return tuple(found)
 
 
-def build_once(model: Any, key: tuple[Any, ...], build: Callable[[], Any], what: str) -> Built:
+def build_once(model: Any, key: tuple[Any, ...], build: Callable[[], Any], what: str, warn: bool = True) -> Built:
     """The tuned model of ``model`` for ``key`` (config, device, ...), built by ``build`` on the
     first call in this process and reused after, while ``model`` holds the weights it was tuned
     with. A model changed since is built again, with a warning that says so; one that cannot be
@@ -74,14 +74,17 @@ def build_once(model: Any, key: tuple[Any, ...], build: Callable[[], Any], what:
         key: What else the build depends on (hashable).
         build: Builds the tuned model.
         what: The caller's name (``"predict"``), for the warning.
+        warn: Whether a model that cannot be held weakly is said to be built on every call (a
+            cheap build, a copy of the model, needs no word).
     """
     full = (id(model), *key)
     try:
         # The callback holds the key, not the model: the entry goes when the model does.
         source = weakref.ref(model, lambda _, full=full: _BUILT.pop(full, None))
     except TypeError:
-        warnings.warn(f"{what}: this `model` cannot be kept between calls, so each call tunes it again (a compiled "
-                      "config compiles again): build an autotune.predictor once and call it instead.", stacklevel=3)  # fmt: skip
+        if warn:
+            warnings.warn(f"{what}: this `model` cannot be kept between calls, so each call tunes it again (a compiled "
+                          "config compiles again): build an autotune.predictor once and call it instead.", stacklevel=3)  # fmt: skip
         return _timed(build)
     now = fingerprint(model)
     entry = _BUILT.get(full)

@@ -322,29 +322,18 @@ def _built(
         return apply(model, config, device=where, dataset=data, collate_fn=collate_fn, pad_values=pad_values,
                      **apply_kwargs)  # fmt: skip
 
-    if not _costly(cfg) and not _weakly_held(model):
-        return Predictor(build(), cfg, where, collate_fn, pad_values)
     # Every build is kept, a cheap one too: built on each call, the quickstart's winner (a copy
     # of its MLP and a new loader per call, an epoch of 13 ms) ran predict() at 0.55 of apply +
     # dataloader. What the build depends on besides the model: the config with the run's draw
     # (int8 calibration), the device, and apply's other arguments by identity.
     recipe = json.dumps([cfg.to_dict(), _rebuild_of(config)], sort_keys=True, default=str)
     others = tuple(sorted((k, id(v)) for k, v in apply_kwargs.items()))
-    entry = build_once(model, (recipe, where, others), build, "predict")
+    entry = build_once(model, (recipe, where, others), build, "predict", warn=_costly(cfg))
     if entry.reused:
         _activate(cfg, where)
     run = Predictor(entry.model, cfg, where, collate_fn, pad_values)
     run.build_s = 0.0 if entry.reused else entry.build_s
     return run
-
-
-def _weakly_held(model: Any) -> bool:
-    """Whether ``model`` can be held weakly, so a build of it can be kept with it."""
-    try:
-        weakref.ref(model)
-    except TypeError:
-        return False
-    return True
 
 
 def _activate(cfg: Any, device: str) -> None:

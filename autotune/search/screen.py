@@ -328,6 +328,15 @@ class Screening:
         lever = next((lever for lever in self.levers if changes in lever.variants), None)
         return [dict(v) for v in lever.variants[lever.variants.index(changes) :]] if lever else [dict(changes)]
 
+    def _symbols(self, changes: Mapping[str, Any], config: Mapping[str, Any]) -> Mapping[str, Any]:
+        """``changes`` with shapes as symbols where they compile onto trimmed padding: a static
+        compile builds each width anew up to dynamo's recompile limit and runs the rest eager
+        (on real text, 89 s of a 100-s trial for no gain, then the same again with freezing)."""
+        trimmed = config.get("padding", "as_given") != "as_given"
+        if not trimmed or "compile_mode" not in changes or "compile_dynamic" in changes:
+            return changes
+        return {**changes, "compile_dynamic": True} if True in self.space.values.get("compile_dynamic", ()) else changes
+
     def _builds(
         self,
         steps: Sequence[Sequence[Mapping[str, Any]]],

@@ -260,6 +260,8 @@ def main(argv: list[str] | None = None) -> None:
     )
     args = parser.parse_args(argv)
     again = tuple(label.strip() for label in args.again.split(";") if label.strip())
+    if again and args.load is None:
+        parser.error("--again runs named runs again on a finished folder: give it with --load OUT.")
     if unknown := [label for label in again if label not in {lbl for lbl, _ in RUNS["full"]["runs"]}]:
         parser.error(f"No run labelled {unknown[0]!r}. Known: {'; '.join(lbl for lbl, _ in RUNS['full']['runs'])}.")
     if unknown := [n for n in args.workloads.split(",") if n not in known]:
