@@ -154,6 +154,22 @@ def test_the_distribution_has_a_name_of_its_own_and_installs_the_autotune_comman
     assert project["scripts"] == {"autotune": "autotune.cli:main"}
 
 
+def test_every_package_of_the_source_is_in_the_distribution():
+    """The distribution lists its packages: autotune.runtimes was added to the source and not to
+    the list, and an installed (not editable) autotune could not import it."""
+    from pathlib import Path
+
+    try:
+        import tomllib
+    except ModuleNotFoundError:  # Python 3.10
+        import tomli as tomllib
+
+    root = Path(__file__).resolve().parent.parent
+    listed = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    found = {".".join(p.parent.relative_to(root).parts) for p in (root / "autotune").rglob("__init__.py")}
+    assert found <= listed, sorted(found - listed)
+
+
 def test_the_default_install_is_a_cpu_one_and_the_gpu_extra_adds_the_gpu_onnxruntime():
     from packaging.requirements import Requirement
 
