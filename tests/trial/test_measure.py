@@ -1,5 +1,6 @@
 """The timing protocol: windows, the interference probe, per-trial memory and the noise verdict."""
 
+import copy
 import os
 import time
 
@@ -313,3 +314,22 @@ def test_windows_of_other_lengths_that_run_the_same_work_per_second_are_not_nois
     # ...their tokens/s far less: bounded relative to that spread, not by the clock alone (about
     # 1% on a quiet machine; the samples/s CoV the old check read is above the spread itself)
     assert r["cov"] < 0.25 * (hi - lo) / (hi + lo), r
+
+
+def test_compressed_size_follows_the_weights_it_was_asked_for():
+    """The compressed size is kept per distinct weights: a second model with the same weights
+    reuses it, and a model whose weights changed (zeroed by pruning) gets its own, smaller one."""
+    import zlib
+
+    from autotune.compress.quantize import serialized_bytes
+    from autotune.trial.measure import size_bytes
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 8))
+    first = size_bytes(model)
+    assert first == size_bytes(copy.deepcopy(model))
+    with torch.no_grad():
+        model[0].weight[:, :48] = 0.0
+    pruned = size_bytes(model)
+    assert pruned[0] == first[0] and pruned[1] < first[1]
+    assert pruned[1] == len(zlib.compress(serialized_bytes(model, raw=True), 1))
