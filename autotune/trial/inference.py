@@ -223,7 +223,10 @@ class TrialContext(Context, ArtifactExport):
                 result.update(model_alone(state, self.spec.dataset, result["samples_per_s"], self.spec.measure))
             except Exception as exc:  # the end-to-end figure stands without its explanation
                 result["bound_error"] = one_line(exc)
-        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact)
+        # A trial stopped early is no contender, its compressed size read by nothing: zlib would
+        # take 3-4 s of its 1-2 s on a MiniLM's 90 MB of float weights (an OpenVINO float build's).
+        compress = not result["stopped"]
+        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact, compress)
         if result["stopped"]:
             # Far below the best so far after its first windows: neither more timing nor the
             # guard can make it a contender. What they would have cost is what was saved.

@@ -118,12 +118,13 @@ def _noise_causes(result: dict[str, Any], settings: MeasureSettings) -> dict[str
     return causes
 
 
-def size_bytes(model: Any, artifact: dict[str, Any] | None = None) -> tuple[int, int]:
+def size_bytes(model: Any, artifact: dict[str, Any] | None = None, compress: bool = True) -> tuple[int, int | None]:
     """Bytes of the tuned model's serialized weights (int8 packed, pruned shapes real), plain
-    and zlib-compressed. The compressed size is what an archive ships, so zeroed weights from
-    unstructured pruning count there; it is what the ``size`` objective minimizes. A model that
-    runs an exported file (TorchScript, ONNX Runtime, OpenVINO: ``artifact``) is that file's size
-    with the weights it keeps beside it (OpenVINO's ``model.bin``, ONNX's external data)."""
+    and zlib-compressed (``None`` without ``compress``). The compressed size is what an archive
+    ships, so zeroed weights from unstructured pruning count there; it is what the ``size``
+    objective minimizes. A model that runs an exported file (TorchScript, ONNX Runtime,
+    OpenVINO: ``artifact``) is that file's size with the weights it keeps beside it (OpenVINO's
+    ``model.bin``, ONNX's external data)."""
     from pathlib import Path
 
     from autotune.compress.quantize import serialized_bytes
@@ -134,7 +135,7 @@ def size_bytes(model: Any, artifact: dict[str, Any] | None = None) -> tuple[int,
         data = b"".join(p.read_bytes() for p in [path, *beside] if p.is_file())
     else:
         data = serialized_bytes(unwrap(model), raw=True)
-    return len(data), compressed_len(data)
+    return len(data), compressed_len(data) if compress else None
 
 
 # Compressed lengths of the weights a worker has measured, by their digest. zlib at level 1

@@ -65,9 +65,12 @@ def test_a_trial_far_below_the_best_is_stopped_unguarded_and_says_what_it_saved(
     assert "stopped after 1 of 4 windows" in result["reason"] and "75%" in result["reason"]
     assert result["n_windows"] == 1 and "metric" not in result  # the guard did not run
     assert result["fidelity_saved_s"] >= 3 * SETTINGS.window_s  # three windows not timed
+    # Its size is read, its compressed size (seconds of zlib on a real model's weights) is not.
+    assert result["size_bytes"] > 0 and result["size_bytes_compressed"] is None
     # Near the best, the same trial is timed and guarded fully.
     near = ctx.run_trial(slow, {"best": result["samples_per_s"]}).to_attrs()
     assert near["status"] == "ok" and near["n_windows"] == SETTINGS.n_windows and "metric" in near
+    assert 0 < near["size_bytes_compressed"] <= near["size_bytes"]
 
 
 def test_a_screening_trial_times_half_the_windows():
