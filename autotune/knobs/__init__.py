@@ -24,12 +24,17 @@ REGISTRY.update({k.name: k for k in _registered})
 __all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "declared", "get_knob", "register"]
 
 
-def declared(attr: str) -> tuple[str, ...]:
+def declared(attr: str, *values: object) -> tuple[str, ...]:
     """The names of the knobs that declare ``attr`` (``heavy``, ``prices``, ``held``,
-    ``first_tier``: see :class:`Knob`), in registry order.
+    ``first_tier``, ``memory``, ``deploy``: see :class:`Knob`), in registry order; with
+    ``values``, those whose ``attr`` is one of them (``side``, ``code``).
 
     Example:
         >>> "compile_mode" in declared("heavy"), "batch_size" in declared("heavy")
         (True, False)
+        >>> declared("side", "both")
+        ('batch_size',)
     """
-    return tuple(name for name, knob in REGISTRY.items() if getattr(knob, attr))
+    return tuple(
+        name for name, knob in REGISTRY.items() if (getattr(knob, attr) in values if values else getattr(knob, attr))
+    )

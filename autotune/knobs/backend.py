@@ -20,6 +20,8 @@ from autotune.runtimes.base import get_runtime, names
 @register
 class Runtime(Knob):
     name = "runtime"
+    code = "path"
+    deploy = True
     heavy = True
     order = 40
     modes = ("inference",)
@@ -79,6 +81,7 @@ class _OrtKnob(Knob):
 @register
 class OrtProvider(_OrtKnob):
     name = "ort_provider"
+    deploy = True
     order = 70
     choices = ("CPUExecutionProvider", "CUDAExecutionProvider", "TensorrtExecutionProvider")
     default = "CPUExecutionProvider"
@@ -99,6 +102,8 @@ class OrtProvider(_OrtKnob):
 @register
 class OrtPrecision(_OrtKnob):
     name = "ort_precision"
+    code = "path"
+    deploy = True
     heavy = True
     order = 71
     choices = ("fp32", "fp16", "int8_dynamic", "int8_static")

@@ -116,6 +116,21 @@ class Knob:
     # Kept with the build's kind while refining (autotune.search.strategy), like a heavy knob.
     held: ClassVar[bool] = False
 
+    # What the rest of autotune asks of every knob, declared here rather than listed there
+    # (read through :func:`autotune.knobs.declared`):
+    # ``side``: the half of the pipeline the knob changes: "model", "loader" (what the loader
+    # delivers per second) or "both" (the batch size): how the diagnosis explains a change.
+    side: ClassVar[str] = "model"
+    # It changes how much memory a batch needs: a batch that ran out of memory with the same
+    # values of these knobs is not tried larger.
+    memory: ClassVar[bool] = False
+    # It decides which code runs: "path" (a failure repeats with the same values of every path
+    # knob, whatever else changes) or "variant" (the same path on other layers or tokens: twice
+    # failed with the same path and variant values, a configuration is not tried again).
+    code: ClassVar[str | None] = None
+    # Naming it in a space or in ``fix`` means the user chose runtimes or int8 themselves.
+    deploy: ClassVar[bool] = False
+
     def offer(self, ctx: SpaceContext) -> Offer:
         """Values this knob can take on ``ctx.env`` for ``ctx.data``."""
         return Offer(list(self.choices))

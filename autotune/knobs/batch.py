@@ -16,6 +16,7 @@ _MAX_BATCH_MEM_SHARE = 0.1
 @register
 class BatchSize(Knob):
     name = "batch_size"
+    side = "both"
     order = 10
     stage = Stage.LOADER
     choices = _SIZES

@@ -54,6 +54,8 @@ class PaddedToCaptured(torch.nn.Module):
 @register
 class CompileMode(Knob):
     name = "compile_mode"
+    memory = True
+    code = "path"
     heavy = True
     order = 60
     stage = Stage.COMPILE
@@ -117,6 +119,7 @@ class CompileMode(Knob):
 @register
 class CompileDynamic(Knob):
     name = "compile_dynamic"
+    code = "path"
     held = True
     order = 61
     stage = Stage.COMPILE

@@ -47,6 +47,7 @@ class PruneRatio(Knob):
 @register
 class PruneMethod(Knob):
     name = "prune_method"
+    code = "path"
     held = True
     order = 31
     modes = ("inference",)
@@ -130,6 +131,8 @@ class FinetuneSteps(Knob):
 @register
 class Quantization(Knob):
     name = "quantization"
+    code = "path"
+    deploy = True
     heavy = True
     order = 41
     modes = ("inference",)
@@ -219,6 +222,7 @@ class _Int8Setting(Knob):
 @register
 class Int8Fallback(_Int8Setting):
     name = "int8_fallback"
+    code = "variant"
     prices = True
     held = True
     order = 74  # after quantization and ort_precision, whose values decide whether it applies
@@ -247,6 +251,7 @@ class Int8Fallback(_Int8Setting):
 @register
 class Int8PerChannel(_Int8Setting):
     name = "int8_per_channel"
+    code = "variant"
     held = True
     order = 75  # after quantization and ort_precision, whose values decide whether it applies
     torch_methods = ("int8_dynamic",)

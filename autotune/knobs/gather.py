@@ -225,6 +225,7 @@ def _nbytes(leaf: Any) -> int:
 @register
 class Gather(Knob):
     name = "gather"
+    side = "loader"
     order = 29
     stage = Stage.LOADER
     choices = ("per_sample", "batched")

@@ -11,6 +11,7 @@ from autotune.runtimes.base import precision_knob
 @register
 class ChannelsLast(Knob):
     name = "channels_last"
+    memory = True
     screen = (True,)
     screen_rank = 120
     order = 51

@@ -26,6 +26,7 @@ class _LoaderKnob(Knob):
 @register
 class NumWorkers(_LoaderKnob):
     name = "num_workers"
+    side = "loader"
     order = 20
     stage = Stage.LOADER
     choices = (0, 1, 2, 3, 4, 6, 8, 12, 16)
@@ -54,6 +55,7 @@ class _NeedsWorkers(_LoaderKnob):
 @register
 class PrefetchFactor(_NeedsWorkers):
     name = "prefetch_factor"
+    side = "loader"
     order = 21
     stage = Stage.LOADER
     choices = (2, 4, 8)
@@ -68,6 +70,7 @@ class PrefetchFactor(_NeedsWorkers):
 @register
 class PersistentWorkers(_NeedsWorkers):
     name = "persistent_workers"
+    side = "loader"
     order = 22
     stage = Stage.LOADER
     choices = (False, True)
@@ -82,6 +85,7 @@ class PersistentWorkers(_NeedsWorkers):
 @register
 class PinMemory(_LoaderKnob):
     name = "pin_memory"
+    side = "loader"
     order = 23
     stage = Stage.LOADER
     choices = (False, True)

@@ -11,6 +11,8 @@ from autotune.runtimes.base import precision_knob
 @register
 class AmpDtype(Knob):
     name = "amp_dtype"
+    memory = True
+    code = "path"
     screen = ("bfloat16", "float16")
     screen_rank = 40
     first_tier = True

@@ -210,6 +210,7 @@ def fed(loader: Any, state: Any, device: Any = None) -> Any:
 @register
 class FeedAhead(Knob):
     name = "feed_ahead"
+    side = "loader"
     order = 29
     stage = Stage.LOADER
     choices = (0, 2, 4)
@@ -233,6 +234,7 @@ class FeedAhead(Knob):
 @register
 class DevicePrefetch(Knob):
     name = "device_prefetch"
+    side = "loader"
     order = 29
     stage = Stage.LOADER
     choices = (False, True)

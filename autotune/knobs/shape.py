@@ -19,6 +19,7 @@ _NOT_TEXT = "the samples are not token sequences (dicts of 1-D integer tensors)"
 @register
 class Padding(Knob):
     name = "padding"
+    code = "variant"
     order = 24
     stage = Stage.LOADER
     choices = PADDINGS

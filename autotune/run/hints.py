@@ -13,9 +13,6 @@ from typing import Any
 
 __all__ = ["space_note"]
 
-# Knobs whose presence in the space (or in ``fix``) means the user chose runtimes or int8.
-_DEPLOY_KNOBS = ("runtime", "quantization", "ort_precision", "ort_provider")
-
 
 def space_note(opts: Any) -> str | None:
     """The note for a CPU inference run of the ``default`` preset that leaves PyTorch's int8 and
@@ -31,6 +28,8 @@ def space_note(opts: Any) -> str | None:
         >>> space_note(Options(device="cpu", space="cpu-deploy")) is None
         True
     """
+    from autotune.knobs import declared
+
     if opts.train or not _on_cpu(opts):
         return None
     space = opts.space
@@ -40,7 +39,7 @@ def space_note(opts: Any) -> str | None:
     else:
         named = set()
     named |= set(opts.fix or {})
-    if not isinstance(space, str) or space != "default" or named & set(_DEPLOY_KNOBS):
+    if not isinstance(space, str) or space != "default" or named & set(declared("deploy")):
         return None
     return (
         "The default space searched no ONNX Runtime, no TorchScript and no PyTorch int8: on a CPU, the "

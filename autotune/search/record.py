@@ -160,19 +160,18 @@ def _tell_unmeasured(
     _tell(study, trial, skipped, [], 0.0, written)
 
 
-# Knobs whose values change how much memory a batch needs.
-_MEMORY_KNOBS = ("amp_dtype", "compile_mode", "channels_last")
-
-
 def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
+    from autotune.knobs import declared
+
+    memory = declared("memory")  # the knobs whose values change how much memory a batch needs
     for t in trials:
         if t.user_attrs.get("status") != "oom" or t.user_attrs.get("kind") != "oom":
             continue
         other = t.user_attrs.get("config", {})
-        if all(other.get(k) == config.get(k) for k in _MEMORY_KNOBS) and config["batch_size"] >= other.get(
+        if all(other.get(k) == config.get(k) for k in memory) and config["batch_size"] >= other.get(
             "batch_size", math.inf
         ):
-            same = ", ".join(f"{k}={config[k]}" for k in _MEMORY_KNOBS)
+            same = ", ".join(f"{k}={config[k]}" for k in memory)
             return (
                 f"not run: batch_size {config['batch_size']} >= {other['batch_size']}, which ran out of memory "
                 f"in trial {t.number} with the same {same}"
@@ -180,38 +179,22 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
     return None
 
 
-# The knobs that decide which code runs. A configuration that failed with the same values of all
-# of them twice (TorchScript of a statically quantized graph, say) fails again whatever its
-# batch size, loader or threads: later ones are not run, as the sampler does not learn from
-# failed trials and would spend the budget on them.
-_CODE_KNOBS = (
-    "runtime",
-    "quantization",
-    "int8_fallback",
-    "int8_per_channel",
-    "compile_mode",
-    "compile_dynamic",
-    "ort_precision",
-    "prune_method",
-    "amp_dtype",
-    "padding",
-)
-
-
-# The path's own knobs, without the values that change only which layers or how many tokens it
-# takes: three failures on the same path (with any padding or int8 fallback) rule it out too.
-# Measured: a text search spent 30 of 55 trials on TorchScript of static int8, every one failing,
-# across 5 paddings and 3 fallback values.
-_PATH_KNOBS = tuple(k for k in _CODE_KNOBS if k not in ("int8_fallback", "int8_per_channel", "padding"))
-
-
 def _fault_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
+    """Why ``config`` is not run for earlier failures, if so. A configuration that failed twice
+    with the same values of every knob that decides which code runs (``Knob.code``: TorchScript
+    of a statically quantized graph, say) fails again whatever its batch size, loader or threads,
+    and the sampler does not learn from failed trials. Three failures on the same path (its
+    "path" knobs alone, with any padding or int8 fallback) rule it out too: a text search spent
+    30 of 55 trials on TorchScript of static int8, every one failing, across 5 paddings and 3
+    fallback values."""
+    from autotune.knobs import declared
+
     failed = [
         t
         for t in trials
         if t.user_attrs.get("status") == "error" and t.user_attrs.get("kind") in ("runtime", "compile")
     ]
-    for knobs, times in ((_CODE_KNOBS, 2), (_PATH_KNOBS, 3)):
+    for knobs, times in ((declared("code", "path", "variant"), 2), (declared("code", "path"), 3)):
         same = [t for t in failed if all(t.user_attrs.get("config", {}).get(k) == config.get(k) for k in knobs)]
         if len(same) >= times:
             values = ", ".join(f"{k}={config.get(k)}" for k in knobs)

@@ -27,7 +27,6 @@ __all__ = [
     "BALANCED_MARGIN",
     "FAULT_MARGIN",
     "LAUNCH_BOUND",
-    "LOADER_KNOBS",
     "classify",
     "diagnose_run",
     "diagnose_state",
@@ -42,19 +41,6 @@ __all__ = [
     "window_for",
 ]
 
-# Knobs that change what the loader delivers per second. batch_size acts on both halves.
-LOADER_KNOBS = (
-    "batch_size",
-    "num_workers",
-    "pin_memory",
-    "prefetch_factor",
-    "persistent_workers",
-    "cache_decoded",
-    "gather",
-    "device_prefetch",
-    "feed_ahead",
-    "device_resident",
-)
 # The model alone is timed over the timed epoch's batches, cycled, up to this many bytes of them.
 MODEL_BYTES = 512 * 2**20
 # Within this relative margin of each other, neither half clearly bounds the pipeline.
@@ -275,9 +261,10 @@ def _epoch_batches(dataset: Any, state: BuildState, seed: int) -> list[Any]:
 
 
 def _changed(base: Mapping[str, Any], best: Mapping[str, Any], side: str) -> list[str]:
-    from autotune.knobs import REGISTRY
+    from autotune.knobs import REGISTRY, declared
 
-    names = LOADER_KNOBS if side == "loader" else [k for k in REGISTRY if k not in LOADER_KNOBS[1:]]
+    # Each knob declares the half it changes; the batch size acts on both.
+    names = declared("side", side, "both")
     return [
         f"{k}={best[k]}"
         for k in names

@@ -973,3 +973,63 @@ def test_a_new_knob_declaring_its_lever_is_screened_with_nothing_else_naming_it(
     space, table = _table(speed, {new_knob: [False, True], "num_threads": [1, 2]})
     study, _ = _run(space, table, 3)
     assert ("screen", True) in [(t.user_attrs.get("phase"), t.user_attrs["config"][new_knob]) for t in _measured(study)]
+
+
+@pytest.fixture
+def declared_knob():
+    """A knob that declares what the rest of autotune asks of every knob: the half it changes,
+    that it changes a batch's memory and which code runs, and that naming it chooses a runtime."""
+    from autotune.knobs import REGISTRY, Knob, Stage, register
+
+    class Feeder(Knob):
+        name = "test_feeder"
+        stage = Stage.LOADER
+        choices = (False, True)
+        default = False
+        side, memory, code, deploy = "loader", True, "path", True
+
+        def apply(self, state, value):
+            pass
+
+    register(Feeder)
+    yield Feeder.name
+    del REGISTRY[Feeder.name]
+
+
+def test_a_new_knobs_declarations_reach_the_diagnosis_the_failure_rules_and_the_space_note(declared_knob):
+    """Nothing outside the knob names it: the diagnosis counts it on the loader's side, a larger
+    batch is not tried where its value ran out of memory, a code path that failed twice with its
+    value is not tried a third time, and naming it in ``fix`` is choosing the runtimes."""
+    import optuna
+
+    from autotune.run.hints import space_note
+    from autotune.run.options import Options
+    from autotune.search.record import _fault_rule, _oom_rule
+    from autotune.trial.diagnose import explain
+
+    from autotune.config import Config
+
+    base_cfg = dict(Config({"batch_size": 32, declared_knob: False}))
+    best_cfg = dict(Config({"batch_size": 32, declared_knob: True}))
+    baseline = {"loader_samples_per_s": 400.0, "model_samples_per_s": 2900.0, "bound": "data-bound"}
+    best = {"loader_samples_per_s": 3100.0, "model_samples_per_s": 2950.0, "bound": "balanced"}
+    assert f"{declared_knob}=True raised the loader" in explain(baseline, best, base_cfg, best_cfg)
+
+    study = optuna.create_study(storage="sqlite:///:memory:")
+    for config, status in (({**best_cfg, "batch_size": 64}, "oom"), (best_cfg, "error"), (best_cfg, "error")):
+        trial = study.ask()
+        for key, value in {
+            "status": status,
+            "kind": status if status == "oom" else "runtime",
+            "config": config,
+        }.items():
+            trial.set_user_attr(key, value)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    oom = _oom_rule({**best_cfg, "batch_size": 128}, study.trials)
+    assert oom is not None and f"{declared_knob}=True" in oom
+    assert _oom_rule({**base_cfg, "batch_size": 128}, study.trials) is None  # its other value: another batch's memory
+    assert _fault_rule({**best_cfg, "batch_size": 8}, study.trials) is not None
+    assert _fault_rule({**base_cfg, "batch_size": 8}, study.trials) is None
+
+    assert space_note(Options(device="cpu")) is not None
+    assert space_note(Options(device="cpu", fix={declared_knob: True})) is None
