@@ -137,6 +137,21 @@ class Runtime:
         """Copy the files besides the artifact at ``source`` (see :meth:`files`) beside its copy
         at ``path``, and add them to its ``record`` (their names, digests and bytes)."""
 
+    def profiling(self, model: Any, scratch: Path) -> list[Any]:
+        """This runtime's sessions inside ``model``, each set to record its own node times into
+        files under ``scratch`` from its next run: what the PyTorch profiler cannot see into (a
+        runtime whose work shows as PyTorch operators has none: ``[]``)."""
+        return []
+
+    def profiled(self, sessions: list[Any], n_active: int) -> tuple[list[dict[str, Any]], list[str]]:
+        """The node times ``sessions`` (from :meth:`profiling`) recorded over their last
+        ``n_active`` runs, one row per node type as :func:`autotune.trial.opfamily.summarize`
+        reads them, and the trace files they wrote (Chrome's trace format)."""
+        return [], []
+
+    def unprofile(self, sessions: list[Any]) -> None:
+        """Set ``sessions`` back to running unrecorded."""
+
     def doctor_facts(self, on_cuda: bool) -> dict[str, Any] | None:
         """What ``autotune doctor`` records of the runtime on this machine, as a JSON-safe dict
         (its version, why it cannot run here, what it offers), or ``None`` where it has nothing

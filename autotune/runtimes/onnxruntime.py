@@ -131,6 +131,28 @@ class OnnxRuntime(Runtime):
             io_binding=provider != CPU_PROVIDER,
         )
 
+    def profiling(self, model: Any, scratch: Path) -> list[Any]:
+        import sys
+
+        import torch
+
+        if "autotune.export.onnx" not in sys.modules or not isinstance(model, torch.nn.Module):
+            return []  # no session was made in this process
+        from autotune.export.onnx import OrtModule
+
+        sessions = [m for m in model.modules() if isinstance(m, OrtModule)]
+        for m in sessions:  # a fresh session that records its nodes, from here on
+            m.profile_prefix, m._session = str(scratch / "ort"), None
+        return sessions
+
+    def profiled(self, sessions: list[Any], n_active: int) -> tuple[list[dict[str, Any]], list[str]]:
+        files = [m.session.end_profiling() for m in sessions]
+        return [row for f in files for row in _node_rows(f, n_active)], files
+
+    def unprofile(self, sessions: list[Any]) -> None:
+        for m in sessions:
+            m.profile_prefix, m._session = None, None
+
     def doctor_facts(self, on_cuda: bool) -> dict[str, Any]:
         """ONNX Runtime's version and providers and, on CUDA, whether its GPU providers load
         (:func:`ort_provider_loads`, each in a fresh process)."""
@@ -354,3 +376,28 @@ def ort_provider_loads(provider: str, timeout: float = 120.0) -> dict[str, Any]:
     if not reasons:
         reasons = [line.strip() for line in log.splitlines() if line.strip()][-1:] or ["no reason logged"]
     return {"ok": False, "detail": "; ".join(dict.fromkeys(r.strip() for r in reasons))}
+
+
+def _node_rows(path: str, n_active: int) -> list[dict[str, Any]]:
+    """Node times of the last ``n_active`` runs in an ONNX Runtime profile, by node type."""
+    import json
+
+    events = json.loads(Path(path).read_text())
+    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[-n_active:]
+    rows: dict[str, dict[str, Any]] = {}
+    heaviest: dict[str, float] = {}
+    for e in events:
+        args = e.get("args") or {}
+        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or "op_name" not in args:
+            continue
+        if not any(a <= e["ts"] <= b for a, b in runs):
+            continue
+        name = "onnxruntime::" + args["op_name"]
+        row = rows.setdefault(name, {"name": name, "self_us": 0.0, "calls": 0, "input_shapes": ""})
+        row["self_us"] += float(e["dur"])
+        row["calls"] += 1
+        if e["dur"] > heaviest.get(name, -1.0):
+            heaviest[name] = float(e["dur"])
+            shapes = [list(v) for s in args.get("input_type_shape") or [] for v in s.values()]
+            row["input_shapes"] = str(shapes)
+    return list(rows.values())

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gzip
-import json
 import os
 import re
 import shutil
@@ -92,17 +91,6 @@ def _active_steps(step: Callable[[], int], target_s: float) -> int:
     return max(2, min(20, round(target_s / per_step)))
 
 
-def _ort_modules(model: Any) -> list[Any]:
-    """The ONNX Runtime sessions' holders inside ``model`` (none unless it runs through ORT)."""
-    import sys
-
-    if "autotune.export.onnx" not in sys.modules or not isinstance(model, torch.nn.Module):
-        return []
-    from autotune.export.onnx import OrtModule
-
-    return [m for m in model.modules() if isinstance(m, OrtModule)]
-
-
 def _op_rows(prof: Any, cuda: bool) -> list[dict[str, Any]]:
     """One row per operator of the recorded steps: its self time (device time on a GPU), calls
     and the input shapes of its most expensive call signature."""
@@ -137,29 +125,6 @@ def _stage_us(prof: Any, names: tuple[str, ...]) -> dict[str, float]:
     return {n: spans.get(RANGE_PREFIX + n, 0.0) for n in names}
 
 
-def _ort_rows(path: str, n_active: int) -> list[dict[str, Any]]:
-    """Node times of the last ``n_active`` runs in an ONNX Runtime profile, by node type."""
-    events = json.loads(Path(path).read_text())
-    runs = sorted((e["ts"], e["ts"] + e["dur"]) for e in events if e.get("name") == "model_run")[-n_active:]
-    rows: dict[str, dict[str, Any]] = {}
-    heaviest: dict[str, float] = {}
-    for e in events:
-        args = e.get("args") or {}
-        if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or "op_name" not in args:
-            continue
-        if not any(a <= e["ts"] <= b for a, b in runs):
-            continue
-        name = "onnxruntime::" + args["op_name"]
-        row = rows.setdefault(name, {"name": name, "self_us": 0.0, "calls": 0, "input_shapes": ""})
-        row["self_us"] += float(e["dur"])
-        row["calls"] += 1
-        if e["dur"] > heaviest.get(name, -1.0):
-            heaviest[name] = float(e["dur"])
-            shapes = [list(v) for s in args.get("input_type_shape") or [] for v in s.values()]
-            row["input_shapes"] = str(shapes)
-    return list(rows.values())
-
-
 def _window(
     step: Callable[[], int], device: torch.device, trace: Path, names: tuple[str, ...], model: Any, n_warm: int = 0
 ) -> dict:
@@ -175,10 +140,11 @@ def _window(
     for _ in range(n_warm):
         step()
     n_active = _active_steps(step, _ACTIVE_S)
-    orts = _ort_modules(model)
-    scratch = Path(tempfile.mkdtemp(prefix="autotune-ort-profile-"))
-    for m in orts:  # a fresh session that records its nodes, from here on
-        m.profile_prefix, m._session = str(scratch / "ort"), None
+    from autotune.runtimes import REGISTRY as RUNTIMES
+
+    scratch = Path(tempfile.mkdtemp(prefix="autotune-runtime-profile-"))
+    # A runtime's own sessions that the PyTorch profiler cannot see into record their nodes.
+    recording = [(rt, sessions) for rt in RUNTIMES.values() if (sessions := rt.profiling(model, scratch))]
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     frames = _compiled_frames()
     n_samples = 0
@@ -205,29 +171,29 @@ def _window(
         trace.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(trace))
         rows = _op_rows(prof, device.type == "cuda")
-        ort_traces = []
-        for m in orts:
-            ort_file = m.session.end_profiling()
-            rows += _ort_rows(ort_file, n_active)
-            ort_traces.append(ort_file)
-        if ort_traces:  # ONNX Runtime writes the same trace format: shipped beside the PyTorch one
-            ort_path = trace.with_name(trace.name.replace(".json.gz", "") + "-onnxruntime.json.gz")
-            with open(ort_traces[0], "rb") as src, gzip.open(ort_path, "wb") as dst:
-                shutil.copyfileobj(src, dst)
+        shipped = {}
+        for rt, sessions in recording:
+            got, files = rt.profiled(sessions, n_active)
+            rows += got
+            if files:  # the runtime's own trace, in the same format: shipped beside the PyTorch one
+                path = trace.with_name(trace.name.replace(".json.gz", "") + f"-{rt.name}.json.gz")
+                with open(files[0], "rb") as src, gzip.open(path, "wb") as dst:
+                    shutil.copyfileobj(src, dst)
+                shipped[rt.name] = path.name
         summary = summarize(rows, _stage_us(prof, names), n_steps=n_active, n_samples=n_samples)
     finally:
-        for m in orts:
-            m.profile_prefix, m._session = None, None
+        for rt, sessions in recording:
+            rt.unprofile(sessions)
         shutil.rmtree(scratch, ignore_errors=True)
     summary.update(
         trace=trace.name,
-        runtime="onnxruntime" if orts else "torch",
+        runtime=recording[0][0].name if recording else "torch",
         time_basis="device (kernel) time" if device.type == "cuda" else "CPU time",
         recompiles=_compiled_frames() - frames,
         profile_s=time.perf_counter() - started,
     )
-    if orts:
-        summary["ort_trace"] = ort_path.name
+    if shipped:
+        summary["runtime_trace"] = next(iter(shipped.values()))
     return summary
 
 

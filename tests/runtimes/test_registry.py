@@ -147,3 +147,76 @@ def test_a_registered_runtime_has_its_doctor_section_and_is_an_export_format():
     assert not [c for c in diagnose(facts) if c.section == "checked"]  # gone with it
     with pytest.raises(ConfigError, match="No export format named 'checked'"):
         Options(export=["checked"])
+
+
+class _Recording(torch.nn.Module):
+    """The trace, timing each of its calls into a Chrome trace while ``path`` is set."""
+
+    def __init__(self, traced: Any) -> None:
+        super().__init__()
+        self.traced, self.path, self.events = traced, None, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        import time
+
+        begun = time.perf_counter()
+        out = self.traced(x)
+        if self.path is not None:
+            self.events.append({"name": "forward", "cat": "Node", "ts": begun * 1e6,
+                                "dur": (time.perf_counter() - begun) * 1e6})  # fmt: skip
+        return out
+
+
+class Profiled(Traced):
+    """The trace again, recording its own calls where the profile asks its runtime to."""
+
+    name = "profiled"
+    format = "profiled"
+    file_name = "model.profiled.pt"
+
+    def build(self, state: Any, extras: Any, folder: Path) -> tuple[Any, dict[str, Any]]:
+        traced, info = super().build(state, extras, folder)
+        return _Recording(traced), info
+
+    def profiling(self, model: Any, scratch: Path) -> list[Any]:
+        sessions = [m for m in model.modules() if isinstance(m, _Recording)]
+        for m in sessions:
+            m.path, m.events = scratch / "profiled.json", []
+        return sessions
+
+    def profiled(self, sessions: list[Any], n_active: int) -> tuple[list[dict[str, Any]], list[str]]:
+        import json
+
+        rows, files = [], []
+        for m in sessions:
+            m.path.write_text(json.dumps(m.events))
+            files.append(str(m.path))
+            rows.append({"name": "profiled::forward", "self_us": sum(e["dur"] for e in m.events),
+                         "calls": len(m.events), "input_shapes": ""})  # fmt: skip
+        return rows, files
+
+    def unprofile(self, sessions: list[Any]) -> None:
+        for m in sessions:
+            m.path = None
+
+
+def test_a_registered_runtime_profiles_its_own_sessions(tmp_path):
+    """The profile of a candidate asks every registered runtime for the sessions the PyTorch
+    profiler cannot see into: their rows are the operators, their trace ships beside PyTorch's."""
+    import gzip
+    import json
+
+    from autotune.knobs.state import BuildExtras
+    from autotune.trial.build import build
+    from autotune.trial.profile import profile_state
+
+    data = classification_data(64)
+    with registered(Profiled):
+        extras = BuildExtras(example=torch.utils.data.default_collate(data[:4]))
+        state = build(MLP(), Config({"batch_size": 16, "runtime": "profiled"}), "cpu", extras=extras)
+        summary = profile_state(state, data, tmp_path / "trace-best.json.gz")
+    assert summary["runtime"] == "profiled" and summary["runtime_trace"] == "trace-best-profiled.json.gz"
+    assert [o for o in summary["operators"] if o["name"] == "profiled::forward"]
+    with gzip.open(tmp_path / summary["runtime_trace"], "rt") as f:
+        assert json.load(f)[0]["name"] == "forward"
+    assert all(m.path is None for m in state.model.modules() if isinstance(m, _Recording))  # set back

@@ -83,7 +83,8 @@ def test_onnx_runtime_nodes_are_the_operators(tmp_path):
     assert summary["runtime"] == "onnxruntime"
     ort_ops = [o for o in summary["operators"] if o["name"].startswith("onnxruntime::")]
     assert ort_ops and any(o["family"] == "matmul/linear" for o in ort_ops)
-    with gzip.open(tmp_path / summary["ort_trace"], "rt") as f:
+    assert summary["runtime_trace"] == "trace-best-onnxruntime.json.gz"
+    with gzip.open(tmp_path / summary["runtime_trace"], "rt") as f:
         assert any(e.get("cat") == "Node" for e in json.load(f))
     _check_shares(summary)
 
