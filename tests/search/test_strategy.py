@@ -1002,12 +1002,11 @@ def test_a_new_knobs_declarations_reach_the_diagnosis_the_failure_rules_and_the_
     value is not tried a third time, and naming it in ``fix`` is choosing the runtimes."""
     import optuna
 
+    from autotune.config import Config
     from autotune.run.hints import space_note
     from autotune.run.options import Options
     from autotune.search.record import _fault_rule, _oom_rule
     from autotune.trial.diagnose import explain
-
-    from autotune.config import Config
 
     base_cfg = dict(Config({"batch_size": 32, declared_knob: False}))
     best_cfg = dict(Config({"batch_size": 32, declared_knob: True}))
