@@ -86,6 +86,10 @@ def _rounds_reply(runner: Any, configs: list[dict[str, Any]], n_min: int, n_max:
 
     # The worker begins no round it cannot end before the run's deadline, where the runner would
     # stop waiting and the rounds timed so far would be lost with it (a reply takes a moment).
+    # Counted from after the worker's start: a search's last trial killed at its deadline left
+    # none, and the quickstart's rounds, told 6.5 s before a new worker took some of them, were
+    # killed with nothing timed.
+    runner.ensure()
     left = runner.bounded(math.inf) if getattr(runner, "deadline", None) is not None else None
     until_s = None if left is None else max(0.0, 0.98 * left - 0.2)
     # Each round is at most one trial's work per configuration.

@@ -94,6 +94,14 @@ class Runner:
     def interrupt(self) -> None:
         """Stop the trial in flight from another thread, if the runner can (a worker process can)."""
 
+    def ensure(self) -> None:
+        """Start the worker now if none is running (a trial killed at the search's deadline left
+        none), so that what a call is given of the time left counts from after its start.
+
+        Raises:
+            TrialError: the worker failed to start, or could not before the deadline.
+        """
+
     def restart(self, spare: bool = False) -> bool:
         """Measure from a fresh process from now on, if the runner can (a worker process can).
         ``spare``: start a second fresh process beside it, for the next restart (see
@@ -298,6 +306,9 @@ class SubprocessRunner(Runner):
         self._proc.wait()
         self._scratch.drop(self._proc.pid)
         self._proc = None
+
+    def ensure(self) -> None:
+        self._ensure()
 
     def _ensure(self) -> None:
         if self._proc is None or self._proc.poll() is not None:

@@ -293,6 +293,26 @@ def test_rounds_the_deadline_would_cut_short_come_back_with_what_they_timed():
     assert len(_reply(runner, configs, 3)["rounds"]) == 3
 
 
+def test_rounds_after_a_killed_worker_count_their_time_from_its_new_start(tmp_path):
+    """A search's last trial killed at its deadline leaves no worker: the confirmation's rounds
+    start a new one, and were told the time left before it started. Told 6.5 s, the
+    quickstart's rounds ran past the deadline and were killed with nothing timed."""
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
+
+    runner = SubprocessRunner(pickle_spec(_spec(_SlowCalls())), 120.0, tmp_path / "worker.log")
+    configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 16}))]
+    try:
+        killed = runner.run(configs[1], timeout=0.01)  # cut off: its worker is killed
+        assert killed.status == "timeout"
+        # Time for the new worker's start and a few rounds, not for the start twice over.
+        runner.deadline = time.monotonic() + runner.start_s + 4.0
+        rounds = _reply(runner, configs, 30)["rounds"]
+        assert rounds and time.monotonic() < runner.deadline
+    finally:
+        runner.deadline = None
+        runner.close()
+
+
 def _reply(runner, configs, n_min):
     from autotune.run.rounds import _rounds_reply
 
