@@ -95,21 +95,13 @@ class Runner:
         """Stop the trial in flight from another thread, if the runner can (a worker process can)."""
 
     def ensure(self) -> None:
-        """Start the worker now if none is running (a trial killed at the search's deadline left
-        none), so that what a call is given of the time left counts from after its start.
-
-        Raises:
-            TrialError: the worker failed to start, or could not before the deadline.
-        """
+        """Start the worker now if none runs (a trial killed at a deadline left none): the time
+        left a call is told of then counts from after the start. Raises TrialError as a start does."""
 
     def restart(self, spare: bool = False) -> bool:
-        """Measure from a fresh process from now on, if the runner can (a worker process can).
+        """Measure from a fresh process from now on, if the runner can (a worker process can);
         ``spare``: start a second fresh process beside it, for the next restart (see
-        :meth:`SubprocessRunner.restart`).
-
-        Returns:
-            Whether the next call runs in a new process.
-        """
+        :meth:`SubprocessRunner.restart`). Returns whether the next call runs in a new process."""
         return False
 
     def close(self) -> None:
@@ -308,9 +300,6 @@ class SubprocessRunner(Runner):
         self._proc = None
 
     def ensure(self) -> None:
-        self._ensure()
-
-    def _ensure(self) -> None:
         if self._proc is None or self._proc.poll() is not None:
             if self._proc is not None:  # died while idle
                 self._scratch.drop(self._proc.pid)
@@ -323,7 +312,7 @@ class SubprocessRunner(Runner):
         started = time.perf_counter()
         timeout = self.timeout if timeout is None else timeout
         try:
-            self._ensure()
+            self.ensure()
         except TrialError as exc:
             if exc.kind != "deadline":
                 raise
@@ -337,7 +326,7 @@ class SubprocessRunner(Runner):
             self._send.send(message)
         except (BrokenPipeError, OSError):
             self._kill()
-            self._ensure()
+            self.ensure()
             self._send.send(message)
         reply = self._wait(self.bounded(timeout), "running the trial")
         if reply[0] == "fail":
@@ -351,7 +340,7 @@ class SubprocessRunner(Runner):
         return result
 
     def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
-        self._ensure()
+        self.ensure()
         late = self._too_late(name, 0.0)
         if late is not None:
             raise late
@@ -382,7 +371,7 @@ class SubprocessRunner(Runner):
             self._spare = None
             return True
         if not spare or not self._spare_fits():
-            self._ensure()
+            self.ensure()
             return True
         first = self._launch()
         try:
