@@ -926,10 +926,21 @@ def test_what_fits_under_a_deadline_is_priced_from_the_trials_measured():
     assert _Limits(TableRunner({}), None, None, None).afford([]) is None  # no deadline, no limit
 
 
+def _registered(cls):
+    """``cls`` registered while a test runs, its name given to the test, and gone after it."""
+    from autotune.knobs import REGISTRY, register
+
+    register(cls)
+    try:
+        yield cls.name
+    finally:
+        del REGISTRY[cls.name]
+
+
 @pytest.fixture
 def new_knob():
     """A knob added the way a contributor adds one: its own class, registered, declaring its lever."""
-    from autotune.knobs import REGISTRY, Knob, Stage, register
+    from autotune.knobs import Knob, Stage
 
     class FastPath(Knob):
         name = "test_fast_path"
@@ -944,9 +955,7 @@ def new_knob():
         def apply(self, state, value):
             pass
 
-    register(FastPath)
-    yield FastPath.name
-    del REGISTRY[FastPath.name]
+    yield from _registered(FastPath)
 
 
 def test_a_new_knob_declaring_its_lever_is_screened_with_nothing_else_naming_it(new_knob):
@@ -979,7 +988,7 @@ def test_a_new_knob_declaring_its_lever_is_screened_with_nothing_else_naming_it(
 def declared_knob():
     """A knob that declares what the rest of autotune asks of every knob: the half it changes,
     that it changes a batch's memory and which code runs, and that naming it chooses a runtime."""
-    from autotune.knobs import REGISTRY, Knob, Stage, register
+    from autotune.knobs import Knob, Stage
 
     class Feeder(Knob):
         name = "test_feeder"
@@ -991,9 +1000,7 @@ def declared_knob():
         def apply(self, state, value):
             pass
 
-    register(Feeder)
-    yield Feeder.name
-    del REGISTRY[Feeder.name]
+    yield from _registered(Feeder)
 
 
 def test_a_new_knobs_declarations_reach_the_diagnosis_the_failure_rules_and_the_space_note(declared_knob):
