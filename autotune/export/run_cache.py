@@ -103,8 +103,10 @@ def model_key(model: nn.Module, example: Any, salt: str) -> str:
                     text(name)
                     code(function.__code__)
                     text(function.__defaults__)
-        # Its plain settings (autocast's dtype, a flag forward reads), which repr may not show.
-        text(sorted((k, v) for k, v in vars(module).items() if isinstance(v, (str, int, float, bool, type(None)))))
+        # Its plain settings (autocast's dtype, a flag forward reads), which repr may not show; not
+        # its mode, which every reader sets (an export, a conversion: eval) and a run leaves changed.
+        plain = (str, int, float, bool, type(None))
+        text(sorted((k, v) for k, v in vars(module).items() if isinstance(v, plain) and k != "training"))
         config = getattr(module, "config", None)
         if config is not None and id(config) not in seen:
             seen.add(id(config))

@@ -58,6 +58,7 @@ class Run:
     best: dict[str, Any] | None = None
     confirmed: Any = None
     front: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    history: tuple[Path, str | None] | None = None  # the machine's cache and the model's key there
 
     def left_s(self) -> float | None:
         """Seconds until the run's deadline (0 once past it), ``None`` without a timeout."""
@@ -90,6 +91,7 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     import time
 
     from autotune.run.plan import materialize, plan, unpack
+    from autotune.search.history import PAST_ATTR, history_key, read_history
     from autotune.search.limits import FIRST_TRIAL_TIMEOUT_S
     from autotune.search.parallel import check_devices, machine_cache_dir, start_runners, worker_ids
     from autotune.search.study import open_study
@@ -134,18 +136,21 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     limit = opts.trial_timeout or FIRST_TRIAL_TIMEOUT_S
     if deadline is not None:  # a worker (re)start never waits past the run's deadline
         limit = max(1.0, min(limit, deadline - time.monotonic()))
-    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", machine_cache_dir(out))
+    cache = machine_cache_dir(out)
+    n_samples = len(dataset) if hasattr(dataset, "__len__") else None
+    history = (cache, history_key(model, n_samples, env.hardware_key()))
+    past = read_history(*history)
+    if past:  # the pricing of this model's builds that the runs before measured on this machine
+        study.set_user_attr(PAST_ATTR, past)
+    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", cache)
     for runner in runners:
         runner.deadline = deadline
         runner.on_phase = getattr(opts.progress, "phase", None)  # what the running trial does, for the display
-    return Run(opts, out, env, space, study, runners, ids, timing, summary, deadline=deadline)
+    return Run(opts, out, env, space, study, runners, ids, timing, summary, deadline=deadline, history=history)
 
 
 def search(run: Run) -> None:
     """Run the trials; every finished one is in the study and in trials.csv as it ends."""
-    from autotune.search.parallel import run_workers
-    from autotune.search.storage import owner_attrs
-
     opts = run.options
     if hasattr(opts.progress, "begin"):  # a display: what a resumed or joined study holds
         opts.progress.begin(run.study, opts.n_trials, resume=opts.resume)
@@ -155,7 +160,22 @@ def search(run: Run) -> None:
         if opts.progress is not None:
             opts.progress(record, n_done, opts.n_trials)
 
-    run.stop_reason = run_workers(
+    try:
+        run.stop_reason = _search(run, opts, after_trial)
+    finally:
+        _keep_history(run)
+    if run.stop_reason == "timeout" and opts.budget is not None and opts.budget == opts.limit_s:
+        run.stop_reason = "budget"  # the planned end, not a hard stop
+    if hasattr(opts.progress, "search_done"):
+        opts.progress.search_done(run.stop_reason)
+
+
+def _search(run: Run, opts: Options, after_trial: Any) -> str:
+    """The trials, in the run's workers; why they stopped."""
+    from autotune.search.parallel import run_workers
+    from autotune.search.storage import owner_attrs
+
+    return run_workers(
         run.study,
         run.runners,
         run.space,
@@ -172,10 +192,19 @@ def search(run: Run) -> None:
         trial_timeout=opts.trial_timeout,
         strategy=_strategy(run),
     )
-    if run.stop_reason == "timeout" and opts.budget is not None and opts.budget == opts.limit_s:
-        run.stop_reason = "budget"  # the planned end, not a hard stop
-    if hasattr(opts.progress, "search_done"):
-        opts.progress.search_done(run.stop_reason)
+
+
+def _keep_history(run: Run) -> None:
+    """Leave what this search measured of the model's builds for the next run of it on the
+    machine (:mod:`autotune.search.history`), even after Ctrl-C or a failed trial."""
+    from autotune.search.history import past_builds, write_history
+
+    if run.history is None:
+        return
+    staged = _strategy(run)
+    records = [r for r in run.records() if "status" in r]
+    baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
+    write_history(*run.history, past_builds(records, baseline, None if staged is None else staged.score))
 
 
 def _strategy(run: Run) -> Any:

@@ -20,10 +20,13 @@ from autotune.trial.inference import ROUND_WINDOWS
 __all__ = [
     "HEAVY_KNOBS",
     "build_s",
+    "cached_s",
     "export_s",
     "finish_s",
     "is_costly",
+    "kind_label",
     "measure_s",
+    "measured_trials",
     "once_s",
     "rebuild_s",
     "selection_s",
@@ -61,6 +64,14 @@ def _kind(config: Mapping[str, Any], base: Mapping[str, Any]) -> tuple[Any, ...]
     return tuple((k, config.get(k)) for k in PRICE_KNOBS if k in config and config.get(k) != base.get(k))
 
 
+def kind_label(config: Mapping[str, Any], base: Mapping[str, Any]) -> str:
+    """The kind of build ``config`` makes, as text (what the runs' history is kept by): its
+    heavy and pricing knobs away from ``base``; ``""`` for a plain configuration.
+
+    Example: ``runtime=openvino,ov_precision=int8_static``."""
+    return ",".join(f"{k}={v}" for k, v in _kind(config, base))
+
+
 def _calibrates(kind: tuple[Any, ...]) -> bool:
     """Whether a build of ``kind`` quantizes (int8 under a runtime, PyTorch's quantization)."""
     return any(k == "quantization" or str(v).startswith("int8") for k, v in kind)
@@ -76,7 +87,7 @@ def is_costly(config: Mapping[str, Any], base: Mapping[str, Any]) -> bool:
     return bool(_heavy(config, base))
 
 
-def _measured(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+def measured_trials(records: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
     """Trials that ran, with their wall time: a trial killed at its limit has only ``trial_s``,
     and a compile that ran out of time must raise the price of the next, not be forgotten."""
     found = []
@@ -103,7 +114,10 @@ def once_s(record: Mapping[str, Any]) -> float:
 
 
 def trial_cost_s(
-    config: Mapping[str, Any], records: Sequence[Mapping[str, Any]], baseline: Mapping[str, Any] | None
+    config: Mapping[str, Any],
+    records: Sequence[Mapping[str, Any]],
+    baseline: Mapping[str, Any] | None,
+    past: Any = None,
 ) -> float:
     """Predicted wall seconds of a trial of ``config``, each trial counted as measured once
     (:func:`once_s`): the longest measured trial that built the same heavy knobs (compile mode,
@@ -113,8 +127,10 @@ def trial_cost_s(
     part priced by the most a trial that made it took, or by its measured prior
     (:data:`FIRST_BUILD_S`, by the model's parameters). Builds of another precision under the
     same runtime are of another kind (:data:`PRICE_KNOBS`): a first int8 build under a runtime
-    whose float builds were measured costs the slowest of them and a calibration. 0 before the
-    baseline was measured.
+    whose float builds were measured costs the slowest of them and a calibration. A first build
+    of a kind the runs before measured on this machine (``past``, :mod:`autotune.search.history`)
+    costs a cheap trial and what it cost them beyond theirs, less what the caches keep. 0 before
+    the baseline was measured.
 
     Priced from the baseline's wall time, a cheap trial of real MiniLM cost 34 s (its windows
     measured twice, and the reference outputs) where it took 13: a 3-minute budget's search
@@ -137,7 +153,7 @@ def trial_cost_s(
         return 0.0
     base_config, base_s = baseline.get("config") or {}, once_s(baseline)
     kind = _kind(config, base_config)
-    measured = _measured(records)
+    measured = measured_trials(records)
     same = [r for r in measured if _kind(r["config"], base_config) == kind]
     # A cheap trial: priced by those that ran their windows, the baseline's only before any did.
     full = [r for r in same if not kind and not r.get("baseline") and r.get("status", "ok") == "ok"]
@@ -148,6 +164,9 @@ def trial_cost_s(
     # The same configuration built as the baseline's: what its batches and loader cost.
     cheap = trial_cost_s({k: v for k, v in config.items() if k not in PRICE_KNOBS} | _cheap_part(base_config),
                          records, baseline)  # fmt: skip
+    before = (past or {}).get(kind_label(config, base_config))
+    if before is not None:
+        return cheap + float(before["extra_s"])
     # The same runtime's float builds (not another int8 of it, which calibrated too), and a calibration.
     floats = [
         r
@@ -256,10 +275,10 @@ def rebuild_s(record: Mapping[str, Any]) -> float:
         >>> round(rebuild_s(made), 1), round(rebuild_s({**made, "int8_cached": True}), 1)
         (3.1, 13.1)
     """
-    return max(0.0, build_s(record) - _cached_s(record))
+    return max(0.0, build_s(record) - cached_s(record))
 
 
-def _cached_s(record: Mapping[str, Any]) -> float:
+def cached_s(record: Mapping[str, Any]) -> float:
     """Seconds of ``record``'s trial that the run's caches keep from a rebuild: the OpenVINO
     conversion, the ONNX export and the int8 model it made and put in the cache (0 where it
     read them there)."""
@@ -375,7 +394,7 @@ def export_s(best: Mapping[str, Any]) -> float:
         8.1
     """
     # The trial's own wall time less what the run's caches keep (NNCF's int8 model).
-    export = rebuild_s(best) + EXPORT_TRIALS * (once_s(best) - _cached_s(best))
+    export = rebuild_s(best) + EXPORT_TRIALS * (once_s(best) - cached_s(best))
     if (best.get("config") or {}).get("compile_mode", "none") != "none":
         export -= (1 + EXPORT_TRIALS) * float(best.get("compile_s") or 0.0)  # exported uncompiled
     return max(0.0, export)

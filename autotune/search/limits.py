@@ -14,6 +14,7 @@ from optuna.trial import FrozenTrial
 
 from autotune.record import trial_record
 from autotune.search.cost import HEAVY_KNOBS, is_costly, trial_cost_s
+from autotune.search.history import PAST_ATTR
 from autotune.search.record import _finished, _has_result
 from autotune.search.space import SearchSpace
 from autotune.trial.runner import Runner
@@ -100,6 +101,18 @@ def trial_fidelity(
     return fidelity
 
 
+class Afford:
+    """Under a deadline: whether trials of some configurations, one after another, fit in the
+    ``left`` seconds (called with them), each one's predicted ``cost``, and what the runs before
+    measured (``past``, by kind of build: :mod:`autotune.search.history`)."""
+
+    def __init__(self, left: float, cost: Callable[[Mapping[str, Any]], float], past: Mapping[str, Any]) -> None:
+        self.left, self.cost, self.past = left, cost, past
+
+    def __call__(self, configs: Sequence[Mapping[str, Any]]) -> bool:
+        return sum(self.cost(c) for c in configs) <= self.left
+
+
 class _Limits:
     """Each trial's time limit: adaptive (or the user's), and never past the search's deadline:
     the study's, less the ``reserve`` the run keeps for its finish."""
@@ -111,9 +124,12 @@ class _Limits:
         deadline: float | None,
         timeout: float | None,
         reserve: Callable[[list[dict[str, Any]]], float] | None = None,
+        study: optuna.Study | None = None,
     ) -> None:
         self.runner, self.fixed, self.deadline, self.timeout = runner, fixed, deadline, timeout
         self.reserve = reserve
+        # What the runs before measured of this model's builds (autotune.search.history).
+        self.past = dict((study.user_attrs.get(PAST_ATTR) if study is not None else None) or {})
         self.baseline: dict[str, Any] | None = None
 
     def learn(self, baseline: FrozenTrial | None) -> None:
@@ -132,14 +148,13 @@ class _Limits:
         kept = self.reserve(records) if self.reserve is not None and self.baseline is not None else 0.0
         return self.deadline - kept - time.monotonic()
 
-    def afford(self, records: list[dict[str, Any]]) -> Callable[[Sequence[Mapping[str, Any]]], bool] | None:
+    def afford(self, records: list[dict[str, Any]]) -> Afford | None:
         """Whether trials of some configurations, one after another, fit in what the search has
         left (their predicted costs, :func:`trial_cost_s`); ``None`` without a deadline."""
         left = self._left(records)
         if left is None or self.baseline is None:
             return None
-        baseline = self.baseline
-        return lambda configs: sum(trial_cost_s(c, records, baseline) for c in configs) <= left
+        return Afford(left, lambda c: trial_cost_s(c, records, self.baseline, self.past), self.past)
 
     def out_of_time(self, study: optuna.Study) -> bool:
         """Whether the search must stop: its deadline passed, or not even a trial as cheap as
@@ -148,7 +163,7 @@ class _Limits:
         left = self._left(records)
         if left is None:
             return False
-        cheapest = trial_cost_s(self.baseline["config"], records, self.baseline) if self.baseline else 0.0
+        cheapest = trial_cost_s(self.baseline["config"], records, self.baseline, self.past) if self.baseline else 0.0
         return left <= 0 or left < cheapest
 
     def too_late(self, config: Mapping[str, Any], finished: list[FrozenTrial]) -> str | None:
@@ -158,7 +173,7 @@ class _Limits:
             return None
         records = [trial_record(t) for t in finished]
         left = self._left(records)
-        cost = trial_cost_s(config, records, self.baseline)
+        cost = trial_cost_s(config, records, self.baseline, self.past)
         if left is None or cost <= left:
             return None
         return (

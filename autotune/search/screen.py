@@ -219,6 +219,10 @@ class Screening:
 
     # ---- what the records say -------------------------------------------------------------
 
+    def score(self, record: Mapping[str, Any]) -> float | None:
+        """``record``'s score, higher better (``None``: it failed or missed the guard)."""
+        return _score(record, self.key, self.maximize)
+
     def _scores(self, records: Sequence[Mapping[str, Any]]) -> dict[str, float | None]:
         """Score by key of every configuration with a result (``None``: it failed or missed the guard)."""
         scores: dict[str, float | None] = {}

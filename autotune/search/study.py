@@ -274,7 +274,7 @@ def run_trials(
     baseline_key = Config(dict(space.baseline)).key()
     study.set_user_attr("n_trials", n_trials)  # for `autotune status`: the budget last asked for
     deadline = None if timeout is None else time.monotonic() + timeout
-    limits = _Limits(runner, trial_timeout, deadline, timeout, reserve)
+    limits = _Limits(runner, trial_timeout, deadline, timeout, reserve, study)
     repeats = late = 0
     waiting: set[int] = set()
     while True:
