@@ -128,8 +128,10 @@ class _Limits:
     ) -> None:
         self.runner, self.fixed, self.deadline, self.timeout = runner, fixed, deadline, timeout
         self.reserve = reserve
-        # What the runs before measured of this model's builds (autotune.search.history).
-        self.past = dict((study.user_attrs.get(PAST_ATTR) if study is not None else None) or {})
+        # What the runs before measured of this model's builds (autotune.search.history): prices
+        # under a deadline, read once.
+        known = study is not None and deadline is not None
+        self.past = dict((study.user_attrs.get(PAST_ATTR) if known else None) or {})
         self.baseline: dict[str, Any] | None = None
 
     def learn(self, baseline: FrozenTrial | None) -> None:
