@@ -178,8 +178,9 @@ class _Limits:
         cost = trial_cost_s(config, records, self.baseline, self.past)
         if left is None or cost <= left:
             return None
+        measured = "the trials measured, here and in the runs before" if self.past else "the trials measured"
         return (
-            f"not started: it would take about {cost:.0f} s (predicted from the trials measured) and the search "
+            f"not started: it would take about {cost:.0f} s (predicted from {measured}) and the search "
             f"had {max(left, 0.0):.0f} s left before the run's deadline"
         )
 

@@ -92,3 +92,22 @@ def test_a_second_run_of_the_same_model_reads_what_the_first_measured(tmp_path, 
         other.net[0].bias.add_(1.0)
     other = autotune.optimize(other, data, n_trials=1, out_dir=tmp_path / "third", **options)
     assert PAST_ATTR not in other.study.user_attrs
+
+
+def test_a_trial_refused_on_the_runs_before_figures_says_so():
+    import time
+
+    import optuna
+
+    from autotune.search.limits import _Limits
+    from benchmarks.replay import TableRunner
+
+    study = optuna.create_study()
+    study.set_user_attr(PAST_ATTR, {"runtime=openvino,ov_precision=int8_static": {"extra_s": 40.0, "ratio": 1.5}})
+    limits = _Limits(TableRunner({}), None, time.monotonic() + 30.0, 30.0, None, study)
+    limits.baseline = {"config": BASE, "ran": True, "wall_s": 2.0}
+    reason = limits.too_late(OV_INT8, [])
+    assert "about 42 s" in reason and "here and in the runs before" in reason, reason
+    assert limits.too_late({**BASE, "batch_size": 64}, []) is None
+    # Without a deadline nothing is priced, and the runs before are not read.
+    assert _Limits(TableRunner({}), None, None, None, None, study).past == {}
