@@ -18,7 +18,7 @@ from torch import nn
 
 from autotune.export.parity import flat_inputs
 
-__all__ = ["CacheEntry", "model_key"]
+__all__ = ["CacheEntry", "model_digest", "model_key"]
 
 
 class CacheEntry:
@@ -121,3 +121,13 @@ def model_key(model: nn.Module, example: Any, salt: str) -> str:
         if tensor.numel():
             digest.update(tensor.view(-1).view(torch.uint8).numpy().data)
     return digest.hexdigest()[:24]
+
+
+def model_digest(model: nn.Module) -> str | None:
+    """``model``'s key (:func:`model_key`) without an example batch, computed where the model is
+    (a worker builds a factory's): what the runs' history is kept by; ``None`` where it cannot
+    be made (a quantized tensor, a ``repr`` that raises)."""
+    try:
+        return model_key(model, torch.empty(0), "model")
+    except Exception:  # no history for this model: its first builds are priced from the priors
+        return None

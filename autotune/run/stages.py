@@ -137,12 +137,13 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     if deadline is not None:  # a worker (re)start never waits past the run's deadline
         limit = max(1.0, min(limit, deadline - time.monotonic()))
     cache = machine_cache_dir(out)
+    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", cache)
+    # The model as the first worker built it (a factory's too): what the runs before measured of it here.
     n_samples = len(dataset) if hasattr(dataset, "__len__") else None
-    history = (cache, history_key(model, n_samples, env.hardware_key()))
+    history = (cache, history_key((runners[0].info or {}).get("model_digest"), n_samples, env.hardware_key()))
     past = read_history(*history)
     if past:  # the pricing of this model's builds that the runs before measured on this machine
         study.set_user_attr(PAST_ATTR, past)
-    runners = start_runners(spec, devices, opts.isolation, limit, out / "logs", cache)
     for runner in runners:
         runner.deadline = deadline
         runner.on_phase = getattr(opts.progress, "phase", None)  # what the running trial does, for the display
@@ -201,10 +202,14 @@ def _keep_history(run: Run) -> None:
 
     if run.history is None:
         return
-    staged = _strategy(run)
-    records = [r for r in run.records() if "status" in r]
-    baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
-    write_history(*run.history, past_builds(records, baseline, None if staged is None else staged.score))
+    try:
+        staged = _strategy(run)
+        records = [r for r in run.records() if "status" in r]
+        baseline = next((r for r in records if r.get("baseline") and r.get("status") == "ok"), None)
+        measured = past_builds(records, baseline, None if staged is None else staged.score)
+    except Exception:  # a hint for the next run: never the reason this one fails, nor hiding why it did
+        return
+    write_history(*run.history, measured)
 
 
 def _strategy(run: Run) -> Any:

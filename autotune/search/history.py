@@ -8,7 +8,8 @@ calibration) and a compile at 59 s. A second run reads both from the machine's c
 model NNCF made, inductor's graphs), and the same builds took 6-11 s and 16-25 s; priced from the
 priors, a 90-s budget after such a run refused all three with 8 s left, and ended on a plain
 configuration at 0.58 of the int8 winner. So each run leaves beside the machine's cache, keyed
-as its entries are (the model's code, structure and weights, and the number of samples), the
+as its entries are (the model's code, structure and weights) with the number of samples and the
+hardware, the
 kinds of build it measured: their cost beyond its plain trials with what the caches now keep
 taken off (:func:`past_builds`), and their speed against its fastest plain
 configuration. The next run of the same model prices a first build of a kind it has no trial of
@@ -38,18 +39,16 @@ _FORMAT = 1
 PRIOR_GAIN = 1.3
 
 
-def history_key(model: Any, n_samples: int | None, hardware: str = "") -> str | None:
-    """The key of ``model`` (as the cache's entries are keyed: its code, structure, parameters and
-    buffers) with the number of samples a trial runs and the ``hardware`` it runs on (a cache
-    folder in a home shared by several machines); ``None`` where it cannot be made."""
-    import torch
+def history_key(digest: str | None, n_samples: int | None, hardware: str = "") -> str | None:
+    """The history's key of a model whose :func:`~autotune.export.run_cache.model_digest` is
+    ``digest`` (its code, structure, parameters and buffers, as the cache's entries are keyed),
+    with the number of samples a trial runs and the ``hardware`` it runs on (a cache folder in a
+    home shared by several machines); ``None`` without a digest."""
+    import hashlib
 
-    from autotune.export.run_cache import model_key
-
-    try:  # no example batch: an empty one stands for it
-        return model_key(model, torch.empty(0), f"history:{_FORMAT}:{n_samples}:{hardware}")
-    except Exception:  # a model the key cannot read (a quantized tensor): priced from the priors
+    if not digest:
         return None
+    return hashlib.sha256(f"{_FORMAT}:{digest}:{n_samples}:{hardware}".encode()).hexdigest()[:24]
 
 
 def _path(folder: Path, key: str) -> Path:

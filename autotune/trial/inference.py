@@ -21,6 +21,7 @@ from autotune._pristine import restore
 from autotune.compress.fallback import Int8Plan
 from autotune.config import Config
 from autotune.errors import AutotuneError, InputError
+from autotune.export.run_cache import model_digest
 from autotune.export.scratch import run_file
 from autotune.knobs.state import BuildState
 from autotune.samples import call_model, to_device
@@ -100,6 +101,7 @@ class TrialContext(Context, ArtifactExport):
             # that fails on them says so at the start, in one line.
             self.info["baseline_metric"] = self.reference.metric
             self.info["known"] = self.known()
+            self.info["model_digest"] = model_digest(self.model)  # the key of the runs' history
 
     def _int8_plan(self, kinds: list[str] | None, budget_s: float) -> Int8Plan:
         """How this worker's int8 fallbacks judge: the guard's output ``kinds`` and criterion,

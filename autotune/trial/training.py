@@ -21,6 +21,7 @@ import torch
 
 from autotune._pristine import restore
 from autotune.errors import InputError, TrialError
+from autotune.export.run_cache import model_digest
 from autotune.trial.build import settings_active
 from autotune.trial.context import Context
 from autotune.trial.measure import (
@@ -169,6 +170,7 @@ class TrainContext(Context):
             "baseline_metric": self.reference_metric,
             "baseline_loss": self.reference_final,
             "n_val": len(self.samples),
+            "model_digest": model_digest(self.model),  # the key of the runs' history
         }
 
     def setup(self, config: Mapping[str, Any]) -> TrainingSetup:

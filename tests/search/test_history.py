@@ -7,6 +7,7 @@ import json
 import torch
 
 import autotune
+from autotune.export.run_cache import model_digest
 from autotune.search.cost import trial_cost_s
 from autotune.search.history import PAST_ATTR, history_key, past_builds, read_history, write_history
 from tests.models import MLP, classification_data
@@ -46,13 +47,14 @@ def test_a_first_build_is_priced_from_what_the_run_before_measured_less_what_the
 
 def test_the_history_is_kept_by_model_and_a_damaged_file_is_ignored(tmp_path):
     model = MLP()
-    key = history_key(model, 128)
-    assert key is not None and history_key(copy.deepcopy(model), 128) == key  # in any process or copy
-    assert history_key(model, 256) != key  # another dataset size: other costs
-    assert history_key(model, 128, "cpu other x2") != key  # another machine
+    key = history_key(model_digest(model), 128)
+    assert key is not None and history_key(model_digest(copy.deepcopy(model).eval()), 128) == key  # any copy, mode
+    assert history_key(model_digest(model), 256) != key  # another dataset size: other costs
+    assert history_key(model_digest(model), 128, "cpu other x2") != key  # another machine
     with torch.no_grad():
         model.net[0].weight.add_(1.0)
-    assert history_key(model, 128) != key  # other weights: another model (and other cache entries)
+    assert history_key(model_digest(model), 128) != key  # other weights: another model (and other cache entries)
+    assert history_key(None, 128) is None  # a model the digest cannot read: no history
 
     write_history(tmp_path, key, {"compile_mode=default": {"extra_s": 20.0, "ratio": 1.1}})
     write_history(tmp_path, key, {"quantization=int8_dynamic": {"extra_s": 1.0, "ratio": 0.9}})
@@ -67,7 +69,7 @@ def test_the_history_is_kept_by_model_and_a_damaged_file_is_ignored(tmp_path):
 
 def test_a_second_run_of_the_same_model_reads_what_the_first_measured(tmp_path, monkeypatch):
     """Through ``optimize``: the first run leaves its int8 build's cost and speed beside the
-    machine's cache; the second (a budget) starts its study with them."""
+    machine's cache; the second (a budget, the model given as a factory) starts its study with them."""
     monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "cache"))
     model, data = MLP(), classification_data(128)
     options = {
@@ -84,7 +86,8 @@ def test_a_second_run_of_the_same_model_reads_what_the_first_measured(tmp_path, 
     [(label, int8)] = kinds.items()
     assert label.startswith("quantization=int8_dynamic") and int8["extra_s"] >= 0.0 and int8["ratio"] > 0
 
-    result = autotune.optimize(model, data, n_trials=3, budget=60, out_dir=tmp_path / "second", **options)
+    # The same model from a factory (as a cfg.py often gives it): built in the worker, read the same.
+    result = autotune.optimize(MLP, data, n_trials=3, budget=60, out_dir=tmp_path / "second", **options)
     assert result.study.user_attrs[PAST_ATTR] == kinds
     # Another model's run (other weights) starts from nothing.
     other = MLP()
