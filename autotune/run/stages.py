@@ -141,9 +141,9 @@ def prepare(model: Any, dataset: Any, opts: Options, deadline: float | None = No
     # The model as the first worker built it (a factory's too): what the runs before measured of it here.
     n_samples = len(dataset) if hasattr(dataset, "__len__") else None
     history = (cache, history_key((runners[0].info or {}).get("model_digest"), n_samples, env.hardware_key()))
-    past = read_history(*history)
-    if past:  # the pricing of this model's builds that the runs before measured on this machine
-        study.set_user_attr(PAST_ATTR, past)
+    # The pricing of this model's builds that the runs before measured on this machine (set even
+    # when empty: a resumed study must not keep an older run's figures for a cache since emptied).
+    study.set_user_attr(PAST_ATTR, read_history(*history))
     for runner in runners:
         runner.deadline = deadline
         runner.on_phase = getattr(opts.progress, "phase", None)  # what the running trial does, for the display
