@@ -350,13 +350,21 @@ class Screening:
     ) -> list[dict[str, Any]]:
         """The first variant of each costly lever in ``steps`` on ``current`` not measured yet
         (in ``scores``): what the builds to come would measure (their prices are what matters)."""
-        found = []
-        for variants in steps:
-            changes = self._symbols(variants[0], current)
-            candidate = self._add(current, held, changes) or self._replace(current, held, changes)[0]
-            if candidate is not None and Config(candidate).key() not in scores:
-                found.append(candidate)
-        return found
+        found = [self._unmeasured(variants[0], current, held, scores) for variants in steps]
+        return [c for c in found if c is not None]
+
+    def _unmeasured(
+        self,
+        changes: Mapping[str, Any],
+        current: dict[str, Any],
+        held: list[Mapping[str, Any]],
+        scores: Mapping[str, Any],
+    ) -> dict[str, Any] | None:
+        """The costly build ``changes`` on ``current`` (added, or in place of what it masks), or
+        ``None`` where it cannot run there or is measured already (in ``scores``)."""
+        changes = self._symbols(changes, current)
+        candidate = self._add(current, held, changes) or self._replace(current, held, changes)[0]
+        return None if candidate is None or Config(candidate).key() in scores else candidate
 
     def _replace(
         self, config: Mapping[str, Any], held: list[Mapping[str, Any]], changes: Mapping[str, Any]

@@ -240,18 +240,11 @@ class Staged(Screening):
         configuration for 1 s more than a plain trial, the compile 1.07x for 16 s) it built the
         int8 right after the recipe's ablations, 7 s, and ended at 0.94 of the 16-trial winner."""
 
-        def candidates(variants: Sequence[Mapping[str, Any]]) -> list[dict[str, Any] | None]:
-            found = []
-            for changes in variants:
-                changes = self._symbols(changes, current)
-                made = self._add(current, held, changes) or self._replace(current, held, changes)[0]
-                found.append(None if made is None or Config(made).key() in scores else made)
-            return found
-
         if not hasattr(afford, "cost"):
             return steps
         base = self._full({})
-        return by_gain(steps, candidates, afford.cost, lambda c: afford.past.get(kind_label(c, base), {}).get("ratio"))
+        return by_gain(steps, lambda variants: [self._unmeasured(v, current, held, scores) for v in variants],
+                       afford.cost, lambda c: afford.past.get(kind_label(c, base), {}).get("ratio"))  # fmt: skip
 
     def _climbed(
         self,
