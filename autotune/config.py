@@ -8,7 +8,7 @@ from typing import Any
 
 from autotune.errors import ConfigError
 
-__all__ = ["Config", "split_record"]
+__all__ = ["Config", "KnobValues", "split_record", "values_of", "with_values"]
 
 
 def split_record(data: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
@@ -36,13 +36,18 @@ class Config(Mapping[str, Any]):
     values raise :class:`~autotune.errors.ConfigError`. A whole ``best_config.json`` (as
     ``json.load`` reads it) gives its ``config`` part and keeps its ``rebuild`` record.
 
+    A knob's value also reads as an attribute (``cfg.batch_size``), and knob values may be
+    given as keywords: a misspelt name fails at once instead of reading as missing.
+
     Example:
-        >>> cfg = Config({"batch_size": 64, "amp_dtype": "bfloat16"})
+        >>> cfg = Config(batch_size=64, amp_dtype="bfloat16")
+        >>> cfg.batch_size, cfg.but(batch_size=8).batch_size
+        (64, 8)
         >>> Config.from_json(cfg.to_json()) == cfg
         True
     """
 
-    def __init__(self, values: Mapping[str, Any] | None = None) -> None:
+    def __init__(self, values: Mapping[str, Any] | None = None, /, **knobs: Any) -> None:
         from autotune.knobs import REGISTRY, get_knob
 
         if values is not None and not isinstance(values, Mapping):
@@ -50,6 +55,7 @@ class Config(Mapping[str, Any]):
         # A whole best_config.json gives its config part; `rebuild` is not a knob but how an
         # int8 winner's data draws are repeated (see autotune.apply).
         given, self.rebuild = split_record(values or {})
+        given.update(knobs)
         resolved: dict[str, Any] = {}
         for name in given:
             get_knob(name)  # unknown name: lists the known ones
@@ -59,6 +65,17 @@ class Config(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         return self._values[name]
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _knob_value(self._values, name)
+
+    def but(self, **changes: Any) -> Config:
+        """This config with ``changes`` (knob name to value), validated; the rebuild record kept."""
+        changed = Config({**self._values, **changes})
+        changed.rebuild = self.rebuild
+        return changed
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._values)
@@ -92,3 +109,60 @@ class Config(Mapping[str, Any]):
 
         active = {n: v for n, v in self._values.items() if REGISTRY[n].applies(self._values)}
         return json.dumps(active, sort_keys=True)
+
+
+def _knob_value(values: Mapping[str, Any], name: str) -> Any:
+    from autotune.knobs import REGISTRY, get_knob
+
+    if name not in REGISTRY:
+        try:
+            get_knob(name)
+        except ConfigError as exc:
+            raise AttributeError(str(exc)) from None
+    return values[name] if name in values else REGISTRY[name].default
+
+
+class KnobValues:
+    """Attribute access to the knob values of a plain dict (a trial's stored config, a user's
+    dict): ``values_of(config).compile_mode``; a knob the dict leaves out reads as its default,
+    as :class:`Config` would give it, and a name that is no knob raises ``AttributeError``."""
+
+    __slots__ = ("_values",)
+
+    def __init__(self, values: Mapping[str, Any] | None) -> None:
+        self._values = values if values is not None else {}
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _knob_value(self._values, name)
+
+
+def values_of(config: Mapping[str, Any] | None) -> KnobValues | Config:
+    """``config``'s knob values as attributes, without validating them (see :class:`KnobValues`).
+
+    Example:
+        >>> v = values_of(dict(runtime="openvino"))
+        >>> v.runtime, v.ov_precision
+        ('openvino', 'fp32')
+    """
+    return config if isinstance(config, Config) else KnobValues(config)
+
+
+def with_values(config: Mapping[str, Any], **changes: Any) -> Any:
+    """``config`` with ``changes``, each named by its knob (a misspelt name raises): a
+    :class:`Config` stays one (validated), any other mapping becomes a dict.
+
+    Example:
+        >>> with_values(dict(batch_size=8, compile_mode="default"), compile_mode="none") == dict(
+        ...     batch_size=8, compile_mode="none"
+        ... )
+        True
+    """
+    if isinstance(config, Config):
+        return config.but(**changes)
+    from autotune.knobs import get_knob
+
+    for name in changes:
+        get_knob(name)
+    return {**config, **changes}

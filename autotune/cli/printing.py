@@ -248,7 +248,6 @@ def _print_runtimes(console: Any, result: Any) -> None:
     """When several runtimes were measured: the fastest trial of each, against torch's."""
     from rich.table import Table
 
-    from autotune.knobs import REGISTRY
     from autotune.record import trial_record
     from autotune.report.summary import best_by
 
@@ -262,15 +261,13 @@ def _print_runtimes(console: Any, result: Any) -> None:
     for col in ("runtime", "samples/s", "vs torch", "metric drop", "trial", "its settings"):
         table.add_column(col)
     for runtime, rec in sorted(best.items(), key=lambda kv: -kv[1]["samples_per_s"]):
-        keys = ("batch_size", "ort_precision", "quantization", "amp_dtype", "compile_mode", "num_threads")
-        settings = " ".join(f"{k}={rec['config'][k]}" for k in keys if REGISTRY[k].applies(rec["config"]))
         table.add_row(
             runtime,
             f"{rec['samples_per_s']:,.0f}",
             f"{rec['samples_per_s'] / torch_sps:.2f}x",
             f"{rec.get('metric_drop', 0):+.4f}",
             str(rec["number"]),
-            settings,
+            _in_brief(rec["config"]),
         )
     console.print(table)
 
@@ -278,7 +275,6 @@ def _print_runtimes(console: Any, result: Any) -> None:
 def _print_pareto(console: Any, result: Any) -> None:
     from rich.table import Table
 
-    from autotune.knobs import REGISTRY
     from autotune.report.summary import format_value
 
     keys = ["samples_per_s", "latency_ms_p95", "size_bytes_compressed", "peak_mem_mib", "metric"]
@@ -286,11 +282,21 @@ def _print_pareto(console: Any, result: Any) -> None:
     for col in ("trial", *keys, "changes"):
         table.add_column(col)
     for member in result.pareto:
-        changes = " ".join(
-            f"{k}={v}"
-            for k, v in member["config"].items()
-            if REGISTRY[k].default not in (None, v) and k != "batch_size"
+        table.add_row(
+            str(member["trial"]), *(format_value(k, member.get(k)) for k in keys), _in_brief(member["config"])
         )
-        changes = f"batch_size={member['config']['batch_size']} {changes}"
-        table.add_row(str(member["trial"]), *(format_value(k, member.get(k)) for k in keys), changes)
     console.print(table)
+
+
+def _in_brief(config: dict[str, Any]) -> str:
+    """A configuration in a few words: its batch size, then every knob it sets off its default
+    where the knob applies (a runtime's precision with its runtime)."""
+    from autotune.knobs import REGISTRY
+
+    shown = {
+        name: value
+        for name, value in config.items()
+        if name in REGISTRY and REGISTRY[name].default not in (None, value) and REGISTRY[name].applies(config)
+    }
+    shown = {"batch_size": config.get("batch_size"), **shown}  # first, changed or not
+    return " ".join(f"{name}={value}" for name, value in shown.items())

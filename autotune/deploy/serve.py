@@ -283,7 +283,7 @@ def torch_candidate(
         else list(next(iter((best.get("artifacts") or {}).values()), {}).get("input_names", ["input_0"]))
     )
     run = {"config": best.get("config") or {}, "data": best.get("data") or {}}
-    return TorchPredictor(built.model, names, out_dir, int(built.config["batch_size"]), built.device, run)
+    return TorchPredictor(built.model, names, out_dir, int(built.config.batch_size), built.device, run)
 
 
 def _untuned_rate(model: Any, out_dir: Path, device: str, batch: dict[str, torch.Tensor], batch_size: int) -> float:

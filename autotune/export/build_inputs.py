@@ -13,22 +13,12 @@ import io
 from pathlib import Path
 from typing import Any
 
-__all__ = ["FILE", "MAX_BYTES", "needs_inputs", "read_build_inputs", "write_build_inputs"]
+__all__ = ["FILE", "MAX_BYTES", "read_build_inputs", "write_build_inputs"]
 
 FILE = "build_inputs.pt"
 # The calibration batches of 224-pixel float images at batch 32 are 154 MB: a folder a user
 # copies around keeps the example alone past this.
 MAX_BYTES = 64 * 2**20
-
-
-def needs_inputs(config: Any) -> bool:
-    """Whether building ``config`` reads example inputs: a runtime other than torch (traced,
-    exported, converted), int8 or pruning."""
-    return (
-        config.get("runtime", "torch") != "torch"
-        or config.get("quantization", "none") != "none"
-        or float(config.get("prune_ratio", 0.0) or 0.0) > 0
-    )
 
 
 def _saved(payload: dict[str, Any]) -> bytes | None:

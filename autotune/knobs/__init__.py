@@ -10,6 +10,7 @@ this order.
 
 import importlib
 import pkgutil
+from typing import Any
 
 from autotune.knobs.base import REGISTRY, Knob, Offer, SpaceContext, Stage, get_knob, register
 
@@ -21,7 +22,7 @@ _registered = sorted(REGISTRY.values(), key=lambda k: (k.order, k.name))
 REGISTRY.clear()
 REGISTRY.update({k.name: k for k in _registered})
 
-__all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "declared", "get_knob", "register"]
+__all__ = ["REGISTRY", "Knob", "Offer", "SpaceContext", "Stage", "declared", "get_knob", "off_default", "register"]
 
 
 def declared(attr: str, *values: object) -> tuple[str, ...]:
@@ -37,4 +38,19 @@ def declared(attr: str, *values: object) -> tuple[str, ...]:
     """
     return tuple(
         name for name, knob in REGISTRY.items() if (getattr(knob, attr) in values if values else getattr(knob, attr))
+    )
+
+
+def off_default(config: Any, attr: str) -> tuple[str, ...]:
+    """The knobs declaring ``attr`` (see :func:`declared`) that ``config`` sets off their
+    default, where they apply given its other values.
+
+    Example:
+        >>> off_default({"runtime": "openvino", "compile_mode": "default"}, "reads_inputs")
+        ('runtime',)
+    """
+    return tuple(
+        name
+        for name in declared(attr)
+        if name in config and config[name] != REGISTRY[name].default and REGISTRY[name].applies(config)
     )

@@ -20,6 +20,7 @@ from autotune.runtimes.base import get_runtime, names
 @register
 class Runtime(Knob):
     name = "runtime"
+    reads_inputs = True
     code = "path"
     deploy = True
     heavy = True

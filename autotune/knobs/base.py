@@ -130,6 +130,22 @@ class Knob:
     code: ClassVar[str | None] = None
     # Naming it in a space or in ``fix`` means the user chose runtimes or int8 themselves.
     deploy: ClassVar[bool] = False
+    # Off its default, the build makes another model from the user's, on example inputs (traced,
+    # exported, converted, calibrated or pruned): the run keeps those inputs beside the winner
+    # (autotune.export.build_inputs) and a predictor warns that the build costs more than a copy.
+    reads_inputs: ClassVar[bool] = False
+    # On, it changes the numbers the model computes, process-wide (flushing denormals, TF32):
+    # the parity checks run without it, so their outputs are not the winner's.
+    numerics: ClassVar[bool] = False
+    # On, the model does work per input shape on first sight (cuDNN's benchmark mode picks its
+    # kernels): the warm-up runs one batch of each shape before anything is timed.
+    per_shape: ClassVar[bool] = False
+    # On, the speed measured holds only where the same samples are read again (repeated passes):
+    # what the knob keeps, in the claim's words ("a cache of decoded samples").
+    pays_on_repeats: ClassVar[str | None] = None
+    # On, what the claim adds about what was measured: (its entry in the claim, the entry's
+    # words, the sentence's few words), e.g. JPEG files decoded at reduced scale.
+    claim_note: ClassVar[tuple[str, str, str] | None] = None
 
     def offer(self, ctx: SpaceContext) -> Offer:
         """Values this knob can take on ``ctx.env`` for ``ctx.data``."""

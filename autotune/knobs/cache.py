@@ -60,6 +60,7 @@ def cached(dataset: Any) -> Any:
 @register
 class CacheDecoded(Knob):
     name = "cache_decoded"
+    pays_on_repeats = "a cache of decoded samples"
     side = "loader"
     # Decoding once before loader workers: over repeated epochs (or repeated inference over a
     # fixed set) the cache removes the decoding that workers would only hide, and leaves the

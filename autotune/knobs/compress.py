@@ -27,6 +27,7 @@ def _extras(state: Any, knob: str) -> Any:
 @register
 class PruneRatio(Knob):
     name = "prune_ratio"
+    reads_inputs = True
     heavy = True
     order = 30
     modes = ("inference",)
@@ -131,6 +132,7 @@ class FinetuneSteps(Knob):
 @register
 class Quantization(Knob):
     name = "quantization"
+    reads_inputs = True
     code = "path"
     deploy = True
     heavy = True
@@ -263,3 +265,26 @@ class Int8PerChannel(_Int8Setting):
         "for layers whose channels differ in range, at a small cost. torch's and ONNX Runtime's int8_dynamic "
         "(the other int8 methods, and torch's on CUDA, always have per-channel weights)."
     )
+
+
+def int8_method(config: Any) -> tuple[str, str]:
+    """Where and how ``config`` sets its weights' precision: ``(runtime, method)``, the runtime
+    whose own precision knob applies (OpenVINO's ``ov_precision``) and that knob's value, or
+    ``("torch", quantization)``; int8 where the method starts with ``int8``.
+
+    Example:
+        >>> int8_method({"runtime": "openvino", "ov_precision": "int8_static"}), int8_method({})
+        (('openvino', 'int8_static'), ('torch', 'none'))
+    """
+    from autotune.knobs.base import REGISTRY
+
+    runtime = config.get("runtime", REGISTRY["runtime"].default)
+    own = precision_knob(runtime)
+    if own is None:
+        return "torch", str(config.get("quantization", REGISTRY["quantization"].default))
+    return runtime, str(config.get(own, REGISTRY[own].default))
+
+
+def is_int8(config: Any) -> bool:
+    """Whether ``config`` runs its weights in int8, on torch's side or a runtime's (:func:`int8_method`)."""
+    return int8_method(config)[1].startswith("int8")

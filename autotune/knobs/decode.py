@@ -188,6 +188,11 @@ def drafted_dataset(dataset: Any) -> Any:
 @register
 class JpegDraft(Knob):
     name = "jpeg_draft"
+    claim_note = (
+        "decoded",
+        "JPEG files decoded at reduced scale (DCT scaling), as large as the first resize needs",
+        "JPEG files decoded at reduced scale",
+    )
     # Photos decoded in __getitem__ and shrunk by its first resize: decoded at the scale the resize
     # needs (1-2 MP JPEGs to a shorter side of 256 on one core: 22 ms a photo, 10 ms drafted).
     screen = (True,)

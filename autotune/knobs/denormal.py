@@ -14,6 +14,7 @@ _MACHINES = ("x86_64", "amd64", "aarch64", "arm64")
 @register
 class FlushDenormal(Knob):
     name = "flush_denormal"
+    numerics = True
     screen = (True,)
     screen_rank = 160
     stage = Stage.RUNTIME

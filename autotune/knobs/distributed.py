@@ -13,7 +13,7 @@ is detected (on only where the model leaves parameters without a gradient).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
@@ -95,6 +95,8 @@ class WorldSize(Knob):
 class _DDPKnob(Knob):
     stage = Stage.RUNTIME
     modes = ("train",)
+    # The DistributedDataParallel argument the knob sets, if it sets one (autotune.trial.ddp_steps).
+    ddp_argument: ClassVar[str | None] = None
 
     def applies(self, config: dict[str, Any]) -> bool:
         return config.get("world_size", 1) > 1
@@ -106,6 +108,7 @@ class _DDPKnob(Knob):
 @register
 class BucketCap(_DDPKnob):
     name = "ddp_bucket_cap_mb"
+    ddp_argument = "bucket_cap_mb"
     order = 89
     choices = (25, 5, 100)
     default = 25
@@ -115,6 +118,7 @@ class BucketCap(_DDPKnob):
 @register
 class BucketView(_DDPKnob):
     name = "ddp_bucket_view"
+    ddp_argument = "gradient_as_bucket_view"
     order = 89
     choices = (False, True)
     default = False
@@ -124,6 +128,7 @@ class BucketView(_DDPKnob):
 @register
 class StaticGraph(_DDPKnob):
     name = "ddp_static_graph"
+    ddp_argument = "static_graph"
     order = 89
     choices = (False, True)
     default = False
@@ -142,6 +147,7 @@ class NoSync(_DDPKnob):
 @register
 class BroadcastBuffers(_DDPKnob):
     name = "ddp_broadcast_buffers"
+    ddp_argument = "broadcast_buffers"
     order = 89
     choices = (True, False)
     default = True

@@ -114,6 +114,7 @@ def host_free_kwargs(kwargs: dict[str, Any]) -> dict[str, Any]:
 @register
 class DeviceResident(Knob):
     name = "device_resident"
+    pays_on_repeats = "samples kept on the device"
     side = "loader"
     # Before the loader's knobs: with the data on the device, workers, pinning, gather and the
     # decoded-sample cache do not apply.

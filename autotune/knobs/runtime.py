@@ -62,6 +62,7 @@ class _CudaOnly(Knob):
 @register
 class CudnnBenchmark(_CudaOnly):
     name = "cudnn_benchmark"
+    per_shape = True
     screen = (True,)
     screen_rank = 140
     order = 81
@@ -80,6 +81,7 @@ class CudnnBenchmark(_CudaOnly):
 @register
 class Tf32(_CudaOnly):
     name = "tf32"
+    numerics = True
     screen = (True,)
     screen_rank = 150
     order = 82

@@ -65,7 +65,7 @@ def apply(
 
     Example:
         >>> import torch
-        >>> fast = apply(torch.nn.Linear(4, 2), {"amp_dtype": "bfloat16"}, device="cpu")
+        >>> fast = apply(torch.nn.Linear(4, 2), dict(amp_dtype="bfloat16"), device="cpu")
         >>> fast(torch.randn(3, 4)).dtype
         torch.float32
     """
@@ -95,7 +95,7 @@ def apply(
         extras.loss_fn, extras.prune_ignore = loss_fn, tuple(prune_ignore)
         if train_dataset is not None:
             extras.train_dataset = train_dataset
-    elif not cfg["finetune_steps"]:  # the run's own batches, kept in its folder by the export
+    elif not cfg.finetune_steps:  # the run's own batches, kept in its folder by the export
         extras = _stored_extras(config, cfg, rebuild)
     where = resolve_device(device)
     state = build(model, cfg, where, extras=extras)
@@ -181,7 +181,7 @@ def _extras(dataset: Any, cfg: Config, rebuild: dict[str, Any], collate: Any, tr
         example=collate([dataset[i] for i in example]),
         calibration=[collate([source[i] for i in ids]) for ids in picked],
         train_dataset=dataset,
-        batch_size=cfg["batch_size"],
+        batch_size=cfg.batch_size,
         seed=rebuild["seed"],
     )
     _as_run(extras, rebuild, dataset)
@@ -225,7 +225,7 @@ def _stored_extras(config: Any, cfg: Config, rebuild: dict[str, Any]) -> Any:
     if not path.is_file():
         return None
     example, calibration = read_build_inputs(path)
-    extras = BuildExtras(example=example, calibration=calibration, batch_size=cfg["batch_size"], seed=rebuild["seed"])
+    extras = BuildExtras(example=example, calibration=calibration, batch_size=cfg.batch_size, seed=rebuild["seed"])
     _as_run(extras, rebuild)
     return extras
 
@@ -260,16 +260,16 @@ def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[st
 
     info = describe(dataset, collate_fn, pad_values)
     sequence = info.sequence is not None
-    lengths = lengths_of(dataset) if sequence and cfg["length_grouping"] else None
-    if info.images_vary and cfg["size_grouping"]:
+    lengths = lengths_of(dataset) if sequence and cfg.length_grouping else None
+    if info.images_vary and cfg.size_grouping:
         lengths = size_keys(image_sizes(dataset))
     return Batching(
-        batch_size=cfg["batch_size"],
+        batch_size=cfg.batch_size,
         collate_fn=base_collate(dataset, collate_fn, pad_values),
-        padding=cfg["padding"],
-        grouping=cfg["length_grouping"] or (cfg["size_grouping"] if info.images_vary else 0),
+        padding=cfg.padding,
+        grouping=cfg.length_grouping or (cfg.size_grouping if info.images_vary else 0),
         lengths=lengths,
-        image_multiple=image_multiple(cfg["image_padding"]) if info.collate == "image" else 1,
+        image_multiple=image_multiple(cfg.image_padding) if info.collate == "image" else 1,
     )
 
 
@@ -307,7 +307,7 @@ def dataloader(
 
     Example:
         >>> import torch
-        >>> loader = dataloader([torch.zeros(3)] * 10, {"batch_size": 4})
+        >>> loader = dataloader([torch.zeros(3)] * 10, dict(batch_size=4))
         >>> [b.shape[0] for b in loader]
         [4, 4, 2]
     """
@@ -340,7 +340,7 @@ def dataloader(
         dataset, collate = _resident(dataset, device), batching.finish
     elif fast is not None:
         dataset, collate = fast, batching.finish
-    elif cfg["cache_decoded"]:
+    elif cfg.cache_decoded:
         from autotune.knobs.cache import cached
 
         dataset = cached(dataset)

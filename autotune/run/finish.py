@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from autotune.config import values_of
 from autotune.errors import TrialError
 from autotune.runtimes.base import of_format
 
@@ -342,9 +343,9 @@ def export_winner(
     artifacts = reply["artifacts"]
     if summary is not None:
         summary["build_inputs"] = reply.get("build_inputs")
-    config = best["config"]
+    config = values_of(best["config"])
     for fmt, artifact in artifacts.items():
-        artifact["batch_size"] = config["batch_size"]
+        artifact["batch_size"] = config.batch_size
         runtime = of_format(fmt)
         if runtime is not None:  # the settings its runtime loads it with (an ONNX graph's session's)
             artifact.update(runtime.load_settings(config, env.device))

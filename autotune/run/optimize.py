@@ -107,7 +107,7 @@ def optimize(
         heartbeat_interval_s: Seconds between heartbeats of a running trial in the storage.
         grace_period_s: Seconds without a heartbeat after which a trial's worker is taken for
             dead: its trial is marked failed and its configuration retried once.
-        fix: Knobs pinned to one value, e.g. ``{"amp_dtype": "bfloat16"}``.
+        fix: Knobs pinned to one value, e.g. ``dict(amp_dtype="bfloat16")``.
         seed: Seeds the sampler and torch.
         baseline_batch_size: Batch size of the baseline (your current one); default the
             DataLoader's, else 32.

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from autotune.config import values_of
 from autotune.record import Result
-from autotune.runtimes.base import precision_knob
 
 __all__ = ["figures_note", "write_best", "write_hardware_groups", "write_pareto"]
 
@@ -90,28 +90,22 @@ def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> st
     )
 
 
-def _exported_int8(config: dict[str, Any]) -> bool:
-    """Whether ``config`` quantizes to int8 on an exported runtime's side (calibrated on the run's draw)."""
-    precision = precision_knob(config.get("runtime", "torch"))
-    return precision is not None and str(config.get(precision, "")).startswith("int8")
-
-
 def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     """The int8 fallback of the winner: layers kept float (with each one's int8 output error), out of how
     many, and the weights' bytes before int8; ``None`` for a float winner."""
     if "int8_kept" not in best and "float_bytes" not in best:
         return None
     errors, scores = best.get("int8_kept_error"), best.get("int8_kept_score")
+    from autotune.knobs.compress import int8_method
+
     config = best.get("config") or {}
-    runtime = config.get("runtime", "torch")
     # An exported runtime quantizes on its side: its precision knob says how (NNCF static int8 for OpenVINO).
-    precision = precision_knob(runtime)
-    method = config.get(precision) if precision else config.get("quantization")
+    runtime, method = int8_method(config)
     return {
         "method": method,
-        "runtime": runtime if precision else "torch",
+        "runtime": runtime,
         # Dynamic int8 scales weights per tensor unless asked; the other methods per channel.
-        "per_channel": bool(config.get("int8_per_channel")) or method != "int8_dynamic",
+        "per_channel": bool(values_of(config).int8_per_channel) or method != "int8_dynamic",
         "kept_float": best.get("int8_kept", []),
         # Each kept layer's relative output error with it alone in int8, and the guard's
         # criterion with it alone in int8 for the layers the exact pass refined.
@@ -139,9 +133,10 @@ def _rebuild_record(summary: dict[str, Any], best: dict[str, Any]) -> dict[str, 
     :func:`autotune.apply` needs to rebuild the very model measured: the run's calibration draw,
     the layers it kept float, and the batches themselves where the export kept them
     (``inputs``, a file in the run's folder; ``None`` for any other winner)."""
-    config = best.get("config") or {}
+    from autotune.knobs.compress import is_int8
+
     inputs = summary.get("build_inputs") or {}
-    int8 = config.get("quantization", "none") != "none" or _exported_int8(config)
+    int8 = is_int8(best.get("config") or {})
     if not summary.get("rebuild") or not (int8 or inputs.get("path")):
         return None
     kept = best.get("int8_kept") if best.get("int8_layers") else None
@@ -174,15 +169,19 @@ def _run_claim(
     if late and why_unconfirmed is None:
         why_unconfirmed = f"deadline ({late[0]})"
     claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed, failed[0] if failed else None)
+    from autotune.knobs import REGISTRY, off_default
+
     config = best.get("config") or {}
-    if (config.get("cache_decoded") or config.get("device_resident")) and summary.get("mode") != "train":
+    repeats = off_default(config, "pays_on_repeats")
+    if repeats and summary.get("mode") != "train":
         # Measured over passes that read the same samples again: true only where use does too.
-        what = "samples kept on the device" if config.get("device_resident") else "a cache of decoded samples"
+        what = REGISTRY[repeats[0]].pays_on_repeats
         claim["assumes"] = f"the same samples are read again (repeated_passes): {what} pays there"
         claim["sentence"] += f"; assuming the same samples are read again, as {what} needs"
-    if config.get("jpeg_draft"):  # what was decoded is not what the user's code alone decodes
-        claim["decoded"] = "JPEG files decoded at reduced scale (DCT scaling), as large as the first resize needs"
-        claim["sentence"] += "; with JPEG files decoded at reduced scale"
+    for name in off_default(config, "claim_note"):  # what was measured is not what the user's code alone does
+        key, words, short = REGISTRY[name].claim_note
+        claim[key] = words
+        claim["sentence"] += f"; with {short}"
     return claim
 
 

@@ -90,7 +90,7 @@ def unpack(dataset: Any, collate_fn: Any = None, baseline_batch_size: int | None
             "optimize() its dataset and baseline_batch_size instead."
         )
     own = loader_collate(loader)
-    settings = {"num_workers": loader.num_workers, "pin_memory": loader.pin_memory}
+    settings = dict(num_workers=loader.num_workers, pin_memory=loader.pin_memory)
     if loader.num_workers:
         settings.update(prefetch_factor=loader.prefetch_factor, persistent_workers=loader.persistent_workers)
     return Inputs(loader.dataset, collate_fn or own, baseline_batch_size or loader.batch_size, settings)

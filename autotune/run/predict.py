@@ -264,7 +264,7 @@ def predictor(
 
     Example:
         >>> import torch
-        >>> run = predictor(torch.nn.Linear(4, 2), {"batch_size": 2}, device="cpu")
+        >>> run = predictor(torch.nn.Linear(4, 2), dict(batch_size=2), device="cpu")
         >>> out = run([torch.ones(4)] * 5)
         >>> len(out), tuple(out[0].shape)
         (5, (2,))
@@ -290,18 +290,15 @@ def _compiles(cfg: Any) -> bool:
     each new shape), as a trial's warm-up reads it (:func:`~autotune.trial.warmup.compiles_per_shape`)."""
     from autotune.runtimes.base import REGISTRY
 
-    runtime = REGISTRY.get(cfg["runtime"])  # None for the torch model itself
-    return cfg["compile_mode"] != "none" or (runtime is not None and runtime.compiles_per_shape)
+    runtime = REGISTRY.get(cfg.runtime)  # None for the torch model itself
+    return cfg.compile_mode != "none" or (runtime is not None and runtime.compiles_per_shape)
 
 
 def _costly(cfg: Any) -> bool:
     """Whether building ``cfg`` costs more than a copy: it compiles, exports, quantizes or prunes."""
-    return (
-        cfg["compile_mode"] != "none"
-        or cfg["runtime"] != "torch"
-        or cfg["quantization"] != "none"
-        or bool(cfg["prune_ratio"])
-    )
+    from autotune.knobs import off_default
+
+    return cfg.compile_mode != "none" or bool(off_default(cfg, "reads_inputs"))
 
 
 def _built(
@@ -403,7 +400,7 @@ def predict(
 
     Example:
         >>> import torch
-        >>> out = predict(torch.nn.Linear(4, 2), [torch.ones(4)] * 5, {"batch_size": 2}, device="cpu")
+        >>> out = predict(torch.nn.Linear(4, 2), [torch.ones(4)] * 5, dict(batch_size=2), device="cpu")
         >>> len(out), tuple(out[0].shape)
         (5, (2,))
     """

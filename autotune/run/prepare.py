@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from autotune.config import values_of
 from autotune.errors import ConfigError, InputError
 from autotune.run.options import Options
 
@@ -192,7 +193,7 @@ def _summary(opts: Options, env: Any, space: Any, study: Any, storage: str, spec
             "n_samples": len(spec.dataset),
             "n_val": len(spec.val_indices),
             "seed": opts.seed,
-            "calibration_batch_size": spec.baseline["batch_size"],
+            "calibration_batch_size": values_of(spec.baseline).batch_size,
             "n_calibration": spec.n_calibration,
         }
     if opts.train:

@@ -124,7 +124,7 @@ def profile(
     Example:
         >>> import tempfile, torch
         >>> data = [torch.randn(16) for _ in range(128)]
-        >>> s = profile(torch.nn.Linear(16, 4), data, {"batch_size": 16}, out_dir=tempfile.mkdtemp(), device="cpu")
+        >>> s = profile(torch.nn.Linear(16, 4), data, dict(batch_size=16), out_dir=tempfile.mkdtemp(), device="cpu")
         >>> s["trace"], s["operators"][0]["family"]
         ('trace-best.json.gz', 'matmul/linear')
     """

@@ -336,9 +336,9 @@ def round_window(baseline: dict[str, Any], settings: Any) -> tuple[float, int]:
     Example:
         >>> from types import SimpleNamespace
         >>> settings = SimpleNamespace(window_s=0.4)
-        >>> round_window({"samples_per_s": 180_000.0, "config": {"batch_size": 32}}, settings)  # a small MLP
+        >>> round_window({"samples_per_s": 180_000.0, "config": dict(batch_size=32)}, settings)  # a small MLP
         (0.1, 4)
-        >>> round_window({"samples_per_s": 100.0, "config": {"batch_size": 32}}, settings)  # real text
+        >>> round_window({"samples_per_s": 100.0, "config": dict(batch_size=32)}, settings)  # real text
         (0.4, 1)
     """
     sps, batch = baseline.get("samples_per_s"), (baseline.get("config") or {}).get("batch_size")

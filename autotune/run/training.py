@@ -61,7 +61,7 @@ def training(
         >>> import torch
         >>> data = [(torch.randn(8), torch.tensor(i % 2)) for i in range(64)]
         >>> t = training(torch.nn.Linear(8, 2), (torch.optim.SGD, {"lr": 0.1}), data,
-        ...              {"batch_size": 8}, device="cpu", effective_batch_size=16)
+        ...              dict(batch_size=8), device="cpu", effective_batch_size=16)
         >>> t.accumulation_steps, len(t.loader)
         (2, 8)
     """
@@ -79,7 +79,7 @@ def training(
     if effective_batch_size is None:
         effective_batch_size = _effective_from(config)
     device, sampler = resolve_device(device), None
-    if cfg["world_size"] > 1:  # one rank of a torchrun launch: its device, its share of each batch
+    if cfg.world_size > 1:  # one rank of a torchrun launch: its device, its share of each batch
         from autotune.trial.ddp_steps import distribute, join
 
         device, sampler, effective_batch_size = join(cfg, device, dataset, shuffle, effective_batch_size)

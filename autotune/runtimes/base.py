@@ -126,7 +126,8 @@ class Runtime:
 
     def load_settings(self, config: Any, device: str) -> dict[str, Any]:
         """What the record of the run's artifact in this format holds besides its file, for its
-        load: the settings of the winner's ``config`` it runs with on the run's ``device``."""
+        load: the settings of the winner's ``config`` it runs with on the run's ``device``
+        (``config`` reads each knob's value as an attribute, ``config.num_threads``)."""
         return {}
 
     def files(self, path: Path) -> list[Path]:

@@ -88,12 +88,12 @@ class OnnxRuntime(Runtime):
         # An onnxruntime winner ran its own provider (a fallback is infeasible); for another, what
         # a session on the run's device really gets here: the CPU's where ONNX Runtime cannot load
         # its CUDA provider.
-        own = config["runtime"] == self.name
+        own = config.runtime == self.name
         return {
             "ort": {
-                "provider": config["ort_provider"] if own else provider_for(device),
-                "graph_optimization": config["ort_graph_optimization"] if own else "all",
-                "intra_op_threads": config["num_threads"] or 0,
+                "provider": config.ort_provider if own else provider_for(device),
+                "graph_optimization": config.ort_graph_optimization if own else "all",
+                "intra_op_threads": config.num_threads or 0,
             }
         }
 
@@ -214,7 +214,7 @@ def _in_precision(state: Any, extras: Any, path: Path) -> tuple[Path, str]:
     from autotune.export import onnx as ox
 
     config, folder = state.config, path.parent
-    precision = config["ort_precision"]
+    precision = config.ort_precision
     if precision == "fp16":
         ox.to_fp16(path, folder / "model.fp16.onnx")
         return folder / "model.fp16.onnx", precision
@@ -222,13 +222,13 @@ def _in_precision(state: Any, extras: Any, path: Path) -> tuple[Path, str]:
         return path, precision
     state.info["float_bytes"] = path.stat().st_size  # the fp32 graph's size, beside the int8 one
     dst = folder / "model.int8.onnx"
-    if config.get("int8_fallback", 0) != 0:
+    if config.int8_fallback != 0:
         from autotune.compress.fallback import onnx_with_fallback
 
-        fallback = config["int8_fallback"]
+        fallback = config.int8_fallback
         state.info.update(onnx_with_fallback(path, dst, precision, fallback, extras.calibration, extras.int8, config))
     else:
-        per_channel = bool(config.get("int8_per_channel", False))
+        per_channel = bool(config.int8_per_channel)
         ox.quantize_onnx(path, dst, precision, extras.calibration, per_channel=per_channel)
     return dst, precision
 
@@ -246,10 +246,10 @@ def _session(state: Any, path: Path, info: dict[str, Any]) -> Any:
         path,
         info["input_names"],
         info["output_names"],
-        provider=config["ort_provider"],
-        graph_optimization=config["ort_graph_optimization"],
-        intra_op_threads=config["num_threads"] or 0,
-        io_binding=config["ort_io_binding"] and config["ort_provider"] != "CPUExecutionProvider",
+        provider=config.ort_provider,
+        graph_optimization=config.ort_graph_optimization,
+        intra_op_threads=config.num_threads or 0,
+        io_binding=config.ort_io_binding and config.ort_provider != "CPUExecutionProvider",
     )
     # ONNX Runtime falls back to the CPU when a provider's libraries do not load, without raising:
     # such a trial would be measured on the CPU under the GPU provider's name.

@@ -63,7 +63,7 @@ class OpenVino(Runtime):
         config = state.config
         example = extras.example_on("cpu")
         model, info = _converted(state, example, bool(extras.ragged), folder)
-        precision = config.get("ov_precision", "fp32")
+        precision = config.ov_precision
         if precision == "int8_static":
             from autotune.compress.quantize import serialized_bytes
 
@@ -73,8 +73,8 @@ class OpenVino(Runtime):
         saved = save_openvino(model, folder / self.file_name)
         settings = {
             "precision": "bf16" if precision == "bf16" else "f32",
-            "hint": config.get("ov_hint", "latency"),
-            "threads": config.get("num_threads") or 0,
+            "hint": config.ov_hint,
+            "threads": config.num_threads or 0,
         }
         module = OvModule(saved["path"], info["input_names"], info["output_names"], **settings)
         measured = module.runner.properties()  # compiles now: a setting the plugin refuses fails here
@@ -239,7 +239,9 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     guard = None if plan is None else [plan.max_drop, plan.keep, plan.kinds]
     # What NNCF and the fallback read besides the float model (hashed whole): the batch, threads
     # and loader of a trial do not change the IR, so their neighbours read it too.
-    settings = {k: config.get(k) for k in ("ov_precision", "int8_fallback", "int8_per_channel")}
+    settings = dict(
+        ov_precision=config.ov_precision, int8_fallback=config.int8_fallback, int8_per_channel=config.int8_per_channel
+    )
     cache = int8_cache(model, feeds, [settings, transformer, guard])
     cached = cache.load(info) if cache is not None and cache.hit() else None
     if cached is not None:
@@ -258,7 +260,7 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
 def _quantize(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
     from autotune.export.openvino import quantize_openvino
 
-    fallback = config.get("int8_fallback", 0)
+    fallback = config.int8_fallback
     info["int8_transformer"] = transformer
     if fallback == 0:
         return quantize_openvino(model, feeds, transformer=transformer)

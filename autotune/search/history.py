@@ -129,9 +129,9 @@ def past_builds(
     configuration's (``None`` without ``score``).
 
     Example:
-        >>> base = {"config": {"runtime": "torch"}, "wall_s": 12.0, "baseline": True, "sps": 100.0}
-        >>> plain = {"config": {"runtime": "torch", "batch_size": 64}, "wall_s": 5.0, "sps": 400.0}
-        >>> int8 = {"config": {"runtime": "openvino", "ov_precision": "int8_static"}, "wall_s": 30.0,
+        >>> base = {"config": dict(runtime="torch"), "wall_s": 12.0, "baseline": True, "sps": 100.0}
+        >>> plain = {"config": dict(runtime="torch", batch_size=64), "wall_s": 5.0, "sps": 400.0}
+        >>> int8 = {"config": dict(runtime="openvino", ov_precision="int8_static"), "wall_s": 30.0,
         ...         "int8_made_s": 20.0, "sps": 640.0}
         >>> past_builds([base, plain, int8], base, lambda r: r["sps"])
         {'runtime=openvino,ov_precision=int8_static': {'extra_s': 5.0, 'ratio': 1.6}}

@@ -35,9 +35,10 @@ def trial_limit(config: Mapping[str, Any], baseline: Mapping[str, Any] | None, f
     ``config`` compiles, quantizes, prunes or changes the runtime; 600 s for the baseline itself.
 
     Example:
-        >>> trial_limit({"compile_mode": "none"}, {"config": {"compile_mode": "none"}, "wall_s": 4.0}, None)
+        >>> baseline = {"config": dict(compile_mode="none"), "wall_s": 4.0}
+        >>> trial_limit(dict(compile_mode="none"), baseline, None)
         40.0
-        >>> trial_limit({"compile_mode": "default"}, {"config": {"compile_mode": "none"}, "wall_s": 1.0}, None)
+        >>> trial_limit(dict(compile_mode="default"), {**baseline, "wall_s": 1.0}, None)
         150.0
     """
     if fixed is not None:

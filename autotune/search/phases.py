@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from autotune.config import values_of
 from autotune.search.cost import is_costly
 
 __all__ = ["CONVERGED_AFTER", "PHASES", "converged", "phase_of", "search_story"]
@@ -142,7 +143,7 @@ def search_story(
 def _compile_account(measured: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The seconds the compiled trials spent building and warming up (``compile_s``), and how
     many compiled graphs were read from the study's shared compile cache instead of built."""
-    compiled = [r for r in measured if (r.get("config") or {}).get("compile_mode", "none") != "none"]
+    compiled = [r for r in measured if values_of(r.get("config")).compile_mode != "none"]
     return {
         "n_trials": len(compiled),
         "seconds": round(sum(float(r.get("compile_s") or 0.0) for r in compiled), 1),

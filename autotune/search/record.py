@@ -7,13 +7,13 @@ used), how a result is told to Optuna, and what earlier results rule out before 
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
+from autotune.config import values_of
 from autotune.errors import TrialError
 from autotune.search.select import OBJECTIVES
 from autotune.trial.spec import TrialResult
@@ -168,13 +168,11 @@ def _oom_rule(config: dict[str, Any], trials: list[FrozenTrial]) -> str | None:
         if t.user_attrs.get("status") != "oom" or t.user_attrs.get("kind") != "oom":
             continue
         other = t.user_attrs.get("config", {})
-        if all(other.get(k) == config.get(k) for k in memory) and config["batch_size"] >= other.get(
-            "batch_size", math.inf
-        ):
+        size, ran = values_of(config).batch_size, values_of(other).batch_size
+        if all(other.get(k) == config.get(k) for k in memory) and size >= ran:
             same = ", ".join(f"{k}={config[k]}" for k in memory)
             return (
-                f"not run: batch_size {config['batch_size']} >= {other['batch_size']}, which ran out of memory "
-                f"in trial {t.number} with the same {same}"
+                f"not run: batch_size {size} >= {ran}, which ran out of memory in trial {t.number} with the same {same}"
             )
     return None
 

@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from autotune.batching import lengths_of
-from autotune.config import Config
+from autotune.config import Config, values_of, with_values
+from autotune.knobs import declared
 from autotune.knobs.state import BuildState, TunedModule, wrap
 from autotune.samples import call_model
 from autotune.trial.build import build
@@ -25,7 +26,7 @@ def _onnx_source(state: Any) -> tuple[Any, ...]:
 
     config, extras = state.config or {}, state.extras
     how = {
-        "per_channel": bool(config.get("int8_per_channel", False)),
+        "per_channel": bool(values_of(config).int8_per_channel),
         "keep": "auto" if state.info.get("int8_kept") else 0,
         "plan": extras.int8,
         "config": dict(config),
@@ -176,8 +177,8 @@ class ArtifactExport:
         # No file format carries torch.compile: the files are exported from, and checked against,
         # the uncompiled module, which is built without compiling it (a compiled MiniLM pick's
         # export spent 40 s compiling for parity outputs no artifact was made from).
-        compile_mode = config.get("compile_mode", "none")
-        eager = {**config, "compile_mode": "none", "compile_dynamic": False} if compile_mode != "none" else config
+        compile_mode = values_of(config).compile_mode
+        eager = with_values(config, compile_mode="none", compile_dynamic=False) if compile_mode != "none" else config
         reference = self.reference  # made before the extras are copied: it completes them
         extras = dc.replace(self.extras, keep_float=True)
         state = build(self.fresh_model(), Config(eager), self.spec.device, extras=extras, copy_model=False)
@@ -225,7 +226,7 @@ class ArtifactExport:
         state.model = tuned
         # The outputs a parity check computed already where one ran against this model, batched
         # as the winner batches them (a second of real MiniLM to compute again).
-        plain = not any(state.settings.get(k) for k in ("flush_denormal", "tf32"))  # the checks ran without them
+        plain = not any(state.settings.get(k) for k in declared("numerics"))  # the checks ran without them
         outputs = common["memo"].get(id(tuned)) if per_sample(state) and plain else None
         outputs = collect_outputs(state, self.samples) if outputs is None else outputs
         kind = _output_kind(tuned, example)
@@ -237,9 +238,10 @@ class ArtifactExport:
 
     def _build_inputs(self, config: dict[str, Any], out: Any) -> dict[str, Any] | None:
         """The batches the winner was built from, kept beside it for ``apply`` without a dataset."""
-        from autotune.export.build_inputs import FILE, needs_inputs, write_build_inputs
+        from autotune.export.build_inputs import FILE, write_build_inputs
+        from autotune.knobs import off_default
 
-        if not needs_inputs(config):
+        if not off_default(config, "reads_inputs"):  # a runtime other than torch, int8 or pruning
             (out / FILE).unlink(missing_ok=True)  # an earlier pick's, exported before the selection
             return None
         # ragged: outputs that change shape with the input, so a rebuilt graph takes any size too

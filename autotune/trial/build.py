@@ -33,7 +33,7 @@ def build(
 
     Example:
         >>> import torch
-        >>> state = build(torch.nn.Linear(4, 2), Config({"batch_size": 8}), "cpu")
+        >>> state = build(torch.nn.Linear(4, 2), Config(batch_size=8), "cpu")
         >>> state.loader_kwargs["batch_size"]
         8
     """

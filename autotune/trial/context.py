@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore, snapshot
+from autotune.config import values_of
 from autotune.env import use_device
 from autotune.errors import InputError
 from autotune.trial.faults import one_line, record_fault
@@ -30,7 +31,7 @@ __all__ = ["Context", "compiles", "instantiate_model"]
 
 def compiles(config: Mapping[str, Any]) -> bool:
     """Whether ``config`` builds with ``torch.compile`` (and so resets dynamo before its build)."""
-    return config.get("compile_mode", "none") != "none"
+    return values_of(config).compile_mode != "none"
 
 
 def instantiate_model(spec: WorkerSpec) -> torch.nn.Module:
@@ -108,7 +109,7 @@ class Context:
         try:
             # Priced before the build: a trial whose batches in flight would not fit the host's
             # shared or available memory is not started (it would kill its workers, or the machine).
-            check_host_memory(config, self.sample_bytes * int(config.get("batch_size") or 1))
+            check_host_memory(config, self.sample_bytes * int(values_of(config).batch_size or 1))
             self.trial(config, flat)
         except Exception as exc:
             record_fault(result, exc, self.spec.device)

@@ -36,6 +36,7 @@ from typing import Any
 
 import torch
 
+from autotune.config import values_of
 from autotune.errors import TrialError
 from autotune.trial.ddp_steps import RankSlice
 
@@ -66,13 +67,13 @@ def _threads_per_rank(world: int) -> int:
 
 
 def launch(spec: Any, config: Mapping[str, Any], folder: Path, limit_s: float | None = None) -> dict[str, Any]:
-    """Run ``config``'s distributed trial in ``config["world_size"]`` ranks under torchrun; rank
+    """Run ``config``'s distributed trial in its ``world_size`` ranks under torchrun; rank
     0's result. ``spec`` is a worker spec, or its pickle (:func:`~autotune.trial.spec.pickle_spec`)
     made once for many launches. Raises :class:`TrialError` with the failing rank's error
     (``crash`` when a rank died, ``timeout`` past ``limit_s``)."""
     from autotune.trial.spec import pickle_spec
 
-    world = int(config["world_size"])
+    world = int(values_of(config).world_size)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "spec.pt").write_bytes(spec if isinstance(spec, bytes) else pickle_spec(spec))
     (folder / "config.json").write_text(json.dumps(dict(config)))

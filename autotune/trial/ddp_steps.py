@@ -12,28 +12,25 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from autotune.config import values_of, with_values
 from autotune.errors import TrialError
 from autotune.samples import call_model
 
-__all__ = ["DDP_KNOBS", "RankSlice", "ddp_kwargs", "distribute", "join", "train_rank", "unused_parameters"]
-
-# The DDP knobs and the DistributedDataParallel arguments they set.
-DDP_KNOBS = {
-    "ddp_bucket_cap_mb": "bucket_cap_mb",
-    "ddp_bucket_view": "gradient_as_bucket_view",
-    "ddp_static_graph": "static_graph",
-    "ddp_broadcast_buffers": "broadcast_buffers",
-}
+__all__ = ["RankSlice", "ddp_kwargs", "distribute", "join", "train_rank", "unused_parameters"]
 
 
 def ddp_kwargs(config: Mapping[str, Any], find_unused: bool) -> dict[str, Any]:
-    """``DistributedDataParallel``'s keyword arguments for ``config``.
+    """``DistributedDataParallel``'s keyword arguments for ``config``: those the knobs that
+    declare a ``ddp_argument`` set.
 
     Example:
-        >>> ddp_kwargs({"ddp_bucket_cap_mb": 5, "ddp_static_graph": True}, False)
+        >>> ddp_kwargs(dict(ddp_bucket_cap_mb=5, ddp_static_graph=True), False)
         {'bucket_cap_mb': 5, 'static_graph': True, 'find_unused_parameters': False}
     """
-    found = {arg: config[name] for name, arg in DDP_KNOBS.items() if name in config}
+    from autotune.knobs import REGISTRY
+
+    arguments = {name: getattr(knob, "ddp_argument", None) for name, knob in REGISTRY.items()}
+    found = {arg: config[name] for name, arg in arguments.items() if arg and name in config}
     return {**found, "find_unused_parameters": find_unused}
 
 
@@ -97,13 +94,14 @@ def train_rank(spec: Any, config: Mapping[str, Any], rank: int, world: int, devi
     from autotune.trial.context import instantiate_model
     from autotune.trial.train_setup import FixedOrder, optimizer_factory, prepare
 
-    effective = spec.effective_batch_size or world * int(config["batch_size"])
+    knobs = values_of(config)
+    effective = spec.effective_batch_size or world * int(knobs.batch_size)
     if effective % world:
         raise TrialError("unsupported", f"the effective batch size {effective} does not split into {world} ranks")
     torch.manual_seed(spec.seed)
     model = instantiate_model(spec)
     order = FixedOrder(len(spec.dataset), effective, spec.seed)
-    plain = {**config, "world_size": 1, "compile_mode": "none"}  # compiled around DDP, below
+    plain = with_values(config, world_size=1, compile_mode="none")  # compiled around DDP, below
     setup = prepare(model, plain, device, optimizer_factory(spec.optimizer), spec.dataset,
                     effective_batch_size=effective // world, sampler=RankSlice(order, rank, world, effective),
                     copy_model=False)  # fmt: skip
@@ -134,7 +132,7 @@ def join(config: Mapping[str, Any], device: str, dataset: Any, shuffle: bool, ef
 
     from autotune.errors import ConfigError
 
-    world = int(config["world_size"])
+    world = int(values_of(config).world_size)
     command = " ".join(["torchrun", "--standalone", f"--nproc-per-node={world}", "your_script.py"])
     if int(os.environ.get("WORLD_SIZE", "1")) != world:
         raise ConfigError(
@@ -169,20 +167,22 @@ def distribute(setup: Any, config: Mapping[str, Any], find_unused: bool = False)
     ddp = DistributedDataParallel(setup.model, device_ids=ids, **ddp_kwargs(config, find_unused))
     counter = _Counted()
     ddp.register_comm_hook(counter, _counted_allreduce)
-    if config.get("ddp_zero1"):
+    knobs = values_of(config)
+    if knobs.ddp_zero1:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         inner = setup.optimizer
         setup.optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=type(inner), **inner.defaults)
-    setup.model = ddp if config.get("compile_mode", "none") == "none" else _compiled(ddp, config)
-    setup.ddp, setup.no_sync = ddp, bool(config.get("ddp_no_sync", True))
+    setup.model = ddp if knobs.compile_mode == "none" else _compiled(ddp, config)
+    setup.ddp, setup.no_sync = ddp, bool(knobs.ddp_no_sync)
     return counter
 
 
 def _compiled(ddp: Any, config: Mapping[str, Any]) -> Any:
-    mode = config["compile_mode"]
+    knobs = values_of(config)
+    mode = knobs.compile_mode
     options = {"mode": mode} if mode not in ("default", "default-freezing") else {}
-    return torch.compile(ddp, dynamic=bool(config.get("compile_dynamic")) or None, **options)
+    return torch.compile(ddp, dynamic=bool(knobs.compile_dynamic) or None, **options)
 
 
 def _guard(setup: Any, spec: Any, world: int, counter: _Counted) -> dict[str, Any]:
@@ -191,7 +191,9 @@ def _guard(setup: Any, spec: Any, world: int, counter: _Counted) -> dict[str, An
     torch.manual_seed(spec.seed)
     batches = iter(setup.loader)
     effective = setup.effective_batch_size * world
-    n_steps = max(2, spec.n_train_steps * (spec.effective_batch_size or spec.baseline["batch_size"]) // effective)
+    n_steps = max(
+        2, spec.n_train_steps * (spec.effective_batch_size or values_of(spec.baseline).batch_size) // effective
+    )
     losses, skipped, compile_s = [], 0, 0.0
     start = time.perf_counter()
     for i in range(n_steps):

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from autotune.config import values_of
 from autotune.knobs.state import BuildState
 from autotune.samples import batch_size_of, tensor_leaves, to_device
 from autotune.trial.build import settings_active
@@ -291,14 +292,14 @@ def explain(
         >>> explain(
         ...     {"loader_samples_per_s": 410, "model_samples_per_s": 2900, "bound": "data-bound"},
         ...     {"loader_samples_per_s": 3100, "model_samples_per_s": 2950, "bound": "balanced"},
-        ...     {"num_workers": 0},
-        ...     {"num_workers": 4},
+        ...     dict(num_workers=0),
+        ...     dict(num_workers=4),
         ... )
         'baseline was data-bound: 410 samples/s from the loader vs 2,900 from the model (no loader workers: loading took 88% of its time); num_workers=4 raised the loader to 3,100; the winner is balanced (3,100 vs 2,950)'
     """
     bl, bm = baseline["loader_samples_per_s"], baseline["model_samples_per_s"]
     text = f"baseline was {baseline['bound']}: {bl:,.0f} samples/s from the loader vs {bm:,.0f} from the model"
-    if not baseline_config.get("num_workers") and bm / (bl + bm) >= SERIAL_SHARE:
+    if not values_of(baseline_config).num_workers and bm / (bl + bm) >= SERIAL_SHARE:
         # No workers: the loader and the model take turns, so the loader's time adds to the model's.
         text += f" (no loader workers: loading took {bm / (bl + bm):.0%} of its time)"
     if dict(baseline_config) == dict(best_config):

@@ -31,7 +31,7 @@ def timing_batches(dataset: Any, state: BuildState, warmup_batches: int, seed: i
         >>> import torch
         >>> from autotune.trial.build import build
         >>> from autotune.config import Config
-        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> state = build(torch.nn.Linear(8, 2), Config(batch_size=4), "cpu")
         >>> batches, n_warm = timing_batches([torch.randn(8)] * 10, state, 2)
         >>> n_warm, [len(next(batches)) for _ in range(4)]
         (2, [4, 4, 2, 4])

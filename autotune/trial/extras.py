@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 from autotune.batching import lengths_and_width
+from autotune.config import values_of
 from autotune.knobs.state import BuildExtras
 from autotune.trial.spec import WorkerSpec
 
@@ -19,7 +20,7 @@ def make_extras(spec: WorkerSpec, collate: Callable[[list[Any]], Any]) -> BuildE
     each made by ``collate`` (the run's, as given: no trimming)."""
     from autotune.samples import calibration_draw
 
-    size = spec.baseline["batch_size"]
+    size = values_of(spec.baseline).batch_size
     # Never a sample the guard scores (see autotune.data.calibration_draw); apply() draws the
     # same, so the model it rebuilds is the one measured.
     n_train = len(spec.train_dataset) if spec.train_dataset is not None else None

@@ -19,7 +19,7 @@ import torch
 
 from autotune._pristine import restore
 from autotune.compress.fallback import Int8Plan
-from autotune.config import Config
+from autotune.config import Config, values_of
 from autotune.errors import AutotuneError, InputError
 from autotune.export.run_cache import model_digest
 from autotune.export.scratch import run_file
@@ -185,7 +185,7 @@ class TrialContext(Context, ArtifactExport):
 
     def build(self, config: dict[str, Any]) -> BuildState:
         """``config`` built on a fresh copy of the model, from stock process state."""
-        if config.get("int8_fallback", 0) != 0 and self.extras.int8 is None:
+        if values_of(config).int8_fallback != 0 and self.extras.int8 is None:
             known = self._known.get("int8")
             if known is not None:  # judged as the first worker judged: its cached model is read
                 self.extras.int8 = self._int8_plan(known["kinds"], known["budget_s"])

@@ -16,6 +16,7 @@ import json
 import time
 from typing import Any
 
+from autotune.config import values_of
 from autotune.errors import TrialError
 from autotune.trial.guard import check_finite, collect_outputs, evaluate
 
@@ -37,7 +38,7 @@ def guard_value(ctx: Any, state: Any) -> float:
 def _short(ctx: Any, config: dict[str, Any], result: dict[str, Any]) -> bool:
     """An ``auto`` int8 build that missed the guard with layers left to keep float."""
     return (
-        config.get("int8_fallback") == "auto"
+        values_of(config).int8_fallback == "auto"
         and ctx.extras.int8 is not None
         and "int8_key" in result
         and result.get("int8_k", 0) < result.get("int8_layers", 0) - 1

@@ -366,7 +366,7 @@ def measure(
         >>> import torch
         >>> from autotune.trial.build import build
         >>> from autotune.config import Config
-        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> state = build(torch.nn.Linear(8, 2), Config(batch_size=4), "cpu")
         >>> data = [torch.randn(8) for _ in range(16)]
         >>> r = measure(state, data, MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1))
         >>> r["samples_per_s"] > 0 and r["n_windows"] == 2

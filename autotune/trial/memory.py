@@ -85,14 +85,17 @@ def in_flight(config: Mapping[str, Any], batch_bytes: int) -> tuple[int, int]:
     of those once more, and the feeder thread (``feed_ahead``) holds as many again.
 
     Example:
-        >>> in_flight({"num_workers": 8, "prefetch_factor": 4, "pin_memory": True}, 154 * 2**20)[0] // 2**30
+        >>> in_flight(dict(num_workers=8, prefetch_factor=4, pin_memory=True), 154 * 2**20)[0] // 2**30
         4
     """
-    workers = 0 if config.get("device_resident") else int(config.get("num_workers") or 0)
-    queued = workers * int(config.get("prefetch_factor") or 2) if workers else 0
+    from autotune.config import values_of
+
+    knobs = values_of(config)
+    workers = 0 if knobs.device_resident else int(knobs.num_workers or 0)
+    queued = workers * int(knobs.prefetch_factor or 2) if workers else 0
     shared = queued * batch_bytes
-    pinned = (queued + 1) * batch_bytes if config.get("pin_memory") and not config.get("device_resident") else 0
-    fed = int(config.get("feed_ahead") or 0) * batch_bytes
+    pinned = (queued + 1) * batch_bytes if knobs.pin_memory and not knobs.device_resident else 0
+    fed = int(knobs.feed_ahead or 0) * batch_bytes
     return shared, shared + pinned + fed + batch_bytes
 
 
@@ -123,12 +126,14 @@ def check_host_memory(
     Raises:
         TrialError: kind ``oom``, saying what it would take and what is free.
     """
-    shared, total = in_flight(config, batch_bytes)
+    from autotune.config import values_of
+
+    shared, total, knobs = *in_flight(config, batch_bytes), values_of(config)
     shm_free = _free("/dev/shm") if shm_free is None and shared else shm_free
     if shared and shm_free is not None and shared > FLIGHT_SHARE * shm_free:
         raise TrialError(
             "oom",
-            f"not started: {config.get('num_workers')} loader workers x {config.get('prefetch_factor')} batches "
+            f"not started: {knobs.num_workers} loader workers x {knobs.prefetch_factor} batches "
             f"ahead take about {shared / 2**30:.1f} GiB of shared memory, and /dev/shm has "
             f"{shm_free / 2**30:.1f} GiB free",
         )

@@ -48,17 +48,17 @@ def build_phase(config: Mapping[str, Any]) -> str:
     """What building ``config`` mostly does, in a word or two.
 
     Example:
-        >>> build_phase({"runtime": "openvino", "ov_precision": "int8_static"})
+        >>> build_phase(dict(runtime="openvino", ov_precision="int8_static"))
         'converting and calibrating'
-        >>> build_phase({"runtime": "torch", "prune_ratio": 0.3}), build_phase({"runtime": "torch"})
+        >>> build_phase(dict(prune_ratio=0.3)), build_phase({})
         ('pruning', 'building')
     """
-    runtime = config.get("runtime", "torch")
-    int8 = config.get("quantization", "none") != "none" or "int8" in str(config.get("ov_precision", "")) + str(
-        config.get("ort_precision", "")
-    )
-    if runtime != "torch":
+    from autotune.config import values_of
+    from autotune.knobs.compress import is_int8
+
+    knobs, int8 = values_of(config), is_int8(config)
+    if knobs.runtime != "torch":
         return "converting and calibrating" if int8 else "converting"
-    if config.get("prune_ratio", 0.0):
+    if knobs.prune_ratio:
         return "pruning"
     return "calibrating" if int8 else "building"

@@ -214,7 +214,7 @@ def profile_state(state: Any, dataset: Any, trace: str | Path, *, seed: int = 0)
         >>> import tempfile, torch
         >>> from autotune.config import Config
         >>> from autotune.trial.build import build
-        >>> state = build(torch.nn.Linear(8, 2), Config({"batch_size": 4}), "cpu")
+        >>> state = build(torch.nn.Linear(8, 2), Config(batch_size=4), "cpu")
         >>> s = profile_state(state, [torch.randn(8)] * 64, Path(tempfile.mkdtemp()) / "t.json.gz")
         >>> s["operators"][0]["name"], sorted(s["stages"])[0]
         ('aten::addmm', 'forward')

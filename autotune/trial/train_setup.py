@@ -239,10 +239,10 @@ def prepare(
             compiled model).
     """
     config = Config(config)
-    n_accumulate, effective = accumulation(config["batch_size"], effective_batch_size)
-    amp = None if config["amp_dtype"] == "float32" else config["amp_dtype"]
+    n_accumulate, effective = accumulation(config.batch_size, effective_batch_size)
+    amp = None if config.amp_dtype == "float32" else config.amp_dtype
     # Autocast wraps the forward and the loss here (the usual recipe), not the model alone.
-    state = build(model, Config({**config, "amp_dtype": "float32"}), device, copy_model=copy_model)
+    state = build(model, config.but(amp_dtype="float32"), device, copy_model=copy_model)
     tuned = state.model.train()
     try:
         optimizer = with_impl(make_optimizer(unwrap(tuned).parameters()), state.optimizer_impl)
@@ -257,7 +257,7 @@ def prepare(
         scaler=torch.amp.GradScaler(torch.device(device).type, enabled=amp == "float16"),
         loader=loader,
         accumulation_steps=n_accumulate,
-        batch_size=config["batch_size"],
+        batch_size=config.batch_size,
         effective_batch_size=effective,
         amp_dtype=amp,
         device=device,

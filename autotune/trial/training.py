@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from autotune._pristine import restore
+from autotune.config import values_of
 from autotune.errors import InputError, TrialError
 from autotune.export.run_cache import model_digest
 from autotune.trial.build import settings_active
@@ -150,7 +151,7 @@ class TrainContext(Context):
         self.make_optimizer = optimizer_factory(spec.optimizer)
         if spec.loss_fn is None:
             raise InputError("Training mode needs `loss_fn(outputs, batch) -> Tensor`.")
-        effective = spec.effective_batch_size or spec.baseline["batch_size"]
+        effective = spec.effective_batch_size or values_of(spec.baseline).batch_size
         self.n_guard_samples = spec.n_train_steps * effective
         try:
             run = self._guard_run(spec.baseline)
@@ -177,7 +178,7 @@ class TrainContext(Context):
         """``config``'s training setup on a fresh copy of the initial weights, from stock process state."""
         self.reset(config)
         spec = self.spec
-        chunk = spec.effective_batch_size or config["batch_size"]
+        chunk = spec.effective_batch_size or values_of(config).batch_size
         return prepare(
             self.fresh_model(),
             config,
@@ -199,14 +200,13 @@ class TrainContext(Context):
     def trial(self, config: dict[str, Any], result: dict[str, Any]) -> None:
         """Train one configuration: guard steps, then timed steps (in ``world_size`` ranks under
         torchrun where it is more than one, :mod:`autotune.trial.ddp`)."""
-        if config.get("world_size", 1) > 1:
+        knobs = values_of(config)
+        if knobs.world_size > 1:
             self._distributed(config, result)
             return
         device = torch.device(self.spec.device)
         mark = memory_mark(device)
-        say(
-            "compiling, then checking the loss" if config.get("compile_mode", "none") != "none" else "checking the loss"
-        )
+        say("compiling, then checking the loss" if knobs.compile_mode != "none" else "checking the loss")
         run = self._guard_run(config)
         setup = run.setup
         result.update(
@@ -246,15 +246,16 @@ class TrainContext(Context):
         from autotune.trial.ddp import launch
         from autotune.trial.train_setup import accumulation
 
-        world = int(config["world_size"])
-        effective = self.spec.effective_batch_size or world * int(config["batch_size"])
+        knobs = values_of(config)
+        world, batch = int(knobs.world_size), int(knobs.batch_size)
+        effective = self.spec.effective_batch_size or world * batch
         if effective % world:
             raise TrialError("unsupported", f"the effective batch size {effective} does not split into {world} ranks")
-        accumulation(int(config["batch_size"]), effective // world)  # before the launch: the rank's share
+        accumulation(batch, effective // world)  # before the launch: the rank's share
         with tempfile.TemporaryDirectory(prefix="autotune-ddp-") as folder:
             got = launch(self._pickled_spec(), config, Path(folder))
         losses = got.pop("losses")
-        result.update(got, batch_size=config["batch_size"], n_guard_steps=len(losses))
+        result.update(got, batch_size=knobs.batch_size, n_guard_steps=len(losses))
         check_curve(GuardRun(None, iter(()), losses, got["skipped_steps"], got["compile_s"]))  # type: ignore[arg-type]
         result["n_params"] = self.info["n_params"]
         self._judge(losses, result, got.get("metric"))
@@ -292,7 +293,7 @@ class TrainContext(Context):
         # Every setup first: building a compiled one resets dynamo, which would throw away the
         # compiled code of those already warmed up and move their compilation into a timed round.
         # A distributed configuration is timed by launching its ranks in each round.
-        setups = [self.setup(config) if config.get("world_size", 1) == 1 else dict(config) for config in configs]
+        setups = [self.setup(c) if values_of(c).world_size == 1 else dict(c) for c in configs]
         runs: list[Any] = []
         for setup in setups:
             if isinstance(setup, dict):

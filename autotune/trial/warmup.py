@@ -60,14 +60,15 @@ def signature(batch: Any) -> tuple[Any, ...]:
 def compiles_per_shape(state: Any) -> bool:
     """Whether ``state``'s build does work per input shape on first sight: ``torch.compile``,
     a runtime that declares it (TorchScript; OpenVINO, whose CPU plugin prepares its kernels for
-    each new shape of a dynamic model), cuDNN's autotuner."""
+    each new shape of a dynamic model), a knob that declares it (cuDNN's autotuner)."""
+    from autotune.knobs import declared
     from autotune.runtimes.base import REGISTRY
 
     runtime = REGISTRY.get(state.runtime)
     return (
         state.compile_mode != "none"
         or (runtime is not None and runtime.compiles_per_shape)
-        or bool(state.settings.get("cudnn_benchmark"))
+        or any(state.settings.get(name) for name in declared("per_shape"))
     )
 
 

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import autotune
+from autotune.config import Config
 from tests.models import classification_data
 
 pytest.importorskip("openvino", reason="runtime=openvino needs the openvino extra")
@@ -245,7 +246,7 @@ def test_a_second_int8_build_of_the_same_model_reads_the_runs_cache(tmp_path, mo
     gen = torch.Generator().manual_seed(0)
     feeds = [{info["input_names"][0]: torch.randn(16, 16, generator=gen).numpy()} for _ in range(2)]
     extras = types.SimpleNamespace(int8=None, calibration=[])
-    config = {"runtime": "openvino", "ov_precision": "int8_static", "int8_fallback": 0}
+    config = Config(runtime="openvino", ov_precision="int8_static", int8_fallback=0)
     first_info, second_info, other_info = {}, {}, {}
     first = _int8(float_model, config, extras, feeds, False, first_info)
     second = _int8(convert_openvino(model, example)[0], config, extras, feeds, False, second_info)
@@ -280,10 +281,10 @@ def test_the_int8_cache_is_shared_by_configurations_that_differ_in_the_loader_an
     float_model, info = convert_openvino(DeepMLP().eval(), torch.randn(8, 16))
     feeds = [{info["input_names"][0]: torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).numpy()}]
     extras = types.SimpleNamespace(int8=None, calibration=[])
-    config = {"runtime": "openvino", "ov_precision": "int8_static", "int8_fallback": 0, "batch_size": 32}
+    config = Config(runtime="openvino", ov_precision="int8_static", int8_fallback=0, batch_size=32)
     _int8(float_model, config, extras, feeds, False, {})
     neighbour = {}
-    _int8(float_model, {**config, "batch_size": 64, "num_threads": 1}, extras, feeds, False, neighbour)
+    _int8(float_model, config.but(batch_size=64, num_threads=1), extras, feeds, False, neighbour)
     assert neighbour["int8_cached"]
 
 
@@ -297,7 +298,7 @@ def test_a_damaged_int8_cache_entry_is_made_again_not_a_failed_trial(tmp_path, m
     float_model, info = convert_openvino(DeepMLP().eval(), torch.randn(8, 16))
     feeds = [{info["input_names"][0]: torch.randn(16, 16, generator=torch.Generator().manual_seed(0)).numpy()}]
     extras = types.SimpleNamespace(int8=None, calibration=[])
-    config = {"runtime": "openvino", "ov_precision": "int8_static", "int8_fallback": 0}
+    config = Config(runtime="openvino", ov_precision="int8_static", int8_fallback=0)
     _int8(float_model, config, extras, feeds, False, {})
     (entry,) = (tmp_path / "cache").iterdir()
     (entry / "model.xml").write_text("<net")  # cut short
