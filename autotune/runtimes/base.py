@@ -75,6 +75,10 @@ class Runtime:
     flat_outputs: ClassVar[bool] = False
     # Its file may hold the batch size it was made with (a trace): a load feeds it full batches.
     fixed_batch: ClassVar[bool] = False
+    # Where it runs a winner of another runtime on the CPU: why it cannot run the graph an export
+    # under bfloat16 autocast writes (the file is then exported in float32, without autocast, and
+    # says so); ``None`` where it can.
+    no_cpu_autocast: ClassVar[str | None] = None
 
     def problem(self, ctx: Any) -> str | None:
         """Why the runtime is not offered on ``ctx`` (a :class:`~autotune.knobs.base.SpaceContext`),
@@ -105,6 +109,13 @@ class Runtime:
             ``(info, run)``: the exporter's details (``path``, ``input_names``...) and the runner.
         """
         raise NotImplementedError(f"the {self.name} runtime exports no artifact")
+
+    def nearest_source(self, state: Any, float_form: Any) -> tuple[Any, str] | None:
+        """Where exporting a winner of another runtime (``state``, its build) to this format
+        failed: the ``source`` :meth:`export` makes the nearest form from instead, and what that
+        form is; ``None`` where there is no nearer form. ``float_form``: the winner's float model
+        before its int8 (pruned), in its wrappers without autocast; ``None`` where it has none."""
+        return None
 
     def open_file(self, path: Path, artifact: dict[str, Any]) -> Any:
         """The module that runs the file at ``path`` with the settings ``artifact`` recorded when

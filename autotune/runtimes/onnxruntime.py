@@ -29,6 +29,7 @@ class OnnxRuntime(Runtime):
     precision_knob = "ort_precision"
     flat_outputs = True
     packages = ("onnxruntime", "onnxruntime-gpu")  # one module, two wheels: either satisfies the other
+    no_cpu_autocast = "ONNX Runtime's CPU provider has no such kernels"
     help = "ONNX Runtime on the exported graph"
 
     def problem(self, ctx: Any) -> str | None:
@@ -81,6 +82,26 @@ class OnnxRuntime(Runtime):
         info.update(ort=ort)
         # The graph's outputs are flat; a metric expects the model's own structure.
         return info, restoring(model, example, runner)
+
+    def nearest_source(self, state: Any, float_form: Any) -> tuple[Any, str] | None:
+        # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized by ONNX
+        # Runtime with the same method and weight scales (it has the same dynamic and static int8,
+        # not torchao's weight-only), is the nearest form of the winner; where the winner kept
+        # layers float, the fewest float on the graph that keep the guard (ranked as
+        # ``int8_fallback`` ranks them).
+        if float_form is None or state.quantization not in ("int8_dynamic", "int8_static"):
+            return None
+        from autotune.compress.fallback import onnx_with_fallback
+
+        how = {
+            "per_channel": bool(state.config.int8_per_channel),
+            "keep": "auto" if state.info.get("int8_kept") else 0,
+            "plan": state.extras.int8,
+            "config": dict(state.config),
+            "fallback": onnx_with_fallback,  # passed in: export sits below compress
+        }
+        what = f"exported from the pruned float model and quantized by onnxruntime ({state.quantization})"
+        return (float_form, state.quantization, state.extras.calibration, how), what
 
     def load_settings(self, config: Any, device: str) -> dict[str, Any]:
         from autotune.export.ort import provider_for

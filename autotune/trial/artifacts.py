@@ -18,23 +18,6 @@ from autotune.trial.build import build
 from autotune.trial.guard import collect_outputs, per_sample
 
 
-def _onnx_source(state: Any) -> tuple[Any, ...]:
-    """How the ONNX artifact of a torch int8 winner is made: its pruned float model quantized by
-    ONNX Runtime with the same method and weight scales, and, where the winner kept layers float,
-    the fewest float on the graph that keep the guard (ranked as ``int8_fallback`` ranks them)."""
-    from autotune.compress.fallback import onnx_with_fallback
-
-    config, extras = state.config or {}, state.extras
-    how = {
-        "per_channel": bool(values_of(config).int8_per_channel),
-        "keep": "auto" if state.info.get("int8_kept") else 0,
-        "plan": extras.int8,
-        "config": dict(config),
-        "fallback": onnx_with_fallback,  # passed in: export sits below compress
-    }
-    return wrap(state, state.float_model, autocast=False), state.quantization, extras.calibration, how
-
-
 def _check_args(common: dict[str, Any]) -> dict[str, Any]:
     """The parity-check arguments among :func:`~autotune.runtimes.artifacts.export_artifacts`' keywords."""
     return {k: v for k, v in common.items() if k not in ("fallback", "spatial")}
@@ -94,19 +77,18 @@ def _plain(obj: Any) -> Any:
     return to_stored(obj)
 
 
-def _onnx_form(tuned: Any, device: str) -> tuple[Any, str | None]:
-    """The form of the tuned model to export to ONNX: itself, except that autocast on the CPU is
-    dropped (the exporter would write a bfloat16 graph ONNX Runtime's CPU provider cannot run).
-    Parity is then measured against that float32 form, and the metric against the baseline."""
+def _export_form(runtime: Any, tuned: Any, device: str) -> tuple[Any, str | None]:
+    """The form of the tuned model ``runtime``'s file is exported from: itself, except that
+    autocast on the CPU is dropped where the runtime cannot run the graph the exporter would
+    write (ONNX Runtime's CPU provider and a bfloat16 graph). Parity is then measured against
+    that float32 form, and the metric against the baseline."""
     from autotune.export.parity import exportable
 
     inner = exportable(tuned)
-    if not (device == "cpu" and isinstance(inner, TunedModule) and inner.amp_dtype is not None):
+    why = runtime.no_cpu_autocast
+    if why is None or not (device == "cpu" and isinstance(inner, TunedModule) and inner.amp_dtype is not None):
         return tuned, None
-    note = (
-        f"another model: the winner's weights exported in float32 without its {inner.amp_dtype} autocast "
-        "(ONNX Runtime's CPU provider has no such kernels)"
-    )
+    note = f"another model: the winner's weights exported in float32 without its {inner.amp_dtype} autocast ({why})"
     return wrap(inner, autocast=False), note
 
 
@@ -115,31 +97,32 @@ class ArtifactExport:
     the context's ``spec``, ``samples``, ``extras``, ``reference``, ``collate``, ``model`` (the
     user's, untouched) and ``fresh_model``."""
 
-    def _export_onnx(
-        self, state: Any, tuned: Any, out: Any, common: dict[str, Any], by_format: dict[str, Any]
+    def _export_other(
+        self, fmt: str, state: Any, tuned: Any, out: Any, common: dict[str, Any], by_format: dict[str, Any]
     ) -> dict[str, Any]:
-        """The ONNX artifact of a winner that ran no ONNX file: its export, or the nearest form."""
+        """The ``fmt`` artifact of a winner that ran no such file: its export or, where that fails,
+        the nearest form its runtime knows (:meth:`~autotune.runtimes.base.Runtime.nearest_source`)."""
         from autotune.runtimes.artifacts import export_artifacts
+        from autotune.runtimes.base import by_format as runtime_of
 
+        runtime = runtime_of(fmt)
         size, example = state.batch_size, self.extras.example_on(state.device)
-        model, note = _onnx_form(tuned, state.device)
-        onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], **common)
-        # ONNX Runtime has the same dynamic and static int8, not torchao's weight-only.
-        ort_method = state.quantization in ("int8_dynamic", "int8_static")
-        if onnx["onnx"]["status"] == "failed" and ort_method and state.float_model is not None:
-            # No ONNX exporter takes torch's int8 modules: the pruned float model, quantized
-            # by ONNX Runtime with the same method, is the nearest form of the winner.
-            source = _onnx_source(state)
-            first = onnx["onnx"].get("error")
-            onnx = export_artifacts(model, example, self.samples, size, out, ["onnx"], onnx_source=source, **common)
-            note = f"exported from the pruned float model and quantized by onnxruntime ({state.quantization}): {first}"
+        model, note = _export_form(runtime, tuned, state.device)
+        got = export_artifacts(model, example, self.samples, size, out, [fmt], **common)
+        if got[fmt]["status"] == "failed":
+            float_form = None if state.float_model is None else wrap(state, state.float_model, autocast=False)
+            nearest = runtime.nearest_source(state, float_form)
+            if nearest is not None:
+                (source, what), first = nearest, got[fmt].get("error")
+                got = export_artifacts(model, example, self.samples, size, out, [fmt], onnx_source=source, **common)
+                note = f"{what}: {first}"
         if note:
-            onnx["onnx"]["form_note"] = note
+            got[fmt]["form_note"] = note
             keep = state.model
             state.model = model
-            by_format["onnx"] = collect_outputs(state, self.samples)
+            by_format[fmt] = collect_outputs(state, self.samples)
             state.model = keep
-        return onnx
+        return got
 
     def _parity(self, state: Any, outputs: Any, by_format: dict[str, Any]) -> dict[str, Any]:
         """What ``autotune verify`` re-checks the artifacts against, as ``parity.pt`` stores it."""
@@ -171,7 +154,7 @@ class ArtifactExport:
         from pathlib import Path
 
         from autotune.export.hf_layout import write_hf_layout
-        from autotune.runtimes.artifacts import export_artifacts, ship_measured
+        from autotune.runtimes.artifacts import ship_measured
         from autotune.runtimes.base import by_format as runtime_of
 
         # No file format carries torch.compile: the files are exported from, and checked against,
@@ -212,11 +195,9 @@ class ArtifactExport:
             # The winner ran an exported file: that file ships, not a re-export of its torch model.
             artifacts = ship_measured(measured, state.model, self.samples, size, out, **_check_args(common))
             by_format[measured["format"]] = collect_outputs(state, self.samples)
-        rest = [f for f in formats if f != "onnx" and f not in artifacts]
         example = extras.example_on(state.device)  # on the tuned model's device, as the exporters need
-        artifacts.update(export_artifacts(tuned, example, self.samples, size, out, rest, **common))
-        if "onnx" in formats and "onnx" not in artifacts:
-            artifacts.update(self._export_onnx(state, tuned, out, common, by_format))
+        for fmt in [f for f in formats if f not in artifacts]:
+            artifacts.update(self._export_other(fmt, state, tuned, out, common, by_format))
         for fmt, record in artifacts.items():
             _label(record, fmt, state, measured, compile_mode)
         # A Hugging Face model's files also in the folder its libraries load (hf/).

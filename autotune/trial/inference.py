@@ -27,8 +27,8 @@ from autotune.knobs.state import BuildState
 from autotune.samples import call_model, to_device
 from autotune.trial.artifacts import (  # noqa: F401  (re-exported: tests import them from here)
     ArtifactExport,
+    _export_form,
     _label,
-    _onnx_form,
     _plain,
 )
 from autotune.trial.build import build

@@ -95,11 +95,12 @@ def test_a_bfloat16_and_compiled_winners_float_onnx_is_labelled_another_model(tm
     """Constructed from the build state, so it runs on any CPU: the float32 ONNX of a bfloat16,
     compiled winner lacks both, says so, and load() never calls it the measured winner."""
     from autotune.knobs.state import BuildState, wrap
-    from autotune.trial.inference import _label, _onnx_form
+    from autotune.runtimes.base import get_runtime
+    from autotune.trial.inference import _export_form, _label
 
     model = SmallCNN().eval()
     state = BuildState(model=model, device="cpu", amp_dtype="bfloat16", compile_mode="max-autotune-no-cudagraphs")
-    _, note = _onnx_form(wrap(state), "cpu")
+    _, note = _export_form(get_runtime("onnxruntime"), wrap(state), "cpu")
     _run(tmp_path, model)
     path = tmp_path / "best_config.json"
     best = json.loads(path.read_text())

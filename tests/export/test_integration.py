@@ -59,11 +59,14 @@ def test_export_none_writes_no_artifacts(tmp_path):
 def test_bfloat16_winner_on_cpu_exports_a_float32_onnx_that_passes_parity(tmp_path):
     from autotune.knobs.state import TunedModule
     from autotune.runtimes.artifacts import export_artifacts
-    from autotune.trial.inference import _onnx_form
+    from autotune.runtimes.base import get_runtime
+    from autotune.trial.inference import _export_form
 
     tuned = TunedModule(Oracle().eval(), "bfloat16", False)
-    model, note = _onnx_form(tuned, "cpu")
-    assert model.amp_dtype is None and "float32" in note
+    model, note = _export_form(get_runtime("onnxruntime"), tuned, "cpu")
+    assert model.amp_dtype is None and "float32" in note and "ONNX Runtime's CPU provider" in note
+    # A runtime that runs the autocast graph (a TorchScript trace) is exported from the winner itself.
+    assert _export_form(get_runtime("torchscript"), tuned, "cpu") == (tuned, None)
     samples = classification_data(64)
     example = torch.utils.data.default_collate(samples[:8])
     art = export_artifacts(model, example, samples, 16, tmp_path, ["onnx"])["onnx"]
