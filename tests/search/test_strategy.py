@@ -322,7 +322,10 @@ def test_a_shared_study_of_two_workers_runs_each_screening_config_once(tmp_path)
     assert not errors, errors
     study = optuna.load_study(study_name="shared", storage=url)
     keys = [t.user_attrs["key"] for t in _measured(study)]
-    assert len(keys) == len(set(keys)) == 10
+    assert len(keys) == len(set(keys)), "a configuration was measured twice"
+    # Both stop at the shared budget, or where refinement stopped paying: how soon the staged
+    # phases end depends on how the two interleave (8 measured, both "converged", in 1 run of 15).
+    assert len(keys) == 10 or study.user_attrs.get("converged"), (len(keys), study.user_attrs)
     staged = Staged(space, ["throughput"])
     # The recipe (bf16 with trimmed, grouped padding) is measured once, by one of the two.
     assert keys.count(Config(staged.recipe()).key()) == 1
