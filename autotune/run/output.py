@@ -93,11 +93,11 @@ def figures_note(trial: dict[str, Any], shown: dict[str, Any], label: str) -> st
 def _int8_record(best: dict[str, Any]) -> dict[str, Any] | None:
     """The int8 fallback of the winner: layers kept float (with each one's int8 output error), out of how
     many, and the weights' bytes before int8; ``None`` for a float winner."""
+    from autotune.knobs.compress import int8_method
+
     if "int8_kept" not in best and "float_bytes" not in best:
         return None
     errors, scores = best.get("int8_kept_error"), best.get("int8_kept_score")
-    from autotune.knobs.compress import int8_method
-
     config = best.get("config") or {}
     # An exported runtime quantizes on its side: its precision knob says how (NNCF static int8 for OpenVINO).
     runtime, method = int8_method(config)
@@ -163,14 +163,14 @@ def _run_claim(
 ) -> dict[str, Any]:
     """The run's ``speedup`` entry (:func:`_claim_fields`): a finalist's failed or late
     confirmation is its verdict, and a winner with the decoded-sample cache says what it assumes."""
+    from autotune.knobs import REGISTRY, off_default
+
     finalists = [f for f in summary.get("finalists") or [] if isinstance(f, dict)]
     failed = [f["error"] for f in finalists if f.get("failed")]
     late = [f["error"] for f in finalists if f.get("deadline")]
     if late and why_unconfirmed is None:
         why_unconfirmed = f"deadline ({late[0]})"
     claim = _claim_fields(baseline, best, confirmed, interrupted, why_unconfirmed, failed[0] if failed else None)
-    from autotune.knobs import REGISTRY, off_default
-
     config = best.get("config") or {}
     repeats = off_default(config, "pays_on_repeats")
     if repeats and summary.get("mode") != "train":
