@@ -285,13 +285,16 @@ def predictor(
 
 
 def _compiles(cfg: Any) -> bool:
-    """Whether ``cfg``'s model does work per input shape on first sight: torch.compile, or a
+    """Whether ``cfg``'s model does work per input shape on first sight: torch.compile, a
     runtime that declares it (TorchScript; OpenVINO, whose CPU plugin prepares its kernels for
-    each new shape), as a trial's warm-up reads it (:func:`~autotune.trial.warmup.compiles_per_shape`)."""
+    each new shape) or a knob that does (cuDNN's benchmark mode), as a trial's warm-up reads it
+    (:func:`~autotune.trial.warmup.compiles_per_shape`)."""
+    from autotune.knobs import off_default
     from autotune.runtimes.base import REGISTRY
 
     runtime = REGISTRY.get(cfg.runtime)  # None for the torch model itself
-    return cfg.compile_mode != "none" or (runtime is not None and runtime.compiles_per_shape)
+    compiles = cfg.compile_mode != "none" or (runtime is not None and runtime.compiles_per_shape)
+    return compiles or bool(off_default(cfg, "per_shape"))
 
 
 def _costly(cfg: Any) -> bool:

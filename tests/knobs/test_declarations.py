@@ -76,7 +76,7 @@ def declaring_knob():
 def test_a_new_knobs_declarations_reach_the_build_the_warmup_and_the_claim(declaring_knob):
     from autotune.knobs import declared, off_default
     from autotune.run.output import _run_claim
-    from autotune.run.predict import _costly
+    from autotune.run.predict import _compiles, _costly
     from autotune.trial.build import build
     from autotune.trial.warmup import compiles_per_shape
 
@@ -84,7 +84,8 @@ def test_a_new_knobs_declarations_reach_the_build_the_warmup_and_the_claim(decla
     # Its build makes another model from example inputs: the run keeps them, a predictor warns.
     assert off_default(on, "reads_inputs") == (declaring_knob,) and not off_default(off, "reads_inputs")
     assert _costly(on) and not _costly(off)
-    # It does work per input shape: the warm-up runs every shape first.
+    # It does work per input shape: the warm-up runs every shape first, in a trial and in a predictor.
+    assert _compiles(on) and not _compiles(off)
     assert compiles_per_shape(build(torch.nn.Linear(4, 2), on, "cpu"))
     assert not compiles_per_shape(build(torch.nn.Linear(4, 2), off, "cpu"))
     # It changes the numbers process-wide: the export does not reuse the parity outputs for it.
