@@ -193,29 +193,38 @@ class StudyRankings:
         storage.set_study_user_attr(study_id, self.PREFIX + key, ranking)
 
 
-def _ranking(plan: Int8Plan, key: str, rank: Callable[[], Any]) -> tuple[Any, bool]:
-    from autotune.compress.sensitivity import Ranking
+def _ranking(plan: Int8Plan, key: str, backend: str, method: str, rank: Callable[[], Any]) -> Any:
+    """The ranking under ``key``, as a :class:`~autotune.compress.sensitivity.Deferred`, made
+    when the search first names a layer to keep float: read where the plan or the study keeps
+    it, else computed by ``rank`` and kept in both at once."""
+    from autotune.compress.sensitivity import Deferred, Ranking
 
-    if key not in plan.rankings and plan.store is not None:
-        stored = plan.store.get(key)  # another worker, or this one before a fault, ranked already
-        if stored is not None:
-            plan.rankings[key] = stored
-    if key in plan.rankings:
-        return Ranking.from_json(plan.rankings[key]), False
-    ranking = rank()
-    plan.rankings[key] = ranking.to_json()
-    if plan.store is not None:
-        plan.store.put(key, plan.rankings[key])  # now, not when the trial ends: it may not end well
-    return ranking, True
+    def read() -> Any:
+        if key not in plan.rankings and plan.store is not None:
+            stored = plan.store.get(key)  # another worker, or this one before a fault, ranked already
+            if stored is not None:
+                plan.rankings[key] = stored
+        return Ranking.from_json(plan.rankings[key]) if key in plan.rankings else None
+
+    def compute() -> Any:
+        ranking = rank()
+        plan.rankings[key] = ranking.to_json()
+        if plan.store is not None:
+            plan.store.put(key, plan.rankings[key])  # now, not when the trial ends: it may not end well
+        return ranking
+
+    return Deferred(backend, method, compute, read)
 
 
-def _info(out: dict[str, Any], ranking: Any, key: str, fresh: bool) -> dict[str, Any]:
+def _info(out: dict[str, Any], ranking: Any, key: str) -> dict[str, Any]:
     """What the trial records: the layers kept float, each with its relative output error when it
     alone runs in int8 (measured for every layer, so one unit for all) and, for the layers the
     exact pass refined, the guard's criterion on the model's outputs with it alone in int8 (a
-    metric's change, or the fidelity; 0.0 from a metric means that layer alone changed no score)."""
-    errors = {n: ranking.cheap_error.get(n) for n in out["kept"]}
-    scores = {n: ranking.exact_score[n] for n in out["kept"] if n in ranking.exact_score}
+    metric's change, or the fidelity; 0.0 from a metric means that layer alone changed no score).
+    A ranking computed here is recorded whole; none is where no layer had to stay float."""
+    computed = ranking.get() if ranking.computed else None
+    errors = {n: computed.cheap_error.get(n) for n in out["kept"]} if computed else {}
+    scores = {n: computed.exact_score[n] for n in out["kept"] if n in computed.exact_score} if computed else {}
     info = {
         "int8_kept": list(out["kept"]),
         "int8_kept_error": json.dumps(errors),
@@ -225,8 +234,8 @@ def _info(out: dict[str, Any], ranking: Any, key: str, fresh: bool) -> dict[str,
         "int8_fallback_score": out["score"],
         "int8_key": key,
     }
-    if fresh:
-        info.update(int8_ranking=ranking.to_json(), int8_ranking_key=key, int8_ranking_s=ranking.cost_s)
+    if computed is not None and ranking.fresh:
+        info.update(int8_ranking=computed.to_json(), int8_ranking_key=key, int8_ranking_s=computed.cost_s)
     return info
 
 
@@ -251,16 +260,17 @@ def onnx_with_fallback(
         return {"int8_kept": list(plan.keep)}
     score, threshold = _judge(plan, calibration)
     key = ranking_key("onnxruntime", method, config)
-    ranking, fresh = _ranking(
-        plan, key, lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s, per_channel=per_channel)
-    )
+    ranking = _ranking(
+        plan, key, "onnxruntime", method,
+        lambda: rank_onnx(src, method, calibration, score, budget_s=plan.budget_s, per_channel=per_channel),
+    )  # fmt: skip
     out = fallback_onnx(
         src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel,
         budget_s=plan.budget_s, floor=plan.floor(key),
     )  # fmt: skip
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
-    return _info(out, ranking, key, fresh)
+    return _info(out, ranking, key)
 
 
 def torch_with_fallback(
@@ -281,18 +291,17 @@ def torch_with_fallback(
         return kept, {"int8_kept": list(plan.keep)}
     score, threshold = _judge(plan, calibration)
     key = ranking_key("torch", method, config)
-    ranking, fresh = _ranking(
-        plan,
-        key,
+    ranking = _ranking(
+        plan, key, "torch", method,
         lambda: rank_torch(model, calibration, score, budget_s=plan.budget_s, method=method, per_channel=per_channel),
-    )
+    )  # fmt: skip
     quantized, out = fallback_torch(
         model, ranking, calibration, score, threshold, k=value, per_channel=per_channel, budget_s=plan.budget_s,
         floor=plan.floor(key),
     )  # fmt: skip
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
-    return quantized, _info(out, ranking, key, fresh)
+    return quantized, _info(out, ranking, key)
 
 
 def openvino_with_fallback(
@@ -319,11 +328,17 @@ def openvino_with_fallback(
     quantized = quantize_openvino(float_model, feeds, transformer=transformer)
     score, threshold = _judge(plan, calibration)
     key = ranking_key("openvino", "int8_static", config)
-    ranking, fresh = _ranking(plan, key, lambda: rank_openvino(float_model, quantized, feeds, budget_s=plan.budget_s))
+    ranking = _ranking(
+        plan,
+        key,
+        "openvino",
+        "int8_static",
+        lambda: rank_openvino(float_model, quantized, feeds, budget_s=plan.budget_s),
+    )
     model, out = fallback_openvino(
         float_model, quantized, ranking, feeds, score, threshold, k=value, transformer=transformer,
         budget_s=plan.budget_s, floor=plan.floor(key),
     )  # fmt: skip
     if model is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
-    return model, _info(out, ranking, key, fresh)
+    return model, _info(out, ranking, key)

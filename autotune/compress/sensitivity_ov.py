@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from autotune.compress.sensitivity import (
+    Deferred,
     Ranking,
     Score,
     _check_batches,
@@ -280,7 +281,7 @@ def quantize_openvino_except(
 def fallback_openvino(
     float_model: Any,
     quantized: Any,
-    ranking: Ranking,
+    ranking: Ranking | Deferred,
     feeds: Sequence[dict],
     score: Score,
     threshold: float,

@@ -18,6 +18,7 @@ from autotune.compress.sensitivity import (  # noqa: F401
     _LAYER_OPS,
     _TARGET_KEYS,
     METHODS,
+    Deferred,
     Ranking,
     Score,
     _candidates,
@@ -346,7 +347,7 @@ def rank_torch(
 
 def fallback_torch(
     model: nn.Module,
-    ranking: Ranking,
+    ranking: Ranking | Deferred,
     batches: list,
     score: Score,
     threshold: float,

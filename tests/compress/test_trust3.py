@@ -58,6 +58,19 @@ def test_auto_holds_the_users_metric_on_its_own_scale():
     assert "fc.2" in info["int8_kept"] and info["int8_fallback_score"] >= -1.0
 
 
+def test_auto_ranks_only_when_every_layer_in_int8_misses_the_guard():
+    # Ranking costs seconds (5.9 s of a first OpenVINO int8 trial of real MiniLM). auto tries
+    # every layer in int8 first: where that holds the guard, nothing is ranked or kept float.
+    from tests.models import FragileMLP, vector_data
+
+    plan = Int8Plan(max_drop=0.05)  # every layer of MLP in int8 scores 0.98 here: it passes
+    _, info = torch_with_fallback(MLP().eval(), "int8_dynamic", "auto", _batches(classification_data(64)), plan, {})
+    assert info["int8_k"] == 0 and info["int8_kept"] == [] and "int8_ranking" not in info and not plan.rankings
+    # Where it misses, the ranking is made, kept in the plan and recorded, and names the layer.
+    _, info = torch_with_fallback(FragileMLP().eval(), "int8_dynamic", "auto", _batches(vector_data(64)), plan, {})
+    assert info["int8_kept"] == ["fc.2"] and "int8_ranking" in info and len(plan.rankings) == 1
+
+
 class _NoisyPadding(nn.Module):
     """Per-token outputs (B, S, 16). At padding positions (``attention_mask`` 0) the output is
     layer ``a``'s int8 rounding error magnified: zero in float, large once ``a`` is int8, as the
