@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import Any
 
 import torch
@@ -9,6 +11,48 @@ import torch
 from autotune.knobs.base import Knob, Offer, SpaceContext, Stage, register
 
 _CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+
+
+def importable_globals(model: torch.nn.Module) -> list[str]:
+    r"""Make the module of each class in ``model`` importable under the name its functions'
+    globals carry, as ``torch.compile`` needs: dynamo imports that name to guard the globals of
+    the functions it traces. A module loaded by hand (``importlib.util.module_from_spec``, then
+    ``exec_module``, never put in ``sys.modules``) or a file run by ``runpy.run_path`` failed
+    every compile with ``No module named 'name'``. The module that owns the globals is
+    registered under its name; where none does (``runpy``'s), a module holding them. A name
+    ``sys.modules`` holds already is left as it is.
+
+    Returns:
+        The names registered.
+
+    Example:
+        >>> ns = {"__name__": "__by_hand_example__", "torch": torch}
+        >>> exec("class Net(torch.nn.Module):\n    def forward(self, x):\n        return x", ns)
+        >>> importable_globals(ns["Net"]()), sys.modules["__by_hand_example__"].Net is ns["Net"]
+        (['__by_hand_example__'], True)
+    """
+    import gc
+
+    registered: list[str] = []
+    for cls in {type(m) for m in model.modules()}:
+        for klass in cls.__mro__:
+            if klass.__module__ in sys.modules:  # torch's, the user's imported modules: the usual case
+                continue
+            for value in vars(klass).values():
+                fn = getattr(value, "__func__", value)  # staticmethod, classmethod
+                name = getattr(fn, "__globals__", {}).get("__name__")
+                if not isinstance(fn, types.FunctionType) or not isinstance(name, str) or name in sys.modules:
+                    continue
+                owned = fn.__globals__
+                owner = next(
+                    (r for r in gc.get_referrers(owned) if isinstance(r, types.ModuleType) and vars(r) is owned), None
+                )
+                if owner is None:
+                    owner = types.ModuleType(name)
+                    vars(owner).update(owned)
+                sys.modules[name] = owner
+                registered.append(name)
+    return registered
 
 
 class PaddedToCaptured(torch.nn.Module):
@@ -98,6 +142,8 @@ class CompileMode(Knob):
         # length may ask for symbolic ones (compile_dynamic) instead of one compile per length.
         dynamic = bool(state.config is not None and state.config.get("compile_dynamic", False))
         mode = value.removesuffix("-freezing")
+        if value != "none":
+            importable_globals(state.model)
         if value == "none":
             pass
         elif value.endswith("-freezing") or state.quantization == "int8_static":

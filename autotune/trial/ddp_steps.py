@@ -14,6 +14,7 @@ import torch.distributed as dist
 
 from autotune.config import values_of, with_values
 from autotune.errors import TrialError
+from autotune.knobs.compiler import importable_globals
 from autotune.samples import call_model
 
 __all__ = ["RankSlice", "ddp_kwargs", "distribute", "join", "train_rank", "unused_parameters"]
@@ -182,6 +183,7 @@ def _compiled(ddp: Any, config: Mapping[str, Any]) -> Any:
     knobs = values_of(config)
     mode = knobs.compile_mode
     options = {"mode": mode} if mode not in ("default", "default-freezing") else {}
+    importable_globals(ddp)
     return torch.compile(ddp, dynamic=bool(knobs.compile_dynamic) or None, **options)
 
 

@@ -239,3 +239,55 @@ def test_a_cfg_dataset_reaches_spawned_loader_workers_of_the_process_that_loaded
     assert done.returncode == 0, done.stderr[-3000:]
     expected = int(sum(int(s["label"]) for s in load_config(cfg)["dataset"]))
     assert int(done.stdout.split()[-1]) == expected
+
+
+# A module as a script or a notebook loads one by hand: never put in sys.modules.
+BY_HAND = """
+import importlib.util, sys
+import torch
+import autotune
+
+spec = importlib.util.spec_from_file_location("net_by_hand", sys.argv[1])
+cfg = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(cfg)
+assert "net_by_hand" not in sys.modules
+model = cfg.model()
+config = {"compile_mode": "default", "batch_size": 64}
+tuned = autotune.apply(model, config, device="cpu")
+x = torch.stack([cfg.dataset[i][0] for i in range(64)])
+with torch.no_grad():
+    assert torch.allclose(tuned(x), model(x), atol=1e-5)
+print(sys.modules["net_by_hand"] is cfg)
+"""
+
+
+def test_a_compiled_winner_of_a_model_from_a_module_loaded_by_hand_runs_in_apply(tmp_path):
+    """``autotune.apply`` of a compiled configuration, in the user's own process, on a class of
+    a module loaded with importlib and never registered: dynamo imports the module by the name
+    in the class's globals, and failed with a raw "No module named 'net_by_hand'"."""
+    cfg = tmp_path / "net.py"
+    cfg.write_text(NET_CFG)
+    done = subprocess.run(
+        [sys.executable, "-c", BY_HAND, str(cfg)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split()[-1] == "True"  # the user's own module object, not a copy
+
+
+def test_the_module_of_a_class_run_by_runpy_is_importable_for_the_compiler(tmp_path):
+    import importlib
+    import runpy
+
+    from autotune.knobs.compiler import importable_globals
+
+    cfg = tmp_path / "net.py"
+    cfg.write_text(NET_CFG)
+    ns = runpy.run_path(str(cfg), run_name="__net_run_path__")  # runpy drops its module afterwards
+    assert "__net_run_path__" not in sys.modules
+    try:
+        assert importable_globals(ns["model"]()) == ["__net_run_path__"]
+        module = importlib.import_module("__net_run_path__")
+        assert module.Net is ns["Net"] and module.SCALE == 0.5  # what the traced forward reads
+        assert importable_globals(ns["model"]()) == []  # registered once
+    finally:
+        sys.modules.pop("__net_run_path__", None)
