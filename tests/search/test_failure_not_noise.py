@@ -65,3 +65,19 @@ def test_windows_that_disagree_are_not_a_busy_machine():
     # Confirmation rounds too spread to claim, on a quiet machine: the claim says so, not "busy".
     assert busy_note([], {"verdict": "noisy", "others_cpu": 0.02, "busy": False}) is None
     assert busy_note([], {"verdict": "noisy", "others_cpu": 0.5, "busy": True}).startswith("The machine was busy")
+
+
+def test_a_trial_whose_windows_disagree_is_measured_again_only_where_that_could_move_it_past_the_best(tmp_path):
+    # Every trial's windows disagree (max_cov 0). The baseline has no best to be placed against:
+    # measured 3 times. Batches of 64 of a tiny MLP run far faster than the baseline's 8: even the
+    # slowest window is over the best, and timing it again cannot change its place.
+    again = {**SPREAD, "n_remeasure": 2, "stop_share": 0.0}
+    result = autotune.optimize(
+        MLP(), classification_data(512), space={"base": None, "batch_size": [8, 64]}, baseline_batch_size=8,
+        measure=again, n_trials=2, n_verify_pairs=2, out_dir=tmp_path, device="cpu", isolation="inprocess",
+        export=(),
+    )  # fmt: skip
+    base, fast = (t.user_attrs for t in result.study.trials[:2])
+    assert fast["config"]["batch_size"] == 64 and fast["samples_per_s_min"] > base["samples_per_s"]
+    assert (base["n_measurements"], fast["n_measurements"]) == (3, 1)
+    assert fast["noisy"] and not fast["busy"]  # kept, and still said to be noisy
