@@ -101,7 +101,8 @@ class Context:
         ``fidelity`` may shorten its timing: ``share`` of the timed windows (a screening
         trial), and the ``best`` samples/s so far, a share of which (the timing settings'
         ``stop_share``) stops it early (far below the best: the guard is not run
-        and the trial is ``stopped``)."""
+        and the trial is ``stopped``); ``paired`` (the baseline): a measurement whose windows
+        disagree on a quiet machine is kept, not taken again (the finish times it beside the pick)."""
         started = time.perf_counter()
         flat: dict[str, Any] = {"status": "ok", "kind": None, "reason": None}
         result = TrialResult()

@@ -90,7 +90,7 @@ def test_only_screening_is_short_and_only_throughput_stops_early():
     # The best feasible trial sets the floor; an infeasible one's speed does not.
     assert trial_fidelity("screen", False, ["throughput"], done) == {"share": SCREEN_SHARE, "best": 250.0}
     assert trial_fidelity("compose", False, ["throughput", "size"], done) == {"best": 250.0}
-    assert trial_fidelity(None, True, ["throughput"], done) == {}  # the baseline is always timed fully
+    assert trial_fidelity(None, True, ["throughput"], done) == {"paired": True}  # the baseline: timed fully
     assert trial_fidelity(None, False, ["latency"], done) == {}
     assert trial_fidelity(None, False, ["throughput"], []) == {}
 
