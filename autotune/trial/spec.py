@@ -144,8 +144,9 @@ def pickle_spec(spec: Any) -> bytes:
 
     import torch
 
-    from autotune.trial.usercode import pickle_module
+    from autotune.trial.usercode import hand_loaded_by_value, pickle_module
 
+    hand_loaded_by_value()
     buf = io.BytesIO()
     try:
         torch.save(spec, buf, pickle_module=pickle_module)

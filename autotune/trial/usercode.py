@@ -20,14 +20,24 @@ importable by reference by value too.
 
 from __future__ import annotations
 
+import os
 import re
 import sys
+import sysconfig
 import types
 from typing import Any
 
 import cloudpickle
 
-__all__ = ["UserPickler", "by_value_in_children", "dumps", "pickle_module", "register_user_module", "user_module"]
+__all__ = [
+    "UserPickler",
+    "by_value_in_children",
+    "dumps",
+    "hand_loaded_by_value",
+    "pickle_module",
+    "register_user_module",
+    "user_module",
+]
 
 # Marks the modules this file made, so a second payload's functions share the first's namespace.
 _MARK = "__autotune_user_module__"
@@ -158,3 +168,56 @@ def by_value_in_children() -> None:
     from multiprocessing.reduction import ForkingPickler
 
     ForkingPickler.reducer_override = _reducer_override  # type: ignore[attr-defined]
+
+
+def _found_elsewhere(module: types.ModuleType) -> bool:
+    """Whether a process with this one's import path (a trial worker's) imports ``module`` by its
+    name as the same file: the import system's finders, asked past ``sys.modules``, find it there."""
+    spec = getattr(module, "__spec__", None)
+    origin = getattr(spec, "origin", None)
+    name = module.__name__
+    parent = name.rpartition(".")[0]
+    path = getattr(sys.modules.get(parent), "__path__", None) if parent else None
+    for finder in sys.meta_path:
+        find = getattr(finder, "find_spec", None)
+        try:
+            found = None if find is None else find(name, path)
+        except Exception:  # a finder that cannot answer for this name: the next one may
+            continue
+        if found is not None:
+            return os.path.realpath(str(found.origin)) == os.path.realpath(str(origin))
+    return False
+
+
+_INSTALLED = tuple(
+    {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())}
+)
+_checked_modules: dict[str, bool] = {}
+
+
+def hand_loaded_by_value() -> list[str]:
+    """Make every module that another process cannot import as itself travel by value: one
+    loaded from a file under a name the import path does not lead to, as Python's own recipe for
+    importing a file by hand does (``importlib.util.spec_from_file_location``, then
+    ``sys.modules[name] = module``). Pickled by reference, its classes failed every trial worker's
+    start with ``No module named 'name'``. Installed and standard modules are not looked at.
+
+    Returns:
+        The names of the modules made to travel by value.
+    """
+    made = []
+    for name, module in list(sys.modules.items()):
+        spec = getattr(module, "__spec__", None)
+        origin = getattr(spec, "origin", None)
+        if name == "__main__" or not isinstance(module, types.ModuleType) or getattr(module, _MARK, False):
+            continue
+        if not getattr(spec, "has_location", False) or not isinstance(origin, str):
+            continue  # built-in, frozen, a namespace package: the import system's own
+        if os.path.realpath(origin).startswith(_INSTALLED):
+            continue
+        if name not in _checked_modules:
+            _checked_modules[name] = not _found_elsewhere(module)
+            if _checked_modules[name]:
+                cloudpickle.register_pickle_by_value(module)
+                made.append(name)
+    return made

@@ -291,3 +291,57 @@ def test_the_module_of_a_class_run_by_runpy_is_importable_for_the_compiler(tmp_p
         assert importable_globals(ns["model"]()) == []  # registered once
     finally:
         sys.modules.pop("__net_run_path__", None)
+
+
+# Python's own recipe for importing a file by hand: the module is registered under a name that
+# the import path does not lead to.
+BY_RECIPE = """
+import importlib.util, json, sys
+import autotune
+
+spec = importlib.util.spec_from_file_location("rows_by_recipe", sys.argv[1])
+cfg = importlib.util.module_from_spec(spec)
+sys.modules["rows_by_recipe"] = cfg
+spec.loader.exec_module(cfg)
+result = autotune.optimize(
+    cfg.model, cfg.dataset, n_trials=2, fix={"num_workers": 2}, max_metric_drop=1.0, export=(), device="cpu",
+    out_dir=sys.argv[2], collate_fn=cfg.collate_fn, metric=cfg.metric, **cfg.options,
+)
+print(json.dumps([t.user_attrs.get("status") for t in result.study.trials]), result.verdict)
+"""
+
+
+def test_classes_of_a_module_imported_by_pythons_recipe_reach_the_trial_workers(tmp_path):
+    """``spec_from_file_location`` + ``sys.modules[name] = module``: the classes were pickled by
+    reference, and every trial worker failed to start with "No module named 'rows_by_recipe'"."""
+    cfg = tmp_path / "data" / "rows.py"
+    cfg.parent.mkdir()
+    cfg.write_text(DATA_CFG.replace("model = Head().eval()", "def model():\n    return Head().eval()"))
+    done = subprocess.run(
+        [sys.executable, "-c", BY_RECIPE, str(cfg), str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    statuses, verdict = done.stdout.split("\n")[-2].rsplit(" ", 1)
+    assert json.loads(statuses) == ["ok", "ok"] and verdict != "failed", done.stdout[-2000:]
+
+
+def test_only_modules_no_other_process_could_import_travel_by_value(tmp_path):
+    import importlib
+
+    import cloudpickle
+
+    from autotune.trial.usercode import hand_loaded_by_value
+
+    source = tmp_path / "elsewhere.py"
+    source.write_text("def f():\n    return 1\n")
+    spec = importlib.util.spec_from_file_location("mod_by_recipe", source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["mod_by_recipe"] = module
+    spec.loader.exec_module(module)
+    try:
+        made = hand_loaded_by_value()
+        assert "mod_by_recipe" in made and "autotune" not in made and "torch" not in made and "json" not in made
+        assert cloudpickle.cloudpickle._is_registered_pickle_by_value(module)
+    finally:
+        sys.modules.pop("mod_by_recipe", None)
