@@ -82,11 +82,3 @@ def test_a_noisy_trial_is_measured_again_only_where_that_could_change_its_place(
     assert fast["config"]["batch_size"] == 64 and fast["samples_per_s_min"] > base["samples_per_s"]
     assert (base["n_measurements"], fast["n_measurements"]) == (1, 1)
     assert fast["noisy"] and not fast["busy"] and base["noisy"]  # kept, and still said to be noisy
-    # Beside busy processes (max_others_cpu 0: any load counts) both are measured again.
-    busy = autotune.optimize(
-        MLP(), classification_data(512), space={"base": None, "batch_size": [8, 64]}, baseline_batch_size=8,
-        measure={**again, "max_others_cpu": 0.0}, n_trials=2, n_verify_pairs=2, out_dir=tmp_path / "busy",
-        device="cpu", isolation="inprocess", export=(),
-    )  # fmt: skip
-    trials = [t.user_attrs for t in busy.study.trials[:2]]
-    assert [(t["busy"], t["n_measurements"]) for t in trials] == [(True, 3), (True, 3)], trials
