@@ -143,7 +143,7 @@ class CompileMode(Knob):
         dynamic = bool(state.config is not None and state.config.get("compile_dynamic", False))
         mode = value.removesuffix("-freezing")
         if value != "none":
-            importable_globals(state.model)
+            importable_globals(state.model)  # dynamo imports each traced function's module by name
         if value == "none":
             pass
         elif value.endswith("-freezing") or state.quantization == "int8_static":
