@@ -192,7 +192,8 @@ def _found_elsewhere(module: types.ModuleType) -> bool:
 _INSTALLED = tuple(
     {os.path.realpath(p) + os.sep for p in (sys.prefix, sys.base_prefix, *sysconfig.get_paths().values())}
 )
-_checked_modules: dict[str, bool] = {}
+# The module objects looked at, by name: each is looked at once, unless another takes its name.
+_looked_at: dict[str, types.ModuleType] = {}
 
 
 def hand_loaded_by_value() -> list[str]:
@@ -207,6 +208,9 @@ def hand_loaded_by_value() -> list[str]:
     """
     made = []
     for name, module in list(sys.modules.items()):
+        if _looked_at.get(name) is module:
+            continue
+        _looked_at[name] = module
         spec = getattr(module, "__spec__", None)
         origin = getattr(spec, "origin", None)
         if name == "__main__" or not isinstance(module, types.ModuleType) or getattr(module, _MARK, False):
@@ -215,9 +219,7 @@ def hand_loaded_by_value() -> list[str]:
             continue  # built-in, frozen, a namespace package: the import system's own
         if os.path.realpath(origin).startswith(_INSTALLED):
             continue
-        if name not in _checked_modules:
-            _checked_modules[name] = not _found_elsewhere(module)
-            if _checked_modules[name]:
-                cloudpickle.register_pickle_by_value(module)
-                made.append(name)
+        if not _found_elsewhere(module):
+            cloudpickle.register_pickle_by_value(module)
+            made.append(name)
     return made
