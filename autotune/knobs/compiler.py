@@ -136,7 +136,7 @@ class CompileMode(Knob):
     def apply(self, state: Any, value: str) -> None:
         import torch._inductor
 
-        from autotune.export.parity import FrozenCompiled
+        from autotune.export.parity import CompiledWith, FrozenCompiled
 
         # Static shapes compile to the fastest kernels; token sequences trimmed to each batch's
         # length may ask for symbolic ones (compile_dynamic) instead of one compile per length.
@@ -153,9 +153,13 @@ class CompileMode(Knob):
             # options too: a backend of its own, which dynamo's cache never serves another
             # build's graph (an unfrozen one compiled first in the process ran as "freezing").
             options = {**torch._inductor.list_mode_options(mode, dynamic), "freezing": True}
-            state.model = FrozenCompiled(torch.compile(state.model, options=options, dynamic=dynamic))
+            state.model = FrozenCompiled(
+                torch.compile(state.model, options=options, dynamic=dynamic), fixed_floats=dynamic
+            )
         else:
             state.model = torch.compile(state.model, mode=mode, dynamic=dynamic)
+            if dynamic:  # the model's floats stay constants (see CompiledWith): one trace, not two
+                state.model = CompiledWith(state.model, fixed_floats=True)
             if mode in _CUDA_GRAPH_MODES and str(state.device).startswith("cuda"):
                 captured = None if dynamic or state.config is None else int(state.config.get("batch_size", 1))
                 state.model = PaddedToCaptured(state.model, captured)

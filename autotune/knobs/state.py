@@ -73,8 +73,6 @@ def _frozen_pass(batches: Any) -> Any:
 
 def unwrap(model: Any) -> Any:
     """The user's (tuned) module under the compile, freezing and autocast wrappers."""
-    if isinstance(model, FrozenCompiled):
-        model = model.compiled
     model = getattr(model, "_orig_mod", model)
     return model.model if isinstance(model, TunedModule) else model
 

@@ -27,6 +27,38 @@ def test_compiled_model_matches_eager():
     assert hasattr(tuned, "_orig_mod")  # really compiled
 
 
+class _Scaled(torch.nn.Module):
+    """Python floats the forward reads: a LayerNorm's eps and a scale kept as an attribute."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.norm, self.scale = torch.nn.Linear(16, 16), torch.nn.LayerNorm(16), 0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(self.linear(x)) * self.scale
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs g++")
+def test_a_compile_with_symbolic_shapes_traces_the_model_once():
+    """With ``dynamic=True`` torch makes a model's Python floats symbols, fails to make them
+    tensors and traces the whole model again: 12-16 s more of every compile of real MiniLM."""
+    import torch._dynamo
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = _Scaled().eval()
+    tuned = autotune.apply(model, {"compile_mode": "default", "compile_dynamic": True}, device="cpu")
+    with torch.no_grad():
+        for shape in [(4, 7, 16), (3, 5, 16), (2, 9, 16)]:  # other batch sizes and lengths: no recompile
+            x = torch.randn(*shape)
+            torch.testing.assert_close(tuned(x), model(x), atol=1e-5, rtol=1e-5)
+    assert counters["aot_autograd"]["total"] == 1  # one trace, one graph for every shape
+    assert isinstance(autotune.knobs.state.unwrap(tuned), _Scaled)  # under the wrappers, for exporters
+    assert dynamo_config.specialize_float is False  # set around the model's calls only
+
+
 @pytest.mark.gpu
 def test_cuda_graph_modes_run_on_cuda():
     model = TinyCNN().eval()
