@@ -137,12 +137,12 @@ def _tiles(best: dict[str, Any]) -> str:
 
 
 def _metrics_table(best: dict[str, Any]) -> str:
-    from autotune.report.summary import SUMMARY_FIELDS, compare_text, format_value
+    from autotune.report.summary import compare_text, format_value, summary_fields
 
     base_m, best_m = best.get("baseline") or {}, best.get("best") or {}
     rows = [
         [_e(label), _e(format_value(k, base_m.get(k))), _e(format_value(k, best_m.get(k))), _e(compare_text(k, base_m.get(k), best_m.get(k)))]
-        for label, k in SUMMARY_FIELDS
+        for label, k in summary_fields(base_m, best_m)
     ]  # fmt: skip
     notes = "".join(f'<p class="note">Note: {_e(n)}.</p>' for n in (best.get("trial_figures") or {}).get("notes") or [])
     return (

@@ -34,11 +34,11 @@ def _speedup_line(speedup: dict[str, Any]) -> str:
 def _summary(run: RunFiles) -> list[str]:
     from autotune.report.summary import (
         COMPARE_NOTE,
-        SUMMARY_FIELDS,
         busy_note,
         compare_text,
         format_value,
         pipeline_note,
+        summary_fields,
         trials_sentence,
     )
 
@@ -61,7 +61,7 @@ def _summary(run: RunFiles) -> list[str]:
     lines += ["", "## Baseline vs best", ""]
     rows = [
         [label, format_value(k, base_m.get(k)), format_value(k, best_m.get(k)), compare_text(k, base_m.get(k), best_m.get(k))]
-        for label, k in SUMMARY_FIELDS
+        for label, k in summary_fields(base_m, best_m)
     ]  # fmt: skip
     lines += _table(["", "baseline", "best", "change"], rows)
     lines += [COMPARE_NOTE, ""]

@@ -26,6 +26,7 @@ __all__ = [
     "write_json",
     "int8_lines",
     "pipeline_note",
+    "summary_fields",
     "summary_rows",
     "trials_sentence",
 ]
@@ -198,10 +199,26 @@ SUMMARY_FIELDS = (
 )
 
 
+# Rows shown only where measured: a run measures compressed sizes only where an objective reads
+# them (see autotune.trial.spec.WorkerSpec.sizes).
+_IF_MEASURED = ("size_bytes_compressed",)
+
+
+def summary_fields(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[str, str]]:
+    """(label, metric key) of the summary table's rows for these figures: :data:`SUMMARY_FIELDS`
+    but a row neither measured that is measured only where asked for."""
+    return [
+        (label, key)
+        for label, key in SUMMARY_FIELDS
+        if key not in _IF_MEASURED or baseline.get(key) is not None or best.get(key) is not None
+    ]
+
+
 def summary_rows(baseline: dict[str, Any], best: dict[str, Any]) -> list[tuple[str, str, str]]:
     """(label, baseline, best) rows of the summary table."""
     return [
-        (label, format_value(key, baseline.get(key)), format_value(key, best.get(key))) for label, key in SUMMARY_FIELDS
+        (label, format_value(key, baseline.get(key)), format_value(key, best.get(key)))
+        for label, key in summary_fields(baseline, best)
     ]
 
 

@@ -102,6 +102,7 @@ def worker_spec(model: Any, dataset: Any, opts: Options, env: Any, space: Any, d
         collate_fn=_collate(opts, data),
         sequence=data.sequence is not None,
         images=data.images_vary,
+        sizes="size" in space.objectives or len(space.objectives) > 1,
     )
 
 

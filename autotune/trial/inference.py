@@ -227,7 +227,8 @@ class TrialContext(Context, ArtifactExport):
                 result["bound_error"] = one_line(exc)
         # A trial stopped early is no contender, its compressed size read by nothing: zlib would
         # take 3-4 s of its 1-2 s on a MiniLM's 90 MB of float weights (an OpenVINO float build's).
-        compress = not result["stopped"]
+        # Nor is a contender's where no objective reads it (WorkerSpec.sizes).
+        compress = not result["stopped"] and self.spec.sizes
         result["size_bytes"], result["size_bytes_compressed"] = size_bytes(state.model, state.artifact, compress)
         if result["stopped"]:
             # Far below the best so far after its first windows: neither more timing nor the
@@ -251,7 +252,9 @@ class TrialContext(Context, ArtifactExport):
         if held is not None:  # int8 that the guard held only with more layers float: that build is the trial
             result.update(held.info)
             result.update(self._measure_clean(held, mark, draw_seed(self.spec.seed, "trial", config)))
-            result["size_bytes"], result["size_bytes_compressed"] = size_bytes(held.model, held.artifact)
+            result["size_bytes"], result["size_bytes_compressed"] = size_bytes(
+                held.model, held.artifact, self.spec.sizes
+            )
             result["metric"] = value = guard_value(self, held)
             result["metric_drop"] = self.reference.metric - value
 

@@ -234,7 +234,7 @@ class TrainContext(Context):
         result["busy"] = is_busy(result, self.spec.measure)
         result["peak_mem_mib"] = max(0.0, _peak_mib(device) - mark)
         result["n_params"] = self.info["n_params"]
-        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(setup.model)
+        result["size_bytes"], result["size_bytes_compressed"] = size_bytes(setup.model, compress=self.spec.sizes)
         metric = train_metric(run.setup, self.samples, self.spec.metric) if self.spec.metric is not None else None
         self._judge(run.losses, result, metric)
 
