@@ -1,8 +1,9 @@
 """What the knobs change while a configuration is built, and the wrappers a built model runs in.
 
 :class:`BuildState` is the one object every knob's ``apply`` receives; :class:`TunedModule`
-runs the user's model behind autocast and channels-last inputs; :class:`FrozenCompiled` runs a
-compiled module with inductor's weight freezing on. This module imports no other part of
+runs the user's model behind autocast and channels-last inputs; :class:`FrozenCompiled` (a
+:class:`~autotune.export.parity.CompiledWith`) runs a compiled module with inductor's weight
+freezing on. This module imports no other part of
 autotune's phases, so knobs, the trial and the exporters can all depend on it.
 """
 
