@@ -8,7 +8,6 @@ import torch
 
 import autotune
 from autotune.report.summary import busy_note
-from autotune.trial.inference import LEAD_MARGIN
 from autotune.trial.measure import MeasureSettings, is_busy, noise_reason
 from tests.models import MLP, classification_data
 
@@ -71,8 +70,8 @@ def test_windows_that_disagree_are_not_a_busy_machine():
 def test_a_noisy_trial_is_measured_again_only_where_that_could_change_its_place(tmp_path):
     # Every trial's windows disagree (max_cov 0), on a quiet machine (max_others_cpu 1). The
     # baseline is timed again in the confirmation's rounds, beside the pick: measured once. Batches
-    # of 64 of a tiny MLP run far faster than the baseline's 8: even the slowest window is far
-    # over the best (LEAD_MARGIN times it), and timing it again cannot change its place.
+    # of 64 of a tiny MLP run far faster than the baseline's 8: even the slowest window is over
+    # the best, and timing it again cannot change its place.
     again = {**SPREAD, "n_remeasure": 2, "stop_share": 0.0}
     result = autotune.optimize(
         MLP(), classification_data(512), space={"base": None, "batch_size": [8, 64]}, baseline_batch_size=8,
@@ -80,6 +79,6 @@ def test_a_noisy_trial_is_measured_again_only_where_that_could_change_its_place(
         export=(),
     )  # fmt: skip
     base, fast = (t.user_attrs for t in result.study.trials[:2])
-    assert fast["config"]["batch_size"] == 64 and fast["samples_per_s_min"] > LEAD_MARGIN * base["samples_per_s"]
+    assert fast["config"]["batch_size"] == 64 and fast["samples_per_s_min"] > base["samples_per_s"]
     assert (base["n_measurements"], fast["n_measurements"]) == (1, 1)
     assert fast["noisy"] and not fast["busy"] and base["noisy"]  # kept, and still said to be noisy
