@@ -319,7 +319,7 @@ class Staged(Screening):
             and best.get("batch_size") != self._full(changes).get("batch_size")
         ]
         top_config = dict(top["config"])
-        own = self._own_batches(top, cheap, scores)
+        own = self._own_batches(ranked, cheap, scores)
         dynamic = [{"compile_dynamic": True}] if top_config.get("padding", "as_given") != "as_given" else []
         # The model alone said the host's kernel launches bound it (small batches, small models):
         # CUDA graphs replay the launches, first thing around the best. Also where the best still
@@ -336,13 +336,13 @@ class Staged(Screening):
             for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
                 if lever.name != "batch_size" and self._keeps(best, part):
                     ablations.append(self._without(part))
-        around = [(c, top_config) for c in (*graphs, *own)]
+        around = [*((c, top_config) for c in graphs), *own]
         around += [(c, best) for c in (*larger, *again, *smaller, *ablations)]
         moves = [(c, best) for c in (*larger, *smaller)] if batch_only else [
             *around, *((c, top_config) for c in dynamic), *((c, best) for c in lift)
         ]  # fmt: skip
         if own_only:
-            moves = [(c, top_config) for c in own]
+            moves = list(own)
         for changes, base in moves:
             candidate = self._full(changes, base)
             key = Config(candidate).key()
