@@ -184,7 +184,13 @@ def _compiled(ddp: Any, config: Mapping[str, Any]) -> Any:
     mode = knobs.compile_mode
     options = {"mode": mode} if mode not in ("default", "default-freezing") else {}
     importable_globals(ddp)
-    return torch.compile(ddp, dynamic=bool(knobs.compile_dynamic) or None, **options)
+    compiled = torch.compile(ddp, dynamic=bool(knobs.compile_dynamic) or None, **options)
+    if not knobs.compile_dynamic:
+        return compiled
+    from autotune.export.parity import CompiledWith
+
+    # With symbolic shapes the model's floats stay constants, as in every compile (one trace, not two).
+    return CompiledWith(compiled, fixed_floats=True)
 
 
 def _guard(setup: Any, spec: Any, world: int, counter: _Counted) -> dict[str, Any]:

@@ -144,10 +144,12 @@ def test_a_rank_hung_in_a_collective_is_stopped_at_the_trials_limit():
 
 
 @pytest.mark.slow  # a compile in each rank
-def test_a_compiled_configuration_compiles_the_ddp_wrapper_and_keeps_the_curve():
+@pytest.mark.parametrize("dynamic", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_a_compiled_configuration_compiles_the_ddp_wrapper_and_keeps_the_curve(dynamic):
     runner = _runner()
     assert runner.run(dict(Config({"batch_size": 16})), timeout=300).status == "ok"
-    result = runner.run(dict(Config({"batch_size": 16, "world_size": 2, "compile_mode": "default"})), timeout=600)
+    config = {"batch_size": 16, "world_size": 2, "compile_mode": "default", "compile_dynamic": dynamic}
+    result = runner.run(dict(Config(config)), timeout=600)
     assert result.status == "ok", result.reason
     assert abs(result.metrics["loss_rel_change"]) < 1e-3 and result.metrics["compile_s"] > 0
     assert not _settled()
