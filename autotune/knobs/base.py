@@ -140,6 +140,10 @@ class Knob:
     # On, the model does work per input shape on first sight (cuDNN's benchmark mode picks its
     # kernels): the warm-up runs one batch of each shape before anything is timed.
     per_shape: ClassVar[bool] = False
+    # On, the samples come out of the loader other than ``dataset[i]`` makes them (JPEGs decoded
+    # at reduced scale): the guard reads its validation samples through the
+    # configuration's own path (autotune.trial.build.read_samples), so it judges what changed.
+    reads_samples: ClassVar[bool] = False
     # On, the speed measured holds only where the same samples are read again (repeated passes):
     # what the knob keeps, in the claim's words ("a cache of decoded samples").
     pays_on_repeats: ClassVar[str | None] = None

@@ -195,6 +195,7 @@ class JpegDraft(Knob):
     )
     # Photos decoded in __getitem__ and shrunk by its first resize: decoded at the scale the resize
     # needs (1-2 MP JPEGs to a shorter side of 256 on one core: 22 ms a photo, 10 ms drafted).
+    reads_samples = True
     screen = (True,)
     screen_rank = 30
     first_tier = True

@@ -113,6 +113,16 @@ def make_loader(
     return fed(loader, state, state.device)
 
 
+def read_samples(dataset: Any, indices: Any, state: BuildState) -> list[Any]:
+    """``dataset``'s samples at ``indices`` as ``state``'s loader reads them: with ``jpeg_draft``
+    their JPEGs decoded at reduced scale."""
+    if state.jpeg_draft:
+        from autotune.knobs.decode import drafted_dataset
+
+        dataset = drafted_dataset(dataset)
+    return [dataset[i] for i in indices]
+
+
 def _check_resident(batching: Any) -> None:
     """Raise a trial error where ``device_resident`` cannot make the batches the run's collate makes."""
     from torch.utils.data import default_collate

@@ -68,10 +68,28 @@ class Context:
         torch.manual_seed(spec.seed)
         self.model = instantiate_model(spec)
         self.samples = [spec.dataset[i] for i in spec.val_indices]
+        self._read: dict[tuple[Any, ...], list[Any]] = {}  # the samples as other data paths read them
         self.info: dict[str, Any] = {}
         self.n_rounds = 0  # rounds timed so far: each draws its own batches
         # How fully the trial in flight is timed (see run_trial); empty: fully.
         self.fidelity: dict[str, Any] = {}
+
+    def samples_for(self, state: Any) -> list[Any]:
+        """The validation samples as ``state``'s loader reads them: :attr:`samples`, unless the
+        configuration sets a knob that reads samples another way (``reads_samples``: JPEGs
+        decoded at reduced scale), whose effect the guard must judge too.
+        Read once per such path in this worker."""
+        from autotune.knobs import off_default
+
+        changed = off_default(state.config, "reads_samples") if state.config is not None else ()
+        if not changed:
+            return self.samples
+        key = tuple((name, state.config[name]) for name in changed)
+        if key not in self._read:
+            from autotune.trial.build import read_samples
+
+            self._read[key] = read_samples(self.spec.dataset, self.spec.val_indices, state)
+        return self._read[key]
 
     def fresh_model(self) -> torch.nn.Module:
         """An untouched copy of the model for one build: a deep copy, or the factory's output

@@ -26,11 +26,12 @@ __all__ = ["guard_value", "keep_more_float"]
 def guard_value(ctx: Any, state: Any) -> float:
     """The guard's value of ``state`` on the validation samples (the user's metric, or fidelity to
     the baseline's outputs): what the trial's ``metric`` records."""
-    outputs = collect_outputs(state, ctx.samples)
+    samples = ctx.samples_for(state)  # read as the configuration's loader reads them
+    outputs = collect_outputs(state, samples)
     check_finite(outputs)
     ref = ctx.reference
     return evaluate(
-        outputs, ctx.samples, ref.chunk, ctx.spec.device, ctx.spec.metric, ref.outputs, ref.kinds, ref.mask,
+        outputs, samples, ref.chunk, ctx.spec.device, ctx.spec.metric, ref.outputs, ref.kinds, ref.mask,
         collate=ctx.extras.collate_fn, tokens=ctx.extras.token_outputs,
     )  # fmt: skip
 

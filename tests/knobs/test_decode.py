@@ -12,7 +12,7 @@ from autotune.config import Config
 from autotune.data import describe
 from autotune.knobs import SpaceContext, get_knob
 from autotune.knobs.decode import DraftedDataset, DraftRule, drafted, probe
-from autotune.trial.build import build, make_loader
+from autotune.trial.build import build, make_loader, read_samples
 from benchmarks.vision.photos import LightCNN, PhotoFolder, eval_transform, make_photos
 
 
@@ -126,3 +126,26 @@ def test_a_search_over_photos_picks_reduced_scale_and_its_claim_says_so(photos, 
                                measure={"n_windows": 2, "window_s": 0.2, "warmup_batches": 1})  # fmt: skip
     assert result.best_config["jpeg_draft"] is True
     assert "reduced scale" in result.claim
+
+
+def test_the_guard_reads_samples_as_a_drafted_configurations_loader_does(photos):
+    """The validation samples of a configuration that reads its JPEGs at reduced scale are the
+    drafted ones: the guard judges the decode's change, not the full decode's samples again."""
+    drafted = build(torch.nn.Identity(), Config({"batch_size": 4, "jpeg_draft": True}), "cpu")
+    plain = build(torch.nn.Identity(), Config({"batch_size": 4}), "cpu")
+    got = read_samples(photos, range(3), drafted)
+    want = [DraftedDataset(photos, DraftRule(shorter=256))[i] for i in range(3)]
+    assert all(torch.equal(g[0], w[0]) for g, w in zip(got, want, strict=True))
+    assert not torch.equal(got[0][0], photos[0][0])  # drafted pixels differ from the full decode's
+    assert all(torch.equal(g[0], photos[i][0]) for i, g in enumerate(read_samples(photos, range(3), plain)))
+
+
+def test_a_drafted_trial_is_judged_on_its_own_decode(photos, tmp_path):
+    result = autotune.optimize(
+        LightCNN().eval(), photos, space={"base": None, "jpeg_draft": [False, True]}, fix={"jpeg_draft": True},
+        baseline_batch_size=2, n_trials=2, out_dir=tmp_path, export=(), device="cpu", isolation="inprocess",
+        measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
+    )  # fmt: skip
+    drafted = [t.user_attrs for t in result.study.trials if t.user_attrs.get("config", {}).get("jpeg_draft")]
+    assert drafted and drafted[0]["status"] == "ok", drafted
+    assert drafted[0]["metric_drop"] > 0  # 0 exactly when the guard re-read the full decode's samples
