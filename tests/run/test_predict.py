@@ -204,7 +204,9 @@ def test_predict_called_again_on_the_same_samples_reuses_the_builds_loader_and_w
     assert collated[done:] == [8, 8, 4] and torch.equal(first.tensor, second.tensor)
     data.append(data[0])
     grown = autotune.predict(model, data, config, collate_fn=collate, device="cpu")
-    assert len(grown) == 21 and torch.equal(grown.tensor[20], first.tensor[0])
+    # sample 20 now runs in a batch of 5, not 8: oneDNN's kernels for another batch shape may
+    # round differently on another CPU, so the same sample agrees to float precision, not bitwise
+    assert len(grown) == 21 and torch.allclose(grown.tensor[20], first.tensor[0], rtol=1e-5, atol=1e-6)
 
 
 def test_predict_keeps_a_cheap_build_too():
