@@ -58,6 +58,11 @@ class SpaceContext:
     # What the samples' first resize needs of the JPEG files their __getitem__ decodes with PIL
     # ("shorter side 256"), where decoding them at reduced scale applies (autotune.knobs.decode).
     jpeg: str | None = None
+    # The transform of a torchvision folder dataset as the device would run it ("resize shorter
+    # side 256, centre crop 224x224, ..."), where decoding on the device applies, else why not
+    # (autotune.knobs.device_decode).
+    device_decode: str | None = None
+    device_decode_why: str | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,7 +146,7 @@ class Knob:
     # kernels): the warm-up runs one batch of each shape before anything is timed.
     per_shape: ClassVar[bool] = False
     # On, the samples come out of the loader other than ``dataset[i]`` makes them (JPEGs decoded
-    # at reduced scale): the guard reads its validation samples through the
+    # at reduced scale, decoded on the device): the guard reads its validation samples through the
     # configuration's own path (autotune.trial.build.read_samples), so it judges what changed.
     reads_samples: ClassVar[bool] = False
     # On, the speed measured holds only where the same samples are read again (repeated passes):

@@ -204,6 +204,7 @@ class BuildState:
     feed_ahead: int = 0
     jpeg_draft: bool = False
     drafted: Any = None  # (dataset, its DraftedDataset), kept across this build's loaders
+    device_decode: bool = False
     device_resident: bool = False
     resident: Any = None  # (dataset, its copy on the device), kept across this build's loaders
 

@@ -330,6 +330,8 @@ def dataloader(
     from autotune.knobs.gather import gathered_for
     from autotune.knobs.resident import host_free_kwargs, on_device
 
+    if state.device_decode:  # the files decoded and transformed on the GPU, as the run's trials did
+        return _decoded(dataset, state, batching, device, overrides)
     if state.jpeg_draft:  # JPEGs decoded at reduced scale, as the run's trials read them
         from autotune.knobs.decode import drafted_dataset
 
@@ -353,6 +355,31 @@ def dataloader(
     else:
         loader = TunedDataLoader(dataset, **{**state.loader_kwargs, "collate_fn": collate, **overrides})
     return _prefetched(loader, state, device)
+
+
+def _decoded(dataset: Any, state: Any, batching: Any, device: str | None, overrides: dict[str, Any]) -> Any:
+    """The loader of a ``device_decode`` config: the folder's files read as bytes, decoded and
+    transformed on ``device`` (a CUDA one)."""
+    from torch.utils.data import default_collate
+
+    from autotune.env import resolve_device
+    from autotune.knobs.device_decode import DeviceDecoded, EncodedFolder, encoded_collate, plan_for
+    from autotune.knobs.state import TunedDataLoader
+
+    where = resolve_device(device) if device is not None else None
+    if where is None or not where.startswith("cuda"):
+        raise InputError(
+            f"The config decodes images on the GPU (device_decode=true), so the loader needs a CUDA device, but got "
+            f"device={device!r}: pass device='cuda', or a config with device_decode=False."
+        )
+    found, why = plan_for(dataset)
+    if found is None or batching.collate_fn not in (None, default_collate) or "collate_fn" in overrides:
+        why = why or "a collate_fn of your own makes the batches"
+        raise InputError(f"device_decode cannot read this dataset: {why}; pass a config with device_decode=False.")
+    loader = TunedDataLoader(
+        EncodedFolder(dataset), **{**state.loader_kwargs, "collate_fn": encoded_collate, **overrides}
+    )
+    return _prefetched(DeviceDecoded(loader, found, where), state, where)
 
 
 def _resident(dataset: Any, device: str | None) -> Any:

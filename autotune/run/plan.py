@@ -116,6 +116,19 @@ def _jpeg_rule(dataset: Any) -> str | None:
     return None if rule is None else rule.describe()
 
 
+def _device_decode(dataset: Any, collate_fn: Any) -> tuple[str | None, str | None]:
+    """The folder dataset's transform as the device would run it, in words, and why not where
+    it cannot (:func:`autotune.knobs.device_decode.plan_for`)."""
+    from torch.utils.data import default_collate
+
+    from autotune.knobs.device_decode import plan_for
+
+    if collate_fn not in (None, default_collate):
+        return None, "a collate_fn of your own makes the batches"
+    found, why = plan_for(dataset)
+    return (None, why) if found is None else (found.describe(), None)
+
+
 def _no_calibration(n_samples: int, n_val: int, loss_fn: Any, train_dataset: Any) -> str | None:
     from autotune.samples import calibration_split
 
@@ -171,6 +184,7 @@ def plan(
     env = Env.detect(device)
     declared = preset_options(space)
     objectives = check_objectives(objectives or declared.get("objectives") or ("throughput",))
+    decode, decode_why = _device_decode(inputs.dataset, inputs.collate_fn)
     ctx = SpaceContext(
         env,
         data,
@@ -183,6 +197,8 @@ def plan(
         no_calibration=_no_calibration(data.n_samples, n_val, loss_fn, train_dataset),
         n_quantizable=n_quantizable(model),
         jpeg=_jpeg_rule(inputs.dataset),
+        device_decode=decode,
+        device_decode_why=decode_why,
         effective_batch_size=None
         if mode != "train" or allow_batch_change
         else (effective_batch_size or baseline_batch_size),

@@ -93,6 +93,8 @@ def make_loader(
 
     batching = state.batching()
     kwargs = dict(state.loader_kwargs)
+    if state.device_decode:
+        return _decoded_loader(dataset, state, batching, kwargs, drop_last)
     dataset, collate = _source(dataset, state, batching)
     if on_device(dataset) or state.device_resident:  # read on the device: no workers, nothing to pin
         kwargs = host_free_kwargs(kwargs)
@@ -113,9 +115,38 @@ def make_loader(
     return fed(loader, state, state.device)
 
 
+def _decoded_loader(dataset: Any, state: BuildState, batching: Any, kwargs: dict[str, Any], drop_last: bool) -> Any:
+    """The loader of ``device_decode``: the folder's files read as bytes, batched as a list, and
+    decoded and transformed on the device (:mod:`autotune.knobs.device_decode`), then fed as
+    any loader is."""
+    from torch.utils.data import default_collate
+
+    from autotune.knobs.device_decode import EncodedFolder, device_decoded, encoded_collate
+    from autotune.knobs.prefetch import fed
+
+    if batching.collate_fn not in (None, default_collate) or not str(state.device).startswith("cuda"):
+        raise TrialError("unsupported", "device_decode: batches made by default_collate, on a CUDA device")
+    loader = torch.utils.data.DataLoader(
+        EncodedFolder(dataset), shuffle=False, drop_last=drop_last, collate_fn=encoded_collate, **kwargs
+    )
+    return fed(device_decoded(loader, dataset, str(state.device)), state, state.device)
+
+
 def read_samples(dataset: Any, indices: Any, state: BuildState) -> list[Any]:
     """``dataset``'s samples at ``indices`` as ``state``'s loader reads them: with ``jpeg_draft``
-    their JPEGs decoded at reduced scale."""
+    their JPEGs decoded at reduced scale; with ``device_decode`` decoded and transformed on the
+    device, a batch at a time, then one sample each, on the host (the targets as numbers)."""
+    if state.device_decode:
+        from autotune.knobs.device_decode import EncodedFolder, device_decoded, encoded_collate
+
+        files = torch.utils.data.DataLoader(
+            EncodedFolder(dataset), batch_size=state.batch_size, sampler=list(indices), collate_fn=encoded_collate
+        )
+        read: list[Any] = []
+        for images, targets in device_decoded(files, dataset, str(state.device)):
+            targets = targets.cpu().tolist() if isinstance(targets, torch.Tensor) else targets
+            read.extend(zip(images.cpu(), targets, strict=True))
+        return read
     if state.jpeg_draft:
         from autotune.knobs.decode import drafted_dataset
 

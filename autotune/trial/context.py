@@ -77,7 +77,7 @@ class Context:
     def samples_for(self, state: Any) -> list[Any]:
         """The validation samples as ``state``'s loader reads them: :attr:`samples`, unless the
         configuration sets a knob that reads samples another way (``reads_samples``: JPEGs
-        decoded at reduced scale), whose effect the guard must judge too.
+        decoded at reduced scale, or on the device), whose effect the guard must judge too.
         Read once per such path in this worker."""
         from autotune.knobs import off_default
 
