@@ -46,18 +46,22 @@ __all__ = ["RankSlice", "launch", "torchrun_command"]
 COLLECTIVE_TIMEOUT_S = 120.0
 
 
-def torchrun_command(world: int, entry: list[str], *, nnodes: int = 1, endpoint: str | None = None) -> list[str]:
+def torchrun_command(
+    world: int, entry: list[str], *, nnodes: int = 1, endpoint: str | None = None, log_dir: Path | None = None
+) -> list[str]:
     """The torchrun command line of ``world`` ranks per machine running ``entry`` (a module and
     its arguments): standalone on one machine, or ``nnodes`` machines meeting at ``endpoint``
-    (``host:port`` of a c10d rendezvous).
+    (``host:port`` of a c10d rendezvous); the agent's logs go to ``log_dir`` (torchrun's own
+    default is a new ``torchelastic_*`` folder in the system's temporary folder, never removed).
 
     Example:
         >>> torchrun_command(2, ["train.py"])[1:]
         ['-m', 'torch.distributed.run', '--standalone', '--nnodes=1', '--nproc-per-node=2', '--max-restarts=0', 'train.py']
     """
     rendezvous = ["--standalone"] if endpoint is None else ["--rdzv-backend=c10d", f"--rdzv-endpoint={endpoint}"]
+    logs = [] if log_dir is None else [f"--log-dir={log_dir}"]
     return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nnodes={nnodes}",
-            f"--nproc-per-node={world}", "--max-restarts=0", *entry]  # fmt: skip
+            f"--nproc-per-node={world}", "--max-restarts=0", *logs, *entry]  # fmt: skip
 
 
 def _threads_per_rank(world: int) -> int:
@@ -78,7 +82,8 @@ def launch(spec: Any, config: Mapping[str, Any], folder: Path, limit_s: float | 
     (folder / "spec.pt").write_bytes(spec if isinstance(spec, bytes) else pickle_spec(spec))
     (folder / "config.json").write_text(json.dumps(dict(config)))
     env = {**os.environ, "OMP_NUM_THREADS": str(_threads_per_rank(world)), "PYTHONUNBUFFERED": "1"}
-    command = torchrun_command(world, ["-m", "autotune.trial.ddp", str(folder)])
+    # The agent's logs stay in the trial's folder, which goes with the trial.
+    command = torchrun_command(world, ["-m", "autotune.trial.ddp", str(folder)], log_dir=folder / "agent")
     with open(folder / "agent.log", "wb") as log:
         agent = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                  preexec_fn=_die_with_parent)  # fmt: skip

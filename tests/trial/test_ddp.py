@@ -121,7 +121,12 @@ def test_ddps_own_knobs_and_zero1_train_the_same_curve():
     assert not _settled()
 
 
-def test_a_rank_killed_mid_step_ends_the_trial_and_leaves_no_process():
+def test_a_rank_killed_mid_step_ends_the_trial_and_leaves_no_process(tmp_path, monkeypatch):
+    import tempfile
+
+    # The system's temporary folder, here and in the ranks' launcher: nothing is left in it.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     runner = _runner(KilledOnRank1())
     assert runner.run(dict(Config({"batch_size": 16})), timeout=300).status == "ok"
     started = time.monotonic()
@@ -130,6 +135,7 @@ def test_a_rank_killed_mid_step_ends_the_trial_and_leaves_no_process():
     assert "rank" in result.reason and time.monotonic() - started < 120
     assert not _settled()
     assert runner.run(dict(Config({"batch_size": 8})), timeout=300).status == "ok"  # the search goes on
+    assert not list(tmp_path.iterdir())  # torchrun's logs went with the trial's own folder
 
 
 @pytest.mark.slow  # waits out a trial limit
