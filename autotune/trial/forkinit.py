@@ -2,7 +2,8 @@
 torch, its compiler's settings (read with the run's environment: the compile cache's folder), the
 worker's modules and, by reading the run's payload onto the CPU once, every module the user's
 model, data and metric come from, so a forked worker's own read of the payload imports nothing.
-Nothing is built or run; a failure only leaves the imports to the workers. The payload's file is
+Nothing is built or run; a failure only leaves the imports to the workers. What the imports made
+is left out of the workers' full garbage collections (``gc.freeze``). The payload's file is
 removed once read, and a file beside it says the server is ready to fork."""
 
 import os
@@ -27,6 +28,12 @@ try:
             _data = _f.read()
         torch.load(io.BytesIO(_data), map_location="cpu", weights_only=False, pickle_module=pickle)
         del _data
+    import gc
+
+    # What the imports made, out of the forked workers' full collections: each worker's first one
+    # would walk (and copy, page by page) the server's half a million objects.
+    gc.collect()
+    gc.freeze()
 except Exception:
     pass
 finally:
