@@ -56,15 +56,24 @@ def _count_(state: BuildState) -> None:
     state.info["n_params"] = sum(p.numel() for p in state.model.parameters())
     if state.extras is not None and state.extras.keep_float:
         state.float_model = copy.deepcopy(state.model)
-    if state.extras is not None and state.extras.example is not None:
-        from autotune.compress.prune import count_macs
+    extras = state.extras
+    if extras is not None and extras.example is not None:
+        # One structure's count holds for every build of it (the example is the extras' own).
+        key = (type(state.model).__qualname__, state.info["n_params"], str(state.device))
+        if key not in extras.macs:
+            extras.macs[key] = _macs(state.model, extras.example_on(state.device))
+        state.info["macs"] = extras.macs[key]
 
-        example = state.extras.example_on(state.device)
-        args, kwargs = model_inputs(example)
-        try:
-            state.info["macs"] = count_macs(state.model, args, kwargs)[0] // batch_size_of(example)
-        except Exception:  # a counter that cannot trace the model must not fail the trial
-            state.info["macs"] = None
+
+def _macs(model: Any, example: Any) -> int | None:
+    """MACs per sample of ``model`` on ``example``, or ``None`` where they cannot be counted."""
+    from autotune.compress.prune import count_macs
+
+    args, kwargs = model_inputs(example)
+    try:
+        return count_macs(model, args, kwargs)[0] // batch_size_of(example)
+    except Exception:  # a counter that cannot trace the model must not fail the trial
+        return None
 
 
 def make_loader(
