@@ -68,10 +68,14 @@ def test_the_windows_of_batches_unequal_in_cost_time_whole_epochs(monkeypatch):
     data = [torch.randn(4) for _ in range(17)]
     settings = m.MeasureSettings(n_windows=2, window_s=0.01, warmup_batches=1, n_remeasure=0)
     whole = 17 / (3 * 0.03)
-    aligned = m.measure(state, data, settings)["samples_per_s"]
-    assert abs(aligned / whole - 1) < 0.05, (aligned, whole)
+    aligned = m.measure(state, data, settings)
+    # Whole epochs: the samples timed are a multiple of the epoch's 17 (counted, not timed; the
+    # rate only near an epoch's, since a busy machine adds to every call).
+    assert aligned["timed_samples"] % 17 == 0, aligned["timed_samples"]
+    assert 0.8 < aligned["samples_per_s"] / whole < 1.05, (aligned["samples_per_s"], whole)
     monkeypatch.setattr(m, "_aligned_at", lambda *a: None)  # as before: windows end on the clock
-    assert abs(m.measure(state, data, settings)["samples_per_s"] / whole - 1) > 0.1
+    clocked = m.measure(state, data, settings)
+    assert clocked["timed_samples"] % 17 != 0, clocked["timed_samples"]  # 9 or 16 per 2 calls, say
 
 
 class _CountedFixedCall(_FixedCall):
