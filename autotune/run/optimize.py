@@ -42,7 +42,7 @@ def optimize(
     isolation: str = "subprocess",
     n_val: int = 512,
     measure: Mapping[str, Any] | None = None,
-    n_verify_pairs: int = 5,
+    n_verify_pairs: int = 4,
     n_finalists: int = 3,
     select: Any = None,
     loss_fn: Callable[[Any, Any], Any] | None = None,
@@ -125,7 +125,8 @@ def optimize(
             :class:`autotune.trial.measure.MeasureSettings`.
         n_verify_pairs: Interleaved rounds that choose among the finalists, and the least number
             of fresh confirmation rounds of the chosen one against the baseline (they continue,
-            up to three times as many, until the speedup's 95% interval is within +-5%).
+            up to three times as many, until the speedup's 95% interval is within +-5%): 4, two
+            in each of the two fresh worker processes.
         n_finalists: Best trials re-measured against the baseline before the winner is chosen:
             one measurement per trial can flatter a configuration by chance. Only trials within 8%
             of the fastest are re-measured.

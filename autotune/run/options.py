@@ -110,7 +110,7 @@ class Options:
     isolation: str = "subprocess"
     n_val: int = 512
     measure: Mapping[str, Any] | None = None
-    n_verify_pairs: int = 5
+    n_verify_pairs: int = 4
     n_finalists: int = 3
     select: Any = None
     loss_fn: Callable[[Any, Any], Any] | None = None

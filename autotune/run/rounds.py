@@ -32,10 +32,10 @@ SELECT_S = 45.0
 # a 16-trial real-MiniLM run (59 s of confirmation and 18 s of export after a 146-s search).
 FINISH_SHARE = 0.25
 ROUNDS_FLOOR_S = 10.0
-# Timed windows per finalist in a selection round: one. The selection only chooses, among
-# finalists within a few % of each other, and the claim comes from the confirmation's rounds of
-# two windows (:data:`autotune.trial.inference.ROUND_WINDOWS`): a real MiniLM pick's second
-# window was 1.8 s of a two-finalist selection.
+# Timed windows per finalist in a selection round: one, as in a confirmation round
+# (:data:`autotune.trial.inference.ROUND_WINDOWS`). The selection only chooses, among finalists
+# within a few % of each other: a real MiniLM pick's second window was 1.8 s of a two-finalist
+# selection.
 SELECT_WINDOWS = 1
 # A finalist displaces the fastest trial only by running this much faster than it in the
 # selection rounds: the finalists are within a few % of each other, and two rounds of one window

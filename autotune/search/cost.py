@@ -318,7 +318,7 @@ def round_s(record: Mapping[str, Any]) -> float:
 
     Example:
         >>> round_s({"wall_s": 12.0, "timed_s": 2.0, "n_windows": 5, "build_s": 1.0, "compile_s": 3.0, "guard_s": 2.0})
-        4.8
+        4.4
         >>> round_s({"timed_s": 2.0})  # windows unknown: the trial's
         2.0
     """

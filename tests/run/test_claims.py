@@ -671,8 +671,8 @@ def test_a_rounds_diagnosis_takes_the_model_half_from_its_warm_rounds_where_batc
 
 
 def test_a_round_times_the_windows_asked_for_each_configuration(monkeypatch):
-    """Selection rounds ask one window a finalist (they only choose, among finalists a few %
-    apart); confirmation rounds, which make the claim, time the worker's own two."""
+    """A round times the windows asked for, else the worker's own number for a round: one (a
+    round is one ratio of the claim, and the rounds' spread its noise), whatever a trial times."""
     import autotune.trial.inference as inference
 
     seen = []
@@ -685,11 +685,11 @@ def test_a_round_times_the_windows_asked_for_each_configuration(monkeypatch):
     monkeypatch.setattr(inference, "measure", spy)
     ctx = _context(MLP(), measure=MeasureSettings(n_windows=5, window_s=0.01, warmup_batches=1))
     configs = [dict(Config({"batch_size": 8})), dict(Config({"batch_size": 32}))]
-    ctx.rounds(configs, 1, 1, windows=1)
-    assert seen == [1, 1]
+    ctx.rounds(configs, 1, 1, windows=3)
+    assert seen == [3, 3]
     seen.clear()
     ctx.rounds(configs, 1, 1)
-    assert seen == [inference.ROUND_WINDOWS] * 2 and inference.ROUND_WINDOWS == 2
+    assert seen == [inference.ROUND_WINDOWS] * 2 and inference.ROUND_WINDOWS == 1
 
 
 def test_without_a_time_limit_the_selection_runs_in_a_fresh_worker_that_then_confirms():
