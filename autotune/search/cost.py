@@ -15,7 +15,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from autotune.knobs import declared
-from autotune.trial.inference import ROUND_WINDOWS
 
 __all__ = [
     "HEAVY_KNOBS",
@@ -48,6 +47,13 @@ PRICE_KNOBS = (*HEAVY_KNOBS, *declared("prices"))
 # worker processes they are split over.
 FINISH_ROUNDS = 3
 FINISH_PROCESSES = 2
+# A confirmation round times one window of each configuration
+# (:data:`autotune.trial.inference.ROUND_WINDOWS`), which runs past its seconds to an epoch's end
+# where batches differ in cost; it is priced at two of a trial's windows. The price also decides
+# whether a short budget starts fresh workers for its rounds, two at once: priced at one window,
+# a 45-s quickstart run started them (each trains its MLP in the cfg's model(), 7-9 s together
+# on 2 cores) and its deadline cut them off, with nothing confirmed, in three runs of four.
+ROUND_PRICE_WINDOWS = 2
 # A spare worker's start beside another's, against a start alone: a Hugging Face pick's two
 # starts took 4.2 s together (the first's 4.1 s alone).
 SPARE_START = 0.3
@@ -312,19 +318,19 @@ def measure_s(record: Mapping[str, Any]) -> float:
 
 
 def round_s(record: Mapping[str, Any]) -> float:
-    """Seconds one confirmation round of ``record``'s configuration takes: its measurement's
-    overhead (warm-up batches, the loader's start) and :data:`ROUND_WINDOWS` of its trial's timed
-    windows (a trial times five).
+    """Seconds one confirmation round of ``record``'s configuration is priced at: its
+    measurement's overhead (warm-up batches, the loader's start) and :data:`ROUND_PRICE_WINDOWS`
+    of its trial's timed windows (a trial times five).
 
     Example:
         >>> round_s({"wall_s": 12.0, "timed_s": 2.0, "n_windows": 5, "build_s": 1.0, "compile_s": 3.0, "guard_s": 2.0})
-        4.4
+        4.8
         >>> round_s({"timed_s": 2.0})  # windows unknown: the trial's
         2.0
     """
     timed = float(record.get("timed_s") or 0.0)
     windows = int(record.get("n_windows") or 0)
-    share = min(1.0, ROUND_WINDOWS / windows) if windows else 1.0
+    share = min(1.0, ROUND_PRICE_WINDOWS / windows) if windows else 1.0
     return round(max(0.0, measure_s(record) - timed) + share * timed, 6)
 
 
@@ -344,7 +350,7 @@ def finish_s(
     apart in the first process's first round, half a round more), then the export of the pick
     (:func:`export_s`). 0 before the baseline was
     measured. A round is priced by :func:`round_s`: its measurement's overhead and
-    :data:`~autotune.trial.inference.ROUND_WINDOWS` of a trial's five windows. Priced as a whole
+    :data:`ROUND_PRICE_WINDOWS` of a trial's five windows. Priced as a whole
     trial measurement, pre-padded budgets ended 6-29 s early, and a 90-s budget of the Hugging
     Face pipeline kept 45 s for a finish that took 10.
 
