@@ -53,6 +53,10 @@ class Int8Plan:
         store: Where each ranking is written once computed and read before ranking again.
         floors: By ranking key, the fewest layers ``auto`` keeps float because the guard's own
             samples needed them (:meth:`raise_floor`), kept in ``store`` too.
+        for_speed: The run optimizes speed alone: where the whole-int8 model runs no faster
+            than the float one (:data:`~autotune.compress.sensitivity.MIN_INT8_GAIN`), ``auto``
+            keeps no layer float to pass the guard, since none can make a faster build. A run
+            that weighs size keeps searching: int8 is smaller however fast it runs.
     """
 
     kinds: list[str] | None = None
@@ -63,6 +67,7 @@ class Int8Plan:
     keep: list[str] | None = None
     store: StudyRankings | None = None
     floors: dict[str, int] = dataclasses.field(default_factory=dict)
+    for_speed: bool = False
 
     def floor(self, key: str) -> int:
         """The fewest of ``key``'s ranked layers ``auto`` keeps float: 0, unless the guard
@@ -266,7 +271,7 @@ def onnx_with_fallback(
     )  # fmt: skip
     out = fallback_onnx(
         src, dst, method, ranking, calibration, score, threshold, k=value, per_channel=per_channel,
-        budget_s=plan.budget_s, floor=plan.floor(key),
+        budget_s=plan.budget_s, floor=plan.floor(key), check_gain=plan.for_speed,
     )  # fmt: skip
     if not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
@@ -297,7 +302,7 @@ def torch_with_fallback(
     )  # fmt: skip
     quantized, out = fallback_torch(
         model, ranking, calibration, score, threshold, k=value, per_channel=per_channel, budget_s=plan.budget_s,
-        floor=plan.floor(key),
+        floor=plan.floor(key), check_gain=plan.for_speed,
     )  # fmt: skip
     if quantized is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
@@ -337,7 +342,7 @@ def openvino_with_fallback(
     )
     model, out = fallback_openvino(
         float_model, quantized, ranking, feeds, score, threshold, k=value, transformer=transformer,
-        budget_s=plan.budget_s, floor=plan.floor(key),
+        budget_s=plan.budget_s, floor=plan.floor(key), check_gain=plan.for_speed,
     )  # fmt: skip
     if model is None or not out["feasible"]:
         raise TrialError("unsupported", f"int8 fallback: {out['reason']}")

@@ -33,6 +33,7 @@ from autotune.compress.sensitivity import (  # noqa: F401
     _outcome,
     _refine,
     _search,
+    speed_ratio,
 )
 from autotune.errors import ConfigError, InputError, TrialError
 from autotune.export.onnx import _NP_TYPES
@@ -388,11 +389,14 @@ def fallback_onnx(
     per_channel: bool = False,
     budget_s: float | None = None,
     floor: int = 0,
+    check_gain: bool = False,
 ) -> dict[str, Any]:
     """Write ``src`` in int8 with its ``k`` most sensitive layers float, the fewest that pass.
 
     ``k="auto"`` bisects over k in [0, n] for the fewest layers kept float (``ranking``'s top
-    ones) whose graph scores ``>= threshold``; an int keeps that many.
+    ones) whose graph scores ``>= threshold``; an int keeps that many. With ``check_gain``, where
+    the whole-int8 graph misses the guard, ``auto`` first times it against the float one and
+    stops where int8 does not pay (:func:`~autotune.compress.sensitivity._search`).
 
     Returns:
         ``{"path", "kept", "k", "score", "n_layers", "threshold", "feasible", "reason",
@@ -420,10 +424,16 @@ def fallback_onnx(
             job.quantize(Path(tmp) / f"k{j}.onnx", exclude=ranking.top(j))
             return score(job.reference, job.outputs(Path(tmp) / f"k{j}.onnx"))
 
+        def gain() -> float:
+            whole = Path(tmp) / "k0.onnx"
+            if not whole.is_file():
+                job.quantize(whole, exclude=[])
+            sessions = [_session(str(job.prepared)), _session(str(whole))]
+            return speed_ratio(*(lambda s=s: _run_all(s, job.feeds, "The graph") for s in sessions))
+
         deadline = None if budget_s is None else time.perf_counter() + budget_s
-        result = _outcome(
-            _search(len(job.layers), k, threshold, try_k, deadline, floor), job.layers, ranking, threshold
-        )
+        found = _search(len(job.layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)
+        result = _outcome(found, job.layers, ranking, threshold)
         written = result["k"] < len(job.layers)
         if written:
             dst.parent.mkdir(parents=True, exist_ok=True)

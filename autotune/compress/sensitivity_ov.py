@@ -30,6 +30,7 @@ from autotune.compress.sensitivity import (
     _order,
     _outcome,
     _search,
+    speed_ratio,
 )
 from autotune.errors import TrialError
 
@@ -290,6 +291,7 @@ def fallback_openvino(
     transformer: bool = False,
     budget_s: float | None = None,
     floor: int = 0,
+    check_gain: bool = False,
 ) -> tuple[Any, dict[str, Any]]:
     """The NNCF int8 model with the ``k`` most sensitive layers float (``"auto"``: the fewest
     whose outputs score ``>= threshold``), and the search's record.
@@ -303,6 +305,8 @@ def fallback_openvino(
         k: How many layers to keep float, or ``"auto"``.
         transformer: NNCF's transformer scheme.
         budget_s: Seconds after which ``auto`` stops at the fewest measured to pass.
+        check_gain: Where the whole-int8 model misses the guard, ``auto`` first times it
+            against the float one and stops where int8 does not pay (:func:`_search`).
 
     Returns:
         ``(model or None, record)``: the record as :func:`autotune.compress.sensitivity_onnx.fallback_onnx`
@@ -315,16 +319,28 @@ def fallback_openvino(
     """
     layers = openvino_layers(quantized)
     _check_ranking(ranking, "openvino", METHOD, layers)
-    reference = _outputs(_compile(float_model), feeds, "The float model")
+    float_compiled = _compile(float_model)
+    reference = _outputs(float_compiled, feeds, "The float model")
     _check_float(score, reference, threshold)
     models: dict[int, Any] = {0: quantized}
+    whole: list[Any] = []  # the whole-int8 model compiled, for its speed
 
     def try_k(j: int) -> float:
         if j not in models:
             models[j] = quantize_openvino_except(float_model, ranking.top(j), feeds, layers, transformer)
-        return score(reference, _outputs(_compile(models[j]), feeds, "The int8 model"))
+        compiled = _compile(models[j])
+        if j == 0:
+            whole.append(compiled)
+        return score(reference, _outputs(compiled, feeds, "The int8 model"))
+
+    def gain() -> float:
+        int8 = whole[-1] if whole else _compile(quantized)
+        return speed_ratio(lambda: _outputs(float_compiled, feeds, "The float model"),
+                           lambda: _outputs(int8, feeds, "The int8 model"))  # fmt: skip
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
-    result = _outcome(_search(len(layers), k, threshold, try_k, deadline, floor), layers, ranking, threshold)
+    found = _search(len(layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)
+    whole.clear()
+    result = _outcome(found, layers, ranking, threshold)
     chosen = models.get(result["k"]) if result["k"] < len(layers) else None
     return chosen, result

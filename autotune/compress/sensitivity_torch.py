@@ -31,6 +31,7 @@ from autotune.compress.sensitivity import (  # noqa: F401
     _outcome,
     _refine,
     _search,
+    speed_ratio,
 )
 from autotune.errors import InputError, TrialError
 
@@ -356,6 +357,7 @@ def fallback_torch(
     per_channel: bool = False,
     budget_s: float | None = None,
     floor: int = 0,
+    check_gain: bool = False,
 ) -> tuple[nn.Module | None, dict[str, Any]]:
     """An int8 copy of ``model`` (``ranking``'s method) with its ``k`` most sensitive layers float.
 
@@ -381,11 +383,23 @@ def fallback_torch(
     def mixed(keep: list[str]) -> nn.Module:
         return quantize_torch_except(model, keep, method, calibration=batches, per_channel=per_channel)
 
+    whole: list[nn.Module] = []  # the whole-int8 copy, for its speed
+
     def try_k(j: int) -> float:
-        return score(reference, _torch_outputs(mixed(ranking.top(j)), batches, "The int8 model"))
+        candidate = mixed(ranking.top(j))
+        if j == 0:
+            whole.append(candidate)
+        return score(reference, _torch_outputs(candidate, batches, "The int8 model"))
+
+    def gain() -> float:
+        int8 = whole[-1] if whole else mixed([])
+        return speed_ratio(lambda: _torch_outputs(model, batches, "The float model"),
+                           lambda: _torch_outputs(int8, batches, "The int8 model"))  # fmt: skip
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
-    result = _outcome(_search(len(layers), k, threshold, try_k, deadline, floor), layers, ranking, threshold)
+    found = _search(len(layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)
+    whole.clear()  # one copy of the model alive at a time
+    result = _outcome(found, layers, ranking, threshold)
     # Quantized again rather than kept from the search: one copy of the model alive at a time.
     chosen = mixed(result["kept"]) if result["k"] < len(layers) else None
     return chosen, result

@@ -111,7 +111,7 @@ class TrialContext(Context, ArtifactExport):
         ``budget_s`` seconds for a ranking, the study's rankings."""
         spec = self.spec
         return Int8Plan(kinds=kinds, max_drop=spec.max_metric_drop, metric=spec.metric, budget_s=budget_s,
-                        rankings=dict(spec.int8_rankings), store=spec.int8_store)  # fmt: skip
+                        rankings=dict(spec.int8_rankings), store=spec.int8_store, for_speed=not spec.sizes)  # fmt: skip
 
     def known(self) -> dict[str, Any]:
         """What this worker's reference taught it that a build reads (the guard's batches of

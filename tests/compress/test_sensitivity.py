@@ -421,3 +421,36 @@ def test_torch_transformer_layers_quantize_and_run():
     ranking = sens.rank_torch(model, batches, sens.worst_cosine, refine=1)
     quantized, found = sens.fallback_torch(model, ranking, batches, sens.worst_cosine, 0.9, k=1)
     assert found["feasible"] and quantized(batches[0]).shape == (2, 5, 16)
+
+
+@pytest.mark.parametrize("runtime", ["onnxruntime", "torch"])
+def test_auto_with_check_gain_stops_where_the_whole_int8_model_is_no_faster(
+    two_outliers, tmp_path, monkeypatch, runtime
+):
+    # How much faster int8 runs is the CPU's: the ratio is fixed here, after both passes ran
+    # (each a real pass of the float and the whole-int8 model), so the outcome is the machine's not.
+    import autotune.compress.sensitivity_onnx as sensitivity_onnx
+    import autotune.compress.sensitivity_torch as sensitivity_torch
+
+    passes = []
+
+    def slower(float_pass, int8_pass):
+        passes.append((float_pass(), int8_pass()))
+        return 0.9
+
+    monkeypatch.setattr(sensitivity_onnx if runtime == "onnxruntime" else sensitivity_torch, "speed_ratio", slower)
+    threshold = 0.999
+    if runtime == "onnxruntime":
+        ranking = sens.rank_onnx(two_outliers, "int8_dynamic", _batches(), sens.worst_cosine)
+        found = sens.fallback_onnx(two_outliers, tmp_path / "auto.onnx", "int8_dynamic", ranking, _batches(),
+                                   sens.worst_cosine, threshold, check_gain=True)  # fmt: skip
+        assert found["path"] is None
+    else:
+        model, batches = _torch_mlp({1: 300.0, 2: 30.0}), [torch.from_numpy(x) for x in _batches()]
+        ranking = sens.rank_torch(model, batches, sens.worst_cosine)
+        quantized, found = sens.fallback_torch(model, ranking, batches, sens.worst_cosine, threshold, check_gain=True)
+        assert quantized is None
+    assert len(passes) == 1 and passes[0][0] is not None and passes[0][1] is not None
+    assert not found["feasible"] and found["int8_gain"] == 0.9
+    assert [t["k"] for t in found["tries"]] == [0]  # every layer in int8 missed the guard; nothing bisected
+    assert "int8 does not pay here" in found["reason"] and "0.90x" in found["reason"]

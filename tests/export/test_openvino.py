@@ -155,3 +155,34 @@ def test_keeping_every_layer_float_is_no_int8_at_all():
     _model, converted, _info, batches, feeds, _ = _outlier_case()
     with pytest.raises(TrialError, match="leaves none"):
         openvino_with_fallback(converted, 2, batches, feeds, Int8Plan(kinds=["logits"], max_drop=0.01), {}, False)
+
+
+@pytest.mark.parametrize("gain", [0.9, 1.5])
+def test_auto_for_speed_stops_where_the_whole_int8_model_is_no_faster(monkeypatch, gain):
+    # How much faster int8 runs is the CPU's (twice the float IR with VNNI, 0.95 of it for
+    # all-MiniLM-L6-v2 on an AVX2-only AMD EPYC): the ratio is fixed here, after both passes ran,
+    # so the outcome does not depend on the machine that runs the test.
+    import autotune.compress.sensitivity_ov as sensitivity_ov
+    from autotune.compress.sensitivity import MIN_INT8_GAIN
+
+    asked = []
+
+    def ratio(float_pass, int8_pass):
+        asked.append((float_pass(), int8_pass()))
+        return gain
+
+    monkeypatch.setattr(sensitivity_ov, "speed_ratio", ratio)
+    _model, converted, _info, batches, feeds, _ = _outlier_case()
+    plan = Int8Plan(kinds=["logits"], max_drop=0.01, for_speed=True)
+    if gain < MIN_INT8_GAIN:  # no layer kept float can make a faster build: no ranking, no bisection
+        with pytest.raises(TrialError, match=r"int8 does not pay here: the whole-int8 model ran 0\.90x"):
+            openvino_with_fallback(converted, "auto", batches, feeds, plan, {}, transformer=False)
+    else:
+        record = openvino_with_fallback(converted, "auto", batches, feeds, plan, {}, transformer=False)[1]
+        assert record["int8_k"] == 1 and "head" in record["int8_kept"][0]
+    assert len(asked) == 1  # asked once, where every layer in int8 missed the guard
+    # A run that weighs size never asks: int8 is smaller however fast it runs.
+    asked.clear()
+    plan = Int8Plan(kinds=["logits"], max_drop=0.01)
+    assert openvino_with_fallback(converted, "auto", batches, feeds, plan, {}, transformer=False)[1]["int8_k"] == 1
+    assert asked == []
