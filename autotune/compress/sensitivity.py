@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from autotune.compress.int8_gain import MIN_INT8_GAIN, speed_ratio
 from autotune.errors import ConfigError, InputError
 
 __all__ = ["METHODS", "MIN_INT8_GAIN", "Deferred", "Ranking", "Score", "max_rel_error", "speed_ratio", "worst_cosine"]
@@ -294,32 +295,6 @@ def _refine(candidates: list[str], measure: Callable[[str], float], budget_s: fl
 
 
 # --- the search for k -------------------------------------------------------------------------
-
-
-# ``auto`` keeps layers float only where int8 pays: the whole-int8 model, the fastest build the
-# fallback can make, must run at least this much faster than the float one on the calibration
-# batches. On a 2-core AMD EPYC with AVX2 only (no VNNI), NNCF's int8 all-MiniLM-L6-v2 ran 0.95x
-# its float IR and missed the guard (0.969 < 0.99); ranking its layers and bisecting took 45 s
-# of the trial before the fallback's time budget stopped it with nothing.
-MIN_INT8_GAIN = 1.05
-
-
-def speed_ratio(float_pass: Callable[[], Any], int8_pass: Callable[[], Any], reps: int = 3) -> float:
-    """How many times faster ``int8_pass`` runs than ``float_pass`` (each a pass over the same
-    batches): both run once to warm up, then alternately ``reps`` times; the fastest of each.
-
-    Example:
-        >>> speed_ratio(lambda: time.sleep(0.004), lambda: time.sleep(0.001)) > 1.5
-        True
-    """
-    float_pass(), int8_pass()
-    best = [math.inf, math.inf]
-    for _ in range(reps):
-        for i, run in enumerate((float_pass, int8_pass)):
-            start = time.perf_counter()
-            run()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best[0] / max(best[1], 1e-9)
 
 
 def _search(
