@@ -323,24 +323,23 @@ def fallback_openvino(
     reference = _outputs(float_compiled, feeds, "The float model")
     _check_float(score, reference, threshold)
     models: dict[int, Any] = {0: quantized}
-    whole: list[Any] = []  # the whole-int8 model compiled, for its speed
+    whole: list[Any] = []  # the whole-int8 model compiled, until gain() times it
 
     def try_k(j: int) -> float:
         if j not in models:
             models[j] = quantize_openvino_except(float_model, ranking.top(j), feeds, layers, transformer)
         compiled = _compile(models[j])
-        if j == 0:
+        if j == 0 and check_gain:
             whole.append(compiled)
         return score(reference, _outputs(compiled, feeds, "The int8 model"))
 
     def gain() -> float:
-        int8 = whole[-1] if whole else _compile(quantized)
+        int8 = whole.pop() if whole else _compile(quantized)
         return speed_ratio(lambda: _outputs(float_compiled, feeds, "The float model"),
                            lambda: _outputs(int8, feeds, "The int8 model"))  # fmt: skip
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     found = _search(len(layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)
-    whole.clear()
     result = _outcome(found, layers, ranking, threshold)
     chosen = models.get(result["k"]) if result["k"] < len(layers) else None
     return chosen, result

@@ -383,22 +383,22 @@ def fallback_torch(
     def mixed(keep: list[str]) -> nn.Module:
         return quantize_torch_except(model, keep, method, calibration=batches, per_channel=per_channel)
 
-    whole: list[nn.Module] = []  # the whole-int8 copy, for its speed
+    whole: list[nn.Module] = []  # the whole-int8 copy, until gain() times it (then dropped)
 
     def try_k(j: int) -> float:
         candidate = mixed(ranking.top(j))
-        if j == 0:
+        if j == 0 and check_gain:
             whole.append(candidate)
         return score(reference, _torch_outputs(candidate, batches, "The int8 model"))
 
     def gain() -> float:
-        int8 = whole[-1] if whole else mixed([])
+        int8 = whole.pop() if whole else mixed([])
         return speed_ratio(lambda: _torch_outputs(model, batches, "The float model"),
                            lambda: _torch_outputs(int8, batches, "The int8 model"))  # fmt: skip
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     found = _search(len(layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)
-    whole.clear()  # one copy of the model alive at a time
+    whole.clear()  # k = 0 passed and gain() was never asked: not kept past the search
     result = _outcome(found, layers, ranking, threshold)
     # Quantized again rather than kept from the search: one copy of the model alive at a time.
     chosen = mixed(result["kept"]) if result["k"] < len(layers) else None

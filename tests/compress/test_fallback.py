@@ -215,3 +215,20 @@ def test_a_torch_fallback_winner_ships_onnx_with_layers_kept_float(tmp_path):
     ops = [n.op_type for n in onnx.load(str(tmp_path / "model.onnx")).graph.node]
     assert "MatMulInteger" in ops and ("MatMul" in ops or "Gemm" in ops)
     assert autotune.verify(tmp_path)["artifacts"]["onnx"]["status"] == "ok"
+
+
+@pytest.mark.parametrize(("objectives", "for_speed"), [(["throughput"], True), (["size"], False)])
+def test_a_run_for_speed_alone_asks_whether_int8_pays(objectives, for_speed):
+    # The worker's int8 plan reads the spec a run prepared: only a run for speed alone times
+    # int8 against float before keeping layers float (a run that weighs size keeps searching).
+    import types
+
+    from autotune.trial.inference import TrialContext
+    from autotune.trial.measure import MeasureSettings
+    from autotune.trial.spec import WorkerSpec
+
+    sizes = "size" in objectives or len(objectives) > 1  # as autotune.run.prepare sets it
+    spec = WorkerSpec(model=None, dataset=[], metric=None, device="cpu", baseline={}, val_indices=[],
+                      measure=MeasureSettings(), sizes=sizes)  # fmt: skip
+    plan = TrialContext._int8_plan(types.SimpleNamespace(spec=spec), ["logits"], 60.0)
+    assert plan.for_speed is for_speed and plan.budget_s == 60.0
