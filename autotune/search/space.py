@@ -201,9 +201,41 @@ def resolve_space(
                 chosen.insert(0, base_value)
         values[name] = chosen
         excluded[name] = reasons
+    _hold_for_fixed(values, baseline, excluded, {name: values[name][0] for name in fix})
     # A fixed knob does not move the baseline: the baseline stays the untuned pipeline, the
     # fixed value is what every other trial uses.
     return SearchSpace(values=values, baseline=baseline, excluded=excluded)
+
+
+def _hold_for_fixed(
+    values: dict[str, list[Any]],
+    baseline: Mapping[str, Any],
+    excluded: dict[str, dict[str, str]],
+    fixed: Mapping[str, Any],
+) -> None:
+    """Leave out the runtimes under which a fixed knob would not apply.
+
+    ``fix={"compile_mode": "default"}`` is what every trial after the baseline uses; a trial on
+    another runtime, where compile_mode stands aside, would not be compiled, and a short budget
+    could end with no compiled trial at all. So the runtimes that drop a fixed knob are left
+    out (the baseline's own one stays: it is the untuned pipeline). A setting of one method
+    (``ov_precision``, ``int8_fallback``) holds the runtime to the ones it applies under, never
+    the other knobs to its method.
+    """
+    base = {**baseline, **fixed}
+    for name, value in fixed.items():
+        knob = REGISTRY[name]
+        if value == baseline[name]:
+            continue
+        candidates = values["runtime"]
+        if "runtime" in fixed or not any(knob.applies({**base, "runtime": v}) for v in candidates):
+            continue
+        kept = [v for v in candidates if v == baseline["runtime"] or knob.applies({**base, "runtime": v})]
+        for v in candidates:
+            if v not in kept:
+                why = f"{name}={json.dumps(value)} is fixed, and applies only under another runtime"
+                excluded.setdefault("runtime", {})[json.dumps(v).strip('"')] = why
+        values["runtime"] = kept
 
 
 # The settings of int8 that decide whether it holds the guard: searched wherever int8 is (fixed

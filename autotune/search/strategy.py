@@ -406,10 +406,13 @@ def _quickest_best(ranked: Sequence[Mapping[str, Any]], scores: Mapping[str, Any
     return min(near, key=lambda r: (build_s(r), -scores[r["key"]]))
 
 
-def queue_next(study: Any, strategy: Staged, n_trials: int, limits: Any = None) -> str:
+def queue_next(study: Any, strategy: Staged, n_trials: int, limits: Any = None, room: int | None = None) -> str:
     """Queue in ``study`` what ``strategy`` says comes next and is not measured, running or
     queued already (by this worker or another); return the phase. ``limits``: the search's
-    deadline, which orders the composition by what fits in the time left.
+    deadline, which orders the composition by what fits in the time left. ``room``: the trials
+    the budget has left (not counting those queued): no more than that is queued, so a run
+    that ends at its ``n_trials`` leaves no trial "queued, not started" behind it (a resumed
+    run queues the rest again from the records).
 
     Every worker calls this before it asks for a trial, so the phases advance from the study's
     records alone. Two workers that queue the same configuration at the same moment still
@@ -426,6 +429,7 @@ def queue_next(study: Any, strategy: Staged, n_trials: int, limits: Any = None) 
         if "fixed_params" in t.system_attrs and not t.user_attrs.get("held"):
             known.add(Config(strategy._full(t.system_attrs["fixed_params"])).key())
     phase, configs = strategy.next_configs(records, n_trials, limits.afford(records) if limits else None)
+    free = None if room is None else room - len(waiting)
     if phase == "refine" and not waiting:
         # The sampler proposes the knobs not held (Optuna samples what a queued trial leaves out).
         held = strategy.held(records)
@@ -435,6 +439,10 @@ def queue_next(study: Any, strategy: Staged, n_trials: int, limits: Any = None) 
         key = Config(config).key()
         if key in known:
             continue
+        if free is not None:
+            if free <= 0:
+                break
+            free -= 1
         known.add(key)
         params = {n: config[n] for n in strategy.space.searched if REGISTRY[n].applies(config)}
         study.enqueue_trial(params, user_attrs={"phase": phase, "queued_key": key}, skip_if_exists=True)

@@ -309,7 +309,7 @@ def run_trials(
             from autotune.search.strategy import queue_next
 
             if not requeue_refused(study, limits):  # a lever refused for time, now affordable, goes first
-                queue_next(study, strategy, n_trials, limits)
+                queue_next(study, strategy, n_trials, limits, room=n_trials - view.n_measured - len(view.claims))
         outcome = _ask_and_run(
             study,
             runner,

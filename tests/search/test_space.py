@@ -35,6 +35,32 @@ def test_fix_pins_a_knob(ctx):
         resolve_space("quick", ctx, fix={"pin_memory": True})
 
 
+def test_a_fixed_knob_of_one_runtime_holds_the_search_to_the_runtimes_it_applies_under(ctx):
+    """``--fix compile_mode=default`` with two trials ran the one trial after the baseline on
+    OpenVINO, where compile_mode stands aside: the run the user asked to compile compiled nothing."""
+    space = resolve_space("default", ctx, fix={"compile_mode": "default"})
+    assert space.values["runtime"] == ["torch"]
+    assert "compile_mode" in space.excluded["runtime"].get("openvino", "compile_mode")
+    both = ["torch", "onnxruntime", "openvino"]
+    ov = resolve_space(
+        {"base": None, "runtime": both, "ov_precision": ["fp32", "int8_static"]}, ctx, fix={"ov_hint": "throughput"}
+    )
+    assert "onnxruntime" not in ov.values["runtime"] and "torch" in ov.values["runtime"]  # the baseline's stays
+    # A setting of int8 holds no other knob to int8; a fixed runtime is the user's own word.
+    loose = resolve_space(
+        {"base": None, "runtime": both, "ov_precision": ["fp32", "bf16", "int8_static"]}, ctx, fix={"int8_fallback": 2}
+    )
+    assert (
+        loose.values["ov_precision"]
+        == resolve_space({"base": None, "runtime": both, "ov_precision": ["fp32", "bf16", "int8_static"]}, ctx).values[
+            "ov_precision"
+        ]
+    )
+    assert resolve_space("default", ctx, fix={"compile_mode": "default", "runtime": "torch"}).values["runtime"] == [
+        "torch"
+    ]
+
+
 def test_a_toml_file_is_a_space(tmp_path, ctx):
     path = tmp_path / "mine.toml"
     path.write_text('[knobs]\nbatch_size = [8, 16]\namp_dtype = "all"\n')

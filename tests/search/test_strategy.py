@@ -337,6 +337,18 @@ def test_a_shared_study_of_two_workers_runs_each_screening_config_once(tmp_path)
     assert len({t.user_attrs["key"] for t in asked}) == len(asked), "a queued config was measured twice"
 
 
+@pytest.mark.parametrize("n_trials", [2, 3, 5])
+def test_a_run_that_ends_at_its_trial_budget_leaves_no_trial_queued_behind(n_trials):
+    """Screening queued all its levers at once: a two-trial run ended with two of them in
+    trials.csv as "queued, not started", beside a summary that said 2 trials ran."""
+    from optuna.trial import TrialState
+
+    space, table = _table(_independent)
+    study, _ = _run(space, table, n_trials)
+    assert len(_measured(study)) == n_trials
+    assert [t.number for t in study.trials if t.state == TrialState.WAITING] == []
+
+
 def test_strategy_is_checked():
     assert check_strategy("staged") == "staged"
     with pytest.raises(ConfigError, match=r"No strategy named 'greedy'\. Known: staged, tpe\."):
