@@ -439,10 +439,8 @@ def queue_next(study: Any, strategy: Staged, n_trials: int, limits: Any = None, 
         key = Config(config).key()
         if key in known:
             continue
-        if free is not None:
-            if free <= 0:
-                break
-            free -= 1
+        if free is not None and (free := free - 1) < 0:
+            break
         known.add(key)
         params = {n: config[n] for n in strategy.space.searched if REGISTRY[n].applies(config)}
         study.enqueue_trial(params, user_attrs={"phase": phase, "queued_key": key}, skip_if_exists=True)
