@@ -117,6 +117,7 @@ def test_digits_shrink_winner_holds_on_held_out_data(tmp_path):
             "cpu",
             "--seed",
             "1",
+            "--verbose",  # the front and the held-out metric are in the whole ending
         ],
         capture_output=True,
         text=True,

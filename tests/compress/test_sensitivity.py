@@ -454,3 +454,25 @@ def test_auto_with_check_gain_stops_where_the_whole_int8_model_is_no_faster(
     assert not found["feasible"] and found["int8_gain"] == 0.9
     assert [t["k"] for t in found["tries"]] == [0]  # every layer in int8 missed the guard; nothing bisected
     assert "int8 does not pay here" in found["reason"] and "0.90x" in found["reason"]
+
+
+def test_where_int8_does_not_pay_the_layers_are_never_ranked(two_outliers, tmp_path, monkeypatch):
+    """The gain check stopped the search at k = 0, and the outcome then ranked every layer only
+    to list them all as float: 9 s of a 33-s OpenVINO int8 trial on real text."""
+    import autotune.compress.sensitivity_onnx as sensitivity_onnx
+
+    monkeypatch.setattr(sensitivity_onnx, "speed_ratio", lambda float_pass, int8_pass: 0.9)
+    computed = []
+
+    def compute():
+        computed.append(True)
+        return sens.rank_onnx(two_outliers, "int8_dynamic", _batches(), sens.worst_cosine)
+
+    from autotune.compress.sensitivity import Deferred
+
+    lazy = Deferred("onnxruntime", "int8_dynamic", compute)
+    found = sens.fallback_onnx(two_outliers, tmp_path / "auto.onnx", "int8_dynamic", lazy, _batches(),
+                               sens.worst_cosine, 0.999, check_gain=True)  # fmt: skip
+    assert found["path"] is None and "int8 does not pay here" in found["reason"]
+    assert computed == [] and not lazy.computed
+    assert len(found["kept"]) == found["n_layers"] > 0  # every layer stays float, named in the model's order
