@@ -222,13 +222,12 @@ def _hold_for_fixed(
     (``ov_precision``, ``int8_fallback``) holds the runtime to the ones it applies under, never
     the other knobs to its method.
     """
+    if "runtime" in fixed:  # the user's own word
+        return
     base = {**baseline, **fixed}
     for name, value in fixed.items():
-        knob = REGISTRY[name]
-        if value == baseline[name]:
-            continue
-        candidates = values["runtime"]
-        if "runtime" in fixed or not any(knob.applies({**base, "runtime": v}) for v in candidates):
+        knob, candidates = REGISTRY[name], values["runtime"]
+        if value == baseline[name] or not any(knob.applies({**base, "runtime": v}) for v in candidates):
             continue
         kept = [v for v in candidates if v == baseline["runtime"] or knob.applies({**base, "runtime": v})]
         for v in candidates:
