@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from autotune.compress.int8_emulation import _cheap_onnx, _run_all, _session
+from autotune.compress.int8_gain import gain_batches
 from autotune.compress.sensitivity import (  # noqa: F401
     _BACKENDS,
     _FLOAT_TYPES,
@@ -429,7 +430,8 @@ def fallback_onnx(
             if not whole.is_file():
                 job.quantize(whole, exclude=[])
             sessions = [_session(str(job.prepared)), _session(str(whole))]
-            return speed_ratio(*(lambda s=s: _run_all(s, job.feeds, "The graph") for s in sessions))
+            timed = gain_batches(job.feeds)
+            return speed_ratio(*(lambda s=s: _run_all(s, timed, "The graph") for s in sessions))
 
         deadline = None if budget_s is None else time.perf_counter() + budget_s
         found = _search(len(job.layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)

@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from autotune.compress.int8_gain import gain_batches
 from autotune.compress.sensitivity import (
     Deferred,
     Ranking,
@@ -335,8 +336,9 @@ def fallback_openvino(
 
     def gain() -> float:
         int8 = whole.pop() if whole else _compile(quantized)
-        return speed_ratio(lambda: _outputs(float_compiled, feeds, "The float model"),
-                           lambda: _outputs(int8, feeds, "The int8 model"))  # fmt: skip
+        timed = gain_batches(feeds)
+        return speed_ratio(lambda: _outputs(float_compiled, timed, "The float model"),
+                           lambda: _outputs(int8, timed, "The int8 model"))  # fmt: skip
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     found = _search(len(layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from autotune.compress.int8_gain import gain_batches
 from autotune.compress.sensitivity import (  # noqa: F401
     _BACKENDS,
     _FLOAT_TYPES,
@@ -393,8 +394,9 @@ def fallback_torch(
 
     def gain() -> float:
         int8 = whole.pop() if whole else mixed([])
-        return speed_ratio(lambda: _torch_outputs(model, batches, "The float model"),
-                           lambda: _torch_outputs(int8, batches, "The int8 model"))  # fmt: skip
+        timed = gain_batches(batches)
+        return speed_ratio(lambda: _torch_outputs(model, timed, "The float model"),
+                           lambda: _torch_outputs(int8, timed, "The int8 model"))  # fmt: skip
 
     deadline = None if budget_s is None else time.perf_counter() + budget_s
     found = _search(len(layers), k, threshold, try_k, deadline, floor, gain=gain if check_gain else None)

@@ -20,6 +20,7 @@ from onnx import TensorProto, helper, numpy_helper
 from torch import nn
 
 import autotune.compress as sens
+from autotune.compress.int8_gain import GAIN_BATCHES
 from autotune.errors import ConfigError, InputError, TrialError
 
 WIDTH = 32
@@ -451,6 +452,8 @@ def test_auto_with_check_gain_stops_where_the_whole_int8_model_is_no_faster(
         quantized, found = sens.fallback_torch(model, ranking, batches, sens.worst_cosine, threshold, check_gain=True)
         assert quantized is None
     assert len(passes) == 1 and passes[0][0] is not None and passes[0][1] is not None
+    # Timed on the first few calibration batches, not all of them (25 s of a 30-s trial on real text).
+    assert len(passes[0][0]) == len(passes[0][1]) == GAIN_BATCHES < len(_batches())
     assert not found["feasible"] and found["int8_gain"] == 0.9
     assert [t["k"] for t in found["tries"]] == [0]  # every layer in int8 missed the guard; nothing bisected
     assert "int8 does not pay here" in found["reason"] and "0.90x" in found["reason"]

@@ -15,6 +15,7 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from autotune.compress.fallback import Int8Plan, openvino_with_fallback
+from autotune.compress.int8_gain import GAIN_BATCHES
 from autotune.compress.sensitivity import worst_cosine
 from autotune.data import model_inputs
 from autotune.errors import TrialError
@@ -181,6 +182,7 @@ def test_auto_for_speed_stops_where_the_whole_int8_model_is_no_faster(monkeypatc
         record = openvino_with_fallback(converted, "auto", batches, feeds, plan, {}, transformer=False)[1]
         assert record["int8_k"] == 1 and "head" in record["int8_kept"][0]
     assert len(asked) == 1  # asked once, where every layer in int8 missed the guard
+    assert len(asked[0][0]) == len(asked[0][1]) == GAIN_BATCHES < len(feeds)  # timed on a few batches
     # A run that weighs size never asks: int8 is smaller however fast it runs.
     asked.clear()
     plan = Int8Plan(kinds=["logits"], max_drop=0.01)
