@@ -25,6 +25,7 @@ from typing import Any
 from autotune.errors import TrialError
 
 __all__ = [
+    "Int8NoGainError",
     "Int8Plan",
     "StudyRankings",
     "ranking_key",
@@ -35,6 +36,20 @@ __all__ = [
 
 # What a ranking may cost by default when the plan does not say: two short trials' worth.
 _DEFAULT_BUDGET_S = 60.0
+
+
+class Int8NoGainError(TrialError):
+    """``auto``'s verdict for speed: the whole-int8 build ran ``gain`` times the float one, under
+    :data:`~autotune.compress.sensitivity.MIN_INT8_GAIN`, so no layer kept float makes it pay."""
+
+    def __init__(self, message: str, gain: float) -> None:
+        super().__init__("unsupported", message)
+        self.gain = gain
+
+
+def _unsupported(out: dict[str, Any]) -> TrialError:
+    message = f"int8 fallback: {out['reason']}"
+    return Int8NoGainError(message, out["int8_gain"]) if "int8_gain" in out else TrialError("unsupported", message)
 
 
 @dataclasses.dataclass
@@ -274,7 +289,7 @@ def onnx_with_fallback(
         budget_s=plan.budget_s, floor=plan.floor(key), check_gain=plan.for_speed,
     )  # fmt: skip
     if not out["feasible"]:
-        raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
+        raise _unsupported(out)
     return _info(out, ranking, key)
 
 
@@ -305,7 +320,7 @@ def torch_with_fallback(
         floor=plan.floor(key), check_gain=plan.for_speed,
     )  # fmt: skip
     if quantized is None or not out["feasible"]:
-        raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
+        raise _unsupported(out)
     return quantized, _info(out, ranking, key)
 
 
@@ -345,5 +360,5 @@ def openvino_with_fallback(
         budget_s=plan.budget_s, floor=plan.floor(key), check_gain=plan.for_speed,
     )  # fmt: skip
     if model is None or not out["feasible"]:
-        raise TrialError("unsupported", f"int8 fallback: {out['reason']}")
+        raise _unsupported(out)
     return model, _info(out, ranking, key)

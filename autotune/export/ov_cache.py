@@ -15,7 +15,7 @@ from torch import nn
 from autotune.export.parity import exportable
 from autotune.export.run_cache import CacheEntry, model_key
 
-__all__ = ["CACHE_ENV", "IrCache", "float_cache", "int8_cache", "save_openvino"]
+__all__ = ["CACHE_ENV", "IrCache", "float_cache", "int8_cache", "no_gain_entry", "save_openvino"]
 
 
 def save_openvino(model: Any, path: Path) -> dict[str, Any]:
@@ -89,6 +89,22 @@ def int8_cache(model: Any, feeds: Sequence[dict[str, np.ndarray]], settings: Any
         for name in sorted(feed):
             digest.update(name.encode() + np.ascontiguousarray(feed[name]).tobytes())
     return IrCache(Path(root) / digest.hexdigest()[:24])
+
+
+def no_gain_entry(entry: IrCache) -> CacheEntry:
+    """Beside ``entry`` (an int8 model's), this CPU's verdict that the model does not pay in int8
+    (``int8_fallback=auto`` for speed timed it slower than the float one): a second trial or run
+    of it reads the verdict where it paid NNCF and the timing again (30 s of a 146-s warm search
+    of real MiniLM on an AVX2-only CPU). Keyed on the CPU (its model, cores and the extensions
+    that decide int8), since another CPU may run the same int8 model faster."""
+    import hashlib
+    import json
+
+    from autotune.env import cpu_info
+
+    cpu = {k: v for k, v in cpu_info().items() if k in ("model", "machine", "usable_cores", "isa")}
+    tag = hashlib.sha256(json.dumps(cpu, sort_keys=True).encode()).hexdigest()[:12]
+    return CacheEntry(entry.folder.with_name(f"{entry.folder.name}-slower-{tag}"))
 
 
 def float_cache(model: nn.Module, example: Any, spatial: bool) -> IrCache | None:

@@ -226,6 +226,12 @@ def _converted(state: Any, example: Any, spatial: bool, folder: Path) -> tuple[A
     return model, info
 
 
+# A verdict that int8 does not pay is kept only where the whole-int8 build ran slower than the
+# float one: a ratio between this and MIN_INT8_GAIN may be the machine's noise, and is timed again.
+_SURELY_SLOWER = 1.0
+_AGAIN = "a run with AUTOTUNE_CACHE_DIR=run times it anew"
+
+
 def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, info: dict[str, Any]) -> Any:
     """``model`` in NNCF static int8: every layer NNCF takes, or with ``int8_fallback`` the most
     sensitive kept float; read from the run's cache where the same float model, configuration,
@@ -233,7 +239,9 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     rebuilt it each time: NNCF and its fallback took 10-15 s a build of real MiniLM). The user's
     metric function is not in the key: a run resumed with another metric reads the layers the
     first kept float."""
-    from autotune.export.ov_cache import int8_cache
+    from autotune.compress.fallback import Int8NoGainError
+    from autotune.errors import TrialError
+    from autotune.export.ov_cache import int8_cache, no_gain_entry
 
     plan = extras.int8
     guard = None if plan is None else [plan.max_drop, plan.keep, plan.kinds]
@@ -246,8 +254,19 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     cached = cache.load(info) if cache is not None and cache.hit() else None
     if cached is not None:
         return cached
+    # Where a run weighs speed alone, this CPU's verdict that the model does not pay in int8.
+    verdict = no_gain_entry(cache) if cache is not None and plan is not None and plan.for_speed else None
+    known = verdict.record() if verdict is not None and verdict.hit() else None
+    if known is not None:
+        info.update(int8_gain=known["int8_gain"], int8_gain_cached=True)
+        raise TrialError("unsupported", f"{known['reason']} (timed on this CPU by an earlier trial; {_AGAIN})")
     before, began = dict(info), time.perf_counter()
-    quantized = _quantize(model, config, extras, feeds, transformer, info)
+    try:
+        quantized = _quantize(model, config, extras, feeds, transformer, info)
+    except Int8NoGainError as exc:
+        if verdict is not None and exc.gain < _SURELY_SLOWER:
+            verdict.publish(lambda folder: None, {"reason": str(exc), "int8_gain": exc.gain})
+        raise
     made_s = time.perf_counter() - began
     if cache is not None and cache.save(
         quantized, {k: v for k, v in info.items() if k not in before or before[k] != v}

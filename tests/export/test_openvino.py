@@ -188,3 +188,51 @@ def test_auto_for_speed_stops_where_the_whole_int8_model_is_no_faster(monkeypatc
     plan = Int8Plan(kinds=["logits"], max_drop=0.01)
     assert openvino_with_fallback(converted, "auto", batches, feeds, plan, {}, transformer=False)[1]["int8_k"] == 1
     assert asked == []
+
+
+def test_a_verdict_that_int8_does_not_pay_is_read_by_the_next_trial_on_this_cpu(tmp_path, monkeypatch):
+    """A warm run paid NNCF and the timing again (30 s of a 146-s search of real MiniLM on an
+    AVX2-only CPU) to learn that int8 ran 0.72x the float IR, as the first run had; the next trial
+    of the same model and guard on the same CPU now reads the verdict. A run that weighs size
+    never reads it (int8 is smaller however fast it runs), and a ratio near 1 is timed again."""
+    import types
+
+    import autotune.compress.sensitivity_ov as sensitivity_ov
+    from autotune.config import Config
+    from autotune.export.openvino import CACHE_ENV
+    from autotune.runtimes.openvino import _int8
+
+    timed = []
+    gain = {"value": 0.8}
+
+    def ratio(float_pass, int8_pass):
+        timed.append(True)
+        return gain["value"]
+
+    monkeypatch.setattr(sensitivity_ov, "speed_ratio", ratio)
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    _model, converted, _info, batches, feeds, _ = _outlier_case()
+    config = Config(runtime="openvino", ov_precision="int8_static", int8_fallback="auto")
+
+    def trial(for_speed=True):
+        plan = Int8Plan(kinds=["logits"], max_drop=0.01, for_speed=for_speed)
+        extras, info = types.SimpleNamespace(int8=plan, calibration=batches), {}
+        try:
+            return _int8(converted, config, extras, feeds, False, info), info
+        except TrialError as exc:
+            return str(exc), info
+
+    first, _ = trial()
+    second, info = trial()
+    assert "int8 does not pay here" in first and len(timed) == 1  # the second trial timed nothing
+    assert second.startswith(first) and "earlier trial" in second and info["int8_gain_cached"]
+    # Where another CPU ran it (another verdict's key), or the ratio was near 1, it is timed again.
+    for entry in (tmp_path / "cache").glob("*-slower-*"):
+        entry.rename(entry.with_name(entry.name.rsplit("-", 1)[0] + "-othercpu"))
+    gain["value"] = 1.02
+    assert "does not pay" in trial()[0] and "does not pay" in trial()[0] and len(timed) == 3
+    # Weighing size, int8 is searched for: the head kept float.
+    gain["value"] = 0.8
+    trial()
+    built, info = trial(for_speed=False)
+    assert not isinstance(built, str) and info["int8_k"] == 1 and len(timed) == 4
