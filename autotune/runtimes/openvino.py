@@ -257,6 +257,9 @@ def _int8(model: Any, config: Any, extras: Any, feeds: list, transformer: bool, 
     # Where a run weighs speed alone, this CPU's verdict that the model does not pay in int8.
     verdict = no_gain_entry(cache) if cache is not None and plan is not None and plan.for_speed else None
     known = verdict.record() if verdict is not None and verdict.hit() else None
+    if known is not None and not {"reason", "int8_gain"} <= set(known):  # not ours, or damaged: timed again
+        verdict.drop()
+        known = None
     if known is not None:
         info.update(int8_gain=known["int8_gain"], int8_gain_cached=True)
         raise TrialError("unsupported", f"{known['reason']} (timed on this CPU by an earlier trial; {_AGAIN})")

@@ -226,13 +226,17 @@ def test_a_verdict_that_int8_does_not_pay_is_read_by_the_next_trial_on_this_cpu(
     second, info = trial()
     assert "int8 does not pay here" in first and len(timed) == 1  # the second trial timed nothing
     assert second.startswith(first) and "earlier trial" in second and info["int8_gain_cached"]
+    # A damaged verdict (a record without its reason) is timed again and written anew, never a crash.
+    (entry,) = (tmp_path / "cache").glob("*-slower-*")
+    (entry / "info.json").write_text("{}")
+    assert "does not pay" in trial()[0] and len(timed) == 2 and "reason" in (entry / "info.json").read_text()
     # Where another CPU ran it (another verdict's key), or the ratio was near 1, it is timed again.
     for entry in (tmp_path / "cache").glob("*-slower-*"):
         entry.rename(entry.with_name(entry.name.rsplit("-", 1)[0] + "-othercpu"))
     gain["value"] = 1.02
-    assert "does not pay" in trial()[0] and "does not pay" in trial()[0] and len(timed) == 3
+    assert "does not pay" in trial()[0] and "does not pay" in trial()[0] and len(timed) == 4
     # Weighing size, int8 is searched for: the head kept float.
     gain["value"] = 0.8
     trial()
     built, info = trial(for_speed=False)
-    assert not isinstance(built, str) and info["int8_k"] == 1 and len(timed) == 4
+    assert not isinstance(built, str) and info["int8_k"] == 1 and len(timed) == 5
