@@ -88,9 +88,9 @@ def _round_draws(ctx: TrialContext, data: Recorded, n_calls: int) -> list[tuple[
     seen: list[tuple[int, ...]] = []
     original = ctx.time_round
 
-    def noting(prepared, diagnose, seed=0):
+    def noting(prepared, diagnose, seed=0, *rest):
         data.read.clear()
-        row = original(prepared, diagnose, seed)
+        row = original(prepared, diagnose, seed, *rest)
         seen.append(tuple(data.read[:24]))
         return row
 
