@@ -394,6 +394,7 @@ def measure(
             _sync(device)
             state.info["shapes_warmed"] = True  # every shape of the epoch has run on this build
             compile_s = time.perf_counter() - start
+            batches.begin_epoch()  # the windows begin an epoch where their start changes what they time
             cache_hits, cache_misses = (now - then for now, then in zip(_cache_counts(), cached_before, strict=True))
             compiled_before = _compiled_frames()
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
@@ -422,7 +423,7 @@ def measure(
     # Frames dynamo gave up compiling (its recompile limit): their batches ran eager, warm-up
     # and windows alike, as in a user's loop. The figure is that pipeline's, and says so.
     state.info["compile_fallbacks"] = state.info.get("compile_fallbacks", 0) + compile_counts()[1] - fell_back
-    uneven = (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1
+    uneven = (state.extras is not None and state.extras.lengths is not None) or len(sizes) > 1 or not batches.alike
     stats = _stats(windows, work, latencies, totals, uneven, device.type == "cpu")
     return {
         **stats,

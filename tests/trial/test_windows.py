@@ -4,7 +4,7 @@ import torch
 
 from autotune.config import Config
 from autotune.trial.build import build
-from autotune.trial.measure import EPOCH_WINDOW_CAP, _window_done, timing_batches
+from autotune.trial.measure import EPOCH_WINDOW_CAP, MeasureSettings, _window_done, measure, timing_batches
 
 
 def test_a_window_over_a_short_epoch_ends_at_the_epochs_end():
@@ -186,3 +186,65 @@ def test_windows_over_batches_of_one_shape_end_on_the_clock_not_at_whole_epochs(
     # length: how long the plain baseline's windows of real MiniLM ran) nor an epoch of 16.
     assert timed["as_given"] < 10, timed
     assert timed["trim"] % 16 == 0, timed  # whole epochs
+
+
+class _Photos(torch.utils.data.Dataset):
+    """Samples read with work in ``__getitem__``, as files decoded there are: the first quarter
+    cost ten times the rest (large photos first), which only whole epochs average out."""
+
+    def __init__(self, n: int = 40) -> None:
+        self.n = n
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int):
+        import time
+
+        time.sleep(0.004 if i < self.n // 4 else 0.0004)
+        return torch.full((4,), float(i))
+
+
+def test_windows_begin_an_epoch_where_workers_or_unlike_samples_make_their_start_matter():
+    """A pick's window begun where the warm-up left off timed the batches 2 workers had read
+    ahead of it (its JPEG claim 43% over its trials' and a user's figure), and the baseline's
+    window, begun after one warm-up batch, timed the same costly photos in every round (24%
+    under). Where neither can change what a window times (samples in memory, no workers), the
+    warm-up's place stands."""
+    from autotune.trial.epochs import samples_alike
+
+    state = build(torch.nn.Linear(4, 2), Config({"batch_size": 4}), "cpu")
+    assert samples_alike([torch.randn(4)] * 8) and not samples_alike(_Photos())
+    # In memory, no workers: the windows go on from the warm-up.
+    alike, _ = timing_batches([torch.randn(4) for _ in range(40)], state, 0)
+    for _ in range(3):
+        next(alike)
+    alike.begin_epoch()
+    assert alike.position == 3 and not alike.cost_varies
+    # Samples read with work: the next batch begins an epoch, and the windows are aligned on it.
+    photos, _ = timing_batches(_Photos(), state, 0)
+    for _ in range(3):
+        next(photos)
+    photos.begin_epoch()
+    assert photos.position == 0 and photos.cost_varies and photos.epoch_matters
+    assert next(photos)[0, 0] == 0  # the epoch's first sample
+    photos.close()
+    for persistent in (False, True):
+        config = {"batch_size": 4, "num_workers": 1, "persistent_workers": persistent}
+        workers = build(torch.nn.Linear(4, 2), Config(config), "cpu")
+        batches, _ = timing_batches([torch.full((4,), float(i)) for i in range(40)], workers, 0)
+        for _ in range(3):
+            next(batches)
+        batches.begin_epoch()  # dropped (its workers shut down), or read to its end (persistent)
+        assert batches.position == 0 and next(batches)[0, 0] == 0
+        batches.close()
+
+
+def test_a_measurement_of_samples_read_with_work_times_whole_epochs():
+    """Over a short epoch of samples unlike to read, the windows together hold whole epochs from
+    an epoch's start, so every sample counts as often as in a user's passes, whoever the loader."""
+    for config in ({"batch_size": 4}, {"batch_size": 4, "num_workers": 1}):
+        state = build(torch.nn.Linear(4, 2), Config(config), "cpu")
+        data = _Photos()
+        m = measure(state, data, MeasureSettings(n_windows=2, window_s=0.05, warmup_batches=3))
+        assert m["timed_samples"] % len(data) == 0 and m["timed_samples"] > 0, (config, m["timed_samples"])
