@@ -400,7 +400,7 @@ def measure(
             sharing.start()  # over the windows, not the warm-up: a compile is no other's use
             say("timing")
             timed_start = time.perf_counter()
-            align = _aligned_at(dataset, state, batches)
+            align = _aligned_at(batches)
             clock = clock_windows and align is not None and not batches.restarts
             for i in range(settings.n_windows):
                 probe.start()
