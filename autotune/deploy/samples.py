@@ -39,8 +39,14 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
         pad_values = dict(data.get("pad_values") or {})
         collate_fn = lambda part: pad_collate(part, pad_values)  # noqa: E731
     config = pred.run.get("config") or {}
+    if config.get("jpeg_draft"):  # JPEGs decoded at reduced scale, as the run's winner read them
+        from autotune.knobs.decode import drafted_dataset
+
+        samples = drafted_dataset(samples)
     if collate_fn is None and data.get("collate") == "image":
         return predict_images(pred, list(samples), config)
+    if _reads_ahead(config):
+        return _through_loader(pred, samples, config, collate_fn, data)
     grouping = int(config.get("length_grouping") or 0)
     batching = Batching(
         batch_size=pred.batch_size,
@@ -51,6 +57,38 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
     )
     outputs: list[Any] = [None] * len(samples)
     for ids, batch in batching.batches(list(samples)):
+        names, tensors, _ = flat_inputs(batch)
+        out = pred(dict(zip(names, tensors, strict=True)))
+        for i, piece in zip(ids, split_samples(out, batch), strict=False):
+            outputs[i] = map_tensors(lambda t: t[0], piece)
+    return outputs
+
+
+def _reads_ahead(config: Mapping[str, Any]) -> bool:
+    """Whether the run's winner read its samples ahead of the model: loader workers, a thread
+    making batches ahead, or rows of tensors gathered a batch at a time."""
+    return bool(int(config.get("num_workers") or 0) or int(config.get("feed_ahead") or 0)) or (
+        config.get("gather") == "batched"
+    )
+
+
+def _through_loader(
+    pred: Any, samples: Any, config: Mapping[str, Any], collate_fn: Any, data: Mapping[str, Any]
+) -> list[Any]:
+    """Every sample's output, its samples read by the tuned DataLoader (:func:`autotune.dataloader`:
+    the workers, prefetch and gathering the run measured), while the artifact runs the batches
+    before them; outputs in the order given."""
+    from autotune.batching.outputs import split_samples
+    from autotune.export.parity import flat_inputs
+    from autotune.run.apply import dataloader
+    from autotune.samples import map_tensors
+
+    tuned = {**config, "batch_size": int(pred.batch_size)}
+    pad_values = dict(data.get("pad_values") or {}) or None
+    loader = dataloader(samples, tuned, collate_fn=collate_fn, pad_values=pad_values)
+    plan = [list(ids) for ids in loader.batch_sampler]
+    outputs: list[Any] = [None] * len(samples)
+    for ids, batch in zip(plan, loader, strict=True):
         names, tensors, _ = flat_inputs(batch)
         out = pred(dict(zip(names, tensors, strict=True)))
         for i, piece in zip(ids, split_samples(out, batch), strict=False):

@@ -230,9 +230,12 @@ def _stored_extras(config: Any, cfg: Config, rebuild: dict[str, Any]) -> Any:
     return extras
 
 
-def base_collate(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None) -> Any:
+def base_collate(
+    dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, int] | None = None, info: Any = None
+) -> Any:
     """The collate a run used for ``dataset``: ``collate_fn``, the padding collate for token
-    sequences of different lengths, or ``default_collate``."""
+    sequences of different lengths, or ``default_collate``. ``info`` is ``dataset``'s
+    :func:`~autotune.data.describe` where the caller has it (describing reads samples again)."""
     import functools
 
     from torch.utils.data import default_collate
@@ -242,7 +245,7 @@ def base_collate(dataset: Any, collate_fn: Any = None, pad_values: Mapping[str, 
 
     if collate_fn is not None:
         return collate_fn
-    collate = describe(dataset, None, pad_values).collate
+    collate = (info if info is not None else describe(dataset, None, pad_values)).collate
     if collate == "pad":
         return functools.partial(pad_collate, pad_values=dict(pad_values or {}))
     if collate == "image":
@@ -265,7 +268,7 @@ def _batching(dataset: Any, cfg: Config, collate_fn: Any, pad_values: Mapping[st
         lengths = size_keys(image_sizes(dataset))
     return Batching(
         batch_size=cfg.batch_size,
-        collate_fn=base_collate(dataset, collate_fn, pad_values),
+        collate_fn=base_collate(dataset, collate_fn, pad_values, info),
         padding=cfg.padding,
         grouping=cfg.length_grouping or (cfg.size_grouping if info.images_vary else 0),
         lengths=lengths,
@@ -325,6 +328,12 @@ def dataloader(
             knob.apply(state, cfg[knob.name])
     if state.loader_kwargs.get("pin_memory") and not torch.cuda.is_available():
         state.loader_kwargs["pin_memory"] = False
+    if state.jpeg_draft and not state.device_decode:
+        # JPEGs decoded at reduced scale, as the run's trials read them; the samples the batching
+        # looks at are read so too (a photo's full decode costs twice a drafted one).
+        from autotune.knobs.decode import drafted_dataset
+
+        dataset = drafted_dataset(dataset)
     batching = _batching(dataset, cfg, collate_fn, pad_values)
     collate = batching.collate
     from autotune.knobs.gather import gathered_for
@@ -332,10 +341,6 @@ def dataloader(
 
     if state.device_decode:  # the files decoded and transformed on the GPU, as the run's trials did
         return _decoded(dataset, state, batching, device, overrides)
-    if state.jpeg_draft:  # JPEGs decoded at reduced scale, as the run's trials read them
-        from autotune.knobs.decode import drafted_dataset
-
-        dataset = drafted_dataset(dataset)
     resident = state.device_resident and "collate_fn" not in overrides
     fast = gathered_for(dataset, state, batching) if "collate_fn" not in overrides and not resident else None
     if resident:

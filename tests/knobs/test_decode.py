@@ -149,3 +149,71 @@ def test_a_drafted_trial_is_judged_on_its_own_decode(photos, tmp_path):
     drafted = [t.user_attrs for t in result.study.trials if t.user_attrs.get("config", {}).get("jpeg_draft")]
     assert drafted and drafted[0]["status"] == "ok", drafted
     assert drafted[0]["metric_drop"] > 0  # 0 exactly when the guard re-read the full decode's samples
+
+
+class Logged(PhotoFolder):
+    """Writes, for every read, the process that read the sample and the width PIL decoded."""
+
+    def __init__(self, folder, log):
+        super().__init__(folder)
+        self.log = log
+
+    def __getitem__(self, i):
+        import os
+
+        from PIL import Image
+
+        with Image.open(self.paths[i]) as image:
+            rgb = image.convert("RGB")
+        with open(self.log, "a") as f:
+            f.write(f"{os.getpid()} {rgb.size[0]}\n")
+        return eval_transform(rgb), 0
+
+
+def _reads(log):
+    return [tuple(map(int, line.split())) for line in log.read_text().split("\n") if line] if log.exists() else []
+
+
+def _narrowest_full_decode(logged, log):
+    """The narrowest width of the photos decoded at full scale (the log emptied after)."""
+    for i in range(len(logged)):
+        logged[i]
+    full = min(w for _, w in _reads(log))
+    log.unlink()
+    return full
+
+
+def test_building_the_user_loader_reads_each_photo_looked_at_once_and_drafted(photos, tmp_path):
+    log = tmp_path / "reads"
+    logged = Logged(photos.paths[0].parent, log)
+    full = _narrowest_full_decode(logged, log)
+    autotune.dataloader(logged, {"batch_size": 2, "jpeg_draft": True})
+    reads = _reads(log)
+    # The probe's samples (full decodes), then one look at each sample the batching checks (of
+    # six photos, all of them), read as the loader reads them: drafted.
+    assert len(reads) == 3 + len(photos), reads
+    assert all(w < full for _, w in reads[3:]), (reads, full)
+
+
+def test_a_loaded_artifact_reads_photos_as_the_winner_did_drafted_in_loader_workers(photos, tmp_path):
+    """``load(out).predict(samples)`` of a winner with ``jpeg_draft`` and loader workers reads the
+    photos at reduced scale in worker processes while the artifact runs, as its trials timed it
+    (it read them one by one in the caller, at full scale: 0.67 of the claim on 160 photos)."""
+    import os
+
+    from autotune.deploy.load import Predictor
+
+    log = tmp_path / "reads"
+    logged = Logged(photos.paths[0].parent, log)
+    full = _narrowest_full_decode(logged, log)
+    model = torch.jit.trace(LightCNN().eval(), torch.zeros(2, 3, 224, 224))
+    pred = Predictor(model, "torchscript", tmp_path / "model.pt", {"input_names": ["input_0"]}, 2, "cpu")
+    pred.run = {"config": {"batch_size": 2, "jpeg_draft": True, "num_workers": 2}, "data": {"collate": "default"}}
+    got = pred.predict(logged)
+    in_workers = [w for pid, w in _reads(log) if pid != os.getpid()]
+    assert len(in_workers) == len(photos), _reads(log)  # every photo read once, by a loader worker
+    assert all(w < full for w in in_workers)  # at reduced scale
+    drafted = DraftedDataset(photos, DraftRule(shorter=256))
+    with torch.inference_mode():
+        want = LightCNN().eval()(torch.stack([drafted[i][0] for i in range(len(photos))]))
+    assert torch.allclose(torch.stack([torch.as_tensor(g) for g in got]), want, atol=1e-4)
