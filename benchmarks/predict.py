@@ -22,7 +22,9 @@ the winner is a compiled one; the search still picks the rest (``compile_dynamic
    model from ``autotune.apply`` iterated over ``autotune.dataloader`` (what the claim timed),
    an ``autotune.predictor`` (apply once, then every call reads the tuned loader and puts the
    outputs back in dataset order) and ``autotune.predict(model, dataset, out)`` called afresh
-   each pass, as the docs give it (its build is kept for the process). The first ``predict``
+   each pass, as the docs give it (its build is kept for the process), and, where the run
+   exported artifacts, ``autotune.load(out).predict(dataset)``: the artifact a deployment
+   serves (the fastest here), reading the samples as the winner did. The first ``predict``
    call is timed alone, and the predictor's build and warm-up (``build_s``, ``compile_s``).
 3. Rounds alternate the pipelines in rotating order; each pass covers the whole dataset,
    repeated for at least ``--seconds``. Each ratio is the geometric mean over rounds of that
@@ -31,7 +33,7 @@ the winner is a compiled one; the search still picks the rest (``compile_dynamic
    can hold one speed for its whole life and the next process another, so neither the claim
    (whose confirmation rounds run in 2 worker processes) nor its re-check rests on one. The
    table gives the geometric mean over processes, their range, and the farthest of apply +
-   dataloader and predict from the claim (the target is within 10%); then the winner's
+   dataloader, the predictor, predict and load's predict from the claim (the target is within 10%); then the winner's
    configuration and the claim's sentence (how many rounds and processes it had).
 
 Nothing here asserts a speed: it prints the ratios and predict's cost over apply + dataloader
@@ -88,7 +90,8 @@ def tune(w: Workload, out: Path, n_trials: int, compiled: str | None = None) -> 
     cfg = w.build()
     shutil.rmtree(out, ignore_errors=True)
     options = dict(cfg.get("options") or {})
-    options.update(n_trials=n_trials, out_dir=out, export=(), measure=w.measure, device="cpu")
+    # The run exports as a user's does: load(out).predict serves its artifacts.
+    options.update(n_trials=n_trials, out_dir=out, measure=w.measure, device="cpu")
     if compiled:
         options["fix"] = {**(options.get("fix") or {}), "compile_mode": compiled}
     kwargs = {k: cfg[k] for k in ("metric", "max_metric_drop", "space") if k in cfg}
@@ -130,6 +133,10 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
     first_s = time.perf_counter() - started  # the build and its warm-up, then a pass
     # A workload whose model is one object (hf) shares predict()'s build: build_s is then 0.
     run = autotune.predictor(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
+    try:  # the run's artifact, served as a deployment serves it (the fastest of them here)
+        served = autotune.load(out, collate_fn=collate)
+    except autotune.ConfigError:  # a run that exported none
+        served = None
 
     def loop(model: Any, batches: Any, n_threads: int) -> None:
         torch.set_num_threads(n_threads)
@@ -149,6 +156,8 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
             lambda: autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
         ),
     }
+    if served is not None:
+        pipelines["load().predict"] = lambda: with_threads(lambda: served.predict(data, collate_fn=collate))
     rates = rotating_rounds(pipelines, len(data), rounds, seconds)
     return {
         "rates": rates,
@@ -157,6 +166,7 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
         "compile_s": run.compile_s,
         "n_compiles": run.n_compiles,
         "claim": saved.get("speedup") or {},
+        "served": None if served is None else served.chosen,
         "config": saved.get("config") or {},
         "baseline_config": saved.get("baseline_config") or {},
     }
@@ -176,7 +186,8 @@ def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
         return f"{ratio(key):.2f}x" + (f" ({low:.2f}-{high:.2f})" if len(per) > 1 else "")
 
     cost = ratio("apply+dataloader") / ratio("predict") - 1
-    paths = ("apply+dataloader", "predictor", "predict")
+    paths = ("apply+dataloader", "predictor", "predict", "load().predict")
+    paths = tuple(k for k in paths if all(k in p for p in per))
     within = [abs(ratio(k) / claim["speedup"] - 1) for k in paths] if claim.get("speedup") else []
     processes = claim.get("processes") or []
     said = "-"
@@ -187,7 +198,8 @@ def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
         label,
         said,
         f"{geomean([statistics.median(t['rates']['plain']) for t in timed]):,.0f}/s",
-        *(shown(k) for k in paths),
+        *(shown(k) for k in paths[:3]),
+        shown("load().predict") if "load().predict" in paths else "-",
         f"{cost:+.1%} ({'met' if cost <= TARGET else 'not met'})",
         f"{max(within):.1%} ({'met' if max(within) <= TARGET else 'not met'})" if within else "-",
         f"{statistics.median(t['first_predict_s'] for t in timed):.1f} s",
@@ -200,7 +212,8 @@ def winner(timed: dict[str, Any]) -> str:
     """The winner's knobs that differ from the baseline's, and the claim's sentence."""
     config, base = timed["config"], timed["baseline_config"]
     changed = ", ".join(f"{k}={v}" for k, v in config.items() if base.get(k) != v) or "the baseline"
-    return f"winner: {changed}\nclaim: {timed['claim'].get('sentence', '-')}"
+    served = f"\nload(out) served {timed['served']}" if timed.get("served") else ""
+    return f"winner: {changed}\nclaim: {timed['claim'].get('sentence', '-')}{served}"
 
 
 def geomean(values: list[float]) -> float:
@@ -250,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
         timed.append(json.loads(done.stdout.strip().splitlines()[-1]))
     header = (
         "workload|claimed (per worker process), rounds|plain loop|apply + dataloader (range over processes)|"
-        "predictor|predict()|predict's cost over apply + dataloader|farthest from the claim|first predict()|"
+        "predictor|predict()|load(out).predict|predict's cost over apply + dataloader|farthest from the claim|first predict()|"
         "predictor build / warm-up / compiles in calls"
     )
     title = f"Speedup over the plain fp32 loop, re-timed in {len(timed)} fresh process(es), geometric mean"

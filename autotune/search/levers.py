@@ -246,3 +246,19 @@ def size_levers(space: SearchSpace) -> list[Lever]:
     if ratios:
         found.append(Lever("prune_ratio", tuple({"prune_ratio": r} for r in ratios)))
     return found
+
+
+def workers_again(strategy: Any, top: Mapping[str, Any], costly: Mapping[str, Any]) -> list[tuple[dict[str, Any], Any]]:
+    """Loader workers once more, on a CPU, around a best with a costly build of its own (another
+    runtime, int8, a compile) and none: the workers share the cores with the model, and what a
+    faster model leaves them decides whether they pay. Only where they are screened first
+    (photos decoded in ``__getitem__``): there, beside the plain model on 2 cores, 2 workers ran
+    0.94 of the drafted decode alone and were dropped; beside OpenVINO the same workers ran 1.4
+    of it, and 10 trials shipped 2.3x where 3.3x was there. ``strategy``: a
+    :class:`~autotune.search.strategy.Staged`."""
+    if strategy.device.startswith("cuda") or "num_workers" not in strategy.tier1 or not costly:
+        return []
+    lever = next((lever for lever in strategy.levers if lever.name == "num_workers"), None)
+    if lever is None or not lever.variants or top.get("num_workers") != strategy.baseline.get("num_workers"):
+        return []
+    return [(dict(lever.variants[0]), top)]

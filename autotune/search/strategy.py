@@ -50,7 +50,7 @@ from autotune.knobs import REGISTRY, declared
 from autotune.record import trial_record
 from autotune.search.cost import HEAVY_KNOBS, build_s, is_costly, kind_label
 from autotune.search.history import by_gain
-from autotune.search.levers import Lever, fed, levers, size_levers  # re-exported: their former home
+from autotune.search.levers import Lever, fed, levers, size_levers, workers_again  # Lever...: re-exported
 from autotune.search.screen import HARMFUL, MIN_GAIN, Screening, _beside, is_heavy
 from autotune.search.storage import withdraw_twins
 
@@ -336,7 +336,7 @@ class Staged(Screening):
             for lever, part in zip(self.recipe_levers, self.recipe_parts, strict=True):
                 if lever.name != "batch_size" and self._keeps(best, part):
                     ablations.append(self._without(part))
-        around = [*((c, top_config) for c in graphs), *own]
+        around = [*((c, top_config) for c in graphs), *workers_again(self, top_config, costly), *own]
         around += [(c, best) for c in (*larger, *again, *smaller, *ablations)]
         moves = [(c, best) for c in (*larger, *smaller)] if batch_only else [
             *around, *((c, top_config) for c in dynamic), *((c, best) for c in lift)
