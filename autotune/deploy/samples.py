@@ -24,10 +24,7 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
             a run that padded token sequences itself pads them the same way here.
     """
     from autotune.batching import Batching, lengths_of, pad_collate
-    from autotune.batching.outputs import split_samples
-    from autotune.export.parity import flat_inputs
     from autotune.run.apply import _unloaded
-    from autotune.samples import map_tensors
 
     samples, collate_fn = _unloaded(samples, collate_fn)
     data = pred.run.get("data") or {}
@@ -55,8 +52,17 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
         grouping=grouping,
         lengths=lengths_of(samples) if grouping else None,
     )
-    outputs: list[Any] = [None] * len(samples)
-    for ids, batch in batching.batches(list(samples)):
+    return _outputs(pred, batching.batches(list(samples)), len(samples))
+
+
+def _outputs(pred: Any, batches: Any, n: int) -> list[Any]:
+    """Each of ``n`` samples' own output (no batch axis), from ``(indices, batch)`` pairs run by ``pred``."""
+    from autotune.batching.outputs import split_samples
+    from autotune.export.parity import flat_inputs
+    from autotune.samples import map_tensors
+
+    outputs: list[Any] = [None] * n
+    for ids, batch in batches:
         names, tensors, _ = flat_inputs(batch)
         out = pred(dict(zip(names, tensors, strict=True)))
         for i, piece in zip(ids, split_samples(out, batch), strict=False):
@@ -78,22 +84,13 @@ def _through_loader(
     """Every sample's output, its samples read by the tuned DataLoader (:func:`autotune.dataloader`:
     the workers, prefetch and gathering the run measured), while the artifact runs the batches
     before them; outputs in the order given."""
-    from autotune.batching.outputs import split_samples
-    from autotune.export.parity import flat_inputs
     from autotune.run.apply import dataloader
-    from autotune.samples import map_tensors
 
     tuned = {**config, "batch_size": int(pred.batch_size)}
     pad_values = dict(data.get("pad_values") or {}) or None
     loader = dataloader(samples, tuned, collate_fn=collate_fn, pad_values=pad_values)
     plan = [list(ids) for ids in loader.batch_sampler]
-    outputs: list[Any] = [None] * len(samples)
-    for ids, batch in zip(plan, loader, strict=True):
-        names, tensors, _ = flat_inputs(batch)
-        out = pred(dict(zip(names, tensors, strict=True)))
-        for i, piece in zip(ids, split_samples(out, batch), strict=False):
-            outputs[i] = map_tensors(lambda t: t[0], piece)
-    return outputs
+    return _outputs(pred, zip(plan, loader, strict=True), len(samples))
 
 
 def predict_images(pred: Any, samples: list[Any], config: Mapping[str, Any]) -> list[Any]:

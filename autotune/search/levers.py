@@ -249,8 +249,8 @@ def size_levers(space: SearchSpace) -> list[Lever]:
 
 
 def workers_again(strategy: Any, top: Mapping[str, Any], costly: Mapping[str, Any]) -> list[tuple[dict[str, Any], Any]]:
-    """Loader workers once more, on a CPU, around a best with a costly build of its own (another
-    runtime, int8, a compile) and none: the workers share the cores with the model, and what a
+    """Loader workers once more, on a CPU, around a best that has a costly build of its own
+    (another runtime, int8, a compile) and no workers: the workers share the cores with the model, and what a
     faster model leaves them decides whether they pay. Only where they are screened first
     (photos decoded in ``__getitem__``): there, beside the plain model on 2 cores, 2 workers ran
     0.94 of the drafted decode alone and were dropped; beside OpenVINO the same workers ran 1.4
