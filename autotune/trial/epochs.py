@@ -3,6 +3,7 @@ its timed windows may end (:mod:`autotune.trial.measure` times them)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -142,6 +143,17 @@ class _Epochs:
         """Shut down the loader's workers (a non-persistent iterator's go with it)."""
         self._it = None
 
+    def end_epoch(self) -> None:
+        """At an epoch's end, ask the iterator for one batch more, as a user's ``for`` loop
+        does: the ``StopIteration`` is where a DataLoader shuts its non-persistent workers down,
+        and a user's pass pays for it. Left to the next epoch's start, a window ending there
+        never timed it: 20-27 ms of each 0.8-s pass over 160 photos read by 2 workers."""
+        if self._it is None or not self.at_epoch_end:
+            return
+        with contextlib.suppress(StopIteration):
+            next(self._it)
+        self._it = None
+
     def begin_epoch(self) -> None:
         """Where a window's start matters (:attr:`start_matters`) over a short epoch, have the
         next batch begin an epoch, as a user's pass does: the workers' start and their first
@@ -152,6 +164,7 @@ class _Epochs:
         A non-persistent iterator is dropped (its workers shut down before the clock), a
         persistent one read to its epoch's end (so the next pass resets it as a user's does)."""
         if self._left == 0 or not self.start_matters or self.n_batches > WHOLE_EPOCH_BATCHES:
+            self.end_epoch()  # a warm-up that ended an epoch: its workers stop before the clock
             return
         if self.persistent:
             for _ in range(self._left):

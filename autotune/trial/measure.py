@@ -241,6 +241,7 @@ def _window(
             b_start = time.perf_counter()
             call_model(state.model, to_device(batch, device) if move else batch)
             latencies.append((time.perf_counter() - b_start) * 1e3)
+        batches.end_epoch()  # where the epoch ended, its iterator stops as a user's pass stops it
         size = batch_size_of(batch)
         sizes.add(size)
         n_samples += size
