@@ -216,6 +216,25 @@ def winner(timed: dict[str, Any]) -> str:
     return f"winner: {changed}\nclaim: {timed['claim'].get('sentence', '-')}{served}"
 
 
+def sides(timed: list[dict[str, Any]]) -> str:
+    """Which side of the claim moved: its rounds' own samples/s of the baseline and the pick, per
+    worker process, beside the user's plain loop and apply + dataloader here (a claim that the
+    re-time does not reach reads as the baseline timed slower, or the pick faster, in the run)."""
+    rounds = timed[0]["claim"].get("rounds") or []
+    mine = [f"{geomean([statistics.median(t['rates'][k]) for t in timed]):,.0f}/s"
+            for k in ("plain", "apply+dataloader")]  # fmt: skip
+    here = f"re-timed here: plain loop {mine[0]}, apply + dataloader {mine[1]}"
+    if not rounds:
+        return f"the claim's rounds: not kept by the run; {here}"
+    said = []
+    for k in sorted({r["process"] for r in rounds}):
+        rows = [r for r in rounds if r["process"] == k]
+        base = geomean([r["baseline_samples_per_s"] for r in rows])
+        pick = geomean([r["pick_samples_per_s"] for r in rows])
+        said.append(f"process {k + 1}: baseline {base:,.0f}/s, pick {pick:,.0f}/s")
+    return f"the claim's rounds: {'; '.join(said)}; {here}"
+
+
 def geomean(values: list[float]) -> float:
     import math
 
@@ -269,6 +288,7 @@ def main(argv: list[str] | None = None) -> None:
     title = f"Speedup over the plain fp32 loop, re-timed in {len(timed)} fresh process(es), geometric mean"
     table(title, header, [report(label, timed)])
     print(winner(timed[0]))
+    print(sides(timed))
 
 
 if __name__ == "__main__":

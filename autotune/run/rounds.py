@@ -184,6 +184,13 @@ def confirm(
     claim = judge(ratios, others, settings.max_others_cpu, processes=processes if len(groups) > 1 else (),
                   shortfall=short)  # fmt: skip
     claim["n_processes"] = len(groups)
+    # Every round's own figures, kept with the claim: a claim that a user's re-time does not
+    # reach is read round by round (which side moved, in which process) from the files alone.
+    claim["rounds"] = [
+        {"process": k, "baseline_samples_per_s": round(r[0]["samples_per_s"], 2),
+         "pick_samples_per_s": round(r[1]["samples_per_s"], 2)}
+        for k, g in enumerate(groups) for r in g
+    ]  # fmt: skip
     # A shape compiled, or run eager past dynamo's limit, inside the rounds' windows: said, not hidden.
     claim["recompiles"] = sum(r[i].get("recompiles", 0) for r in rounds for i in (0, 1))
     claim["compile_fallbacks"] = max((r[1].get("compile_fallbacks", 0) for r in rounds), default=0)

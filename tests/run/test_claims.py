@@ -388,6 +388,11 @@ def test_confirmation_rounds_run_in_two_fresh_worker_processes_and_the_interval_
     # Confirmation draws batches of its own (after CONFIRM_DRAWS), the second process after the
     # first's two rounds: neither re-reads a batch draw that the trials worker's round read.
     assert again["drawn"] == CONFIRM_DRAWS + 5
+    # Each round's own figures stay with the claim, by process: the claim is their ratios' mean.
+    rows = claim["rounds"]
+    assert [r["process"] for r in rows] == [0, 0, 1, 1]
+    ratios = [r["pick_samples_per_s"] / r["baseline_samples_per_s"] for r in rows]
+    assert abs(geomean(ratios) / claim["speedup"] - 1) < 0.01
 
 
 def test_one_process_ratio_at_no_speedup_makes_the_claim_none():
