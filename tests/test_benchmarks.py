@@ -596,3 +596,20 @@ def test_the_gpu_benchmarks_resident_recipe_slices_batches_on_the_device_and_row
            "search_s": 0.0, "wall_s": 0.0}  # fmt: skip
     assert "| w | resident | 50 images/s | 2.00x | 50% | 256 |" in gpu.table_text([doc])
     assert [gpu.rotated([1, 2, 3], i)[0] for i in range(4)] == [1, 2, 3, 1]
+
+
+def test_the_claims_benchmark_rates_each_path_apart_against_its_own_processs_plain_loop():
+    """``--apart``: a user's process holds one path. Each path's ratio is to the plain loop timed
+    in its own process (whose speed is that process's), never to another process's."""
+    claim = {"speedup": 3.0}
+    results = [
+        {"rates": {"plain": [50.0, 50.0], "apply+dataloader": [150.0, 150.0]}, "first_predict_s": float("nan"),
+         "build_s": float("nan"), "compile_s": float("nan"), "n_compiles": 0, "claim": claim, "served": None},
+        {"rates": {"plain": [100.0, 100.0], "predict": [250.0, 250.0]}, "first_predict_s": 2.5,
+         "build_s": float("nan"), "compile_s": float("nan"), "n_compiles": 0, "claim": claim, "served": None},
+    ]  # fmt: skip
+    merged = predict.apart(results)
+    assert merged["ratios"] == pytest.approx({"plain": 1.0, "apply+dataloader": 3.0, "predict": 2.5})
+    assert merged["first_predict_s"] == 2.5 and merged["rates"]["plain"] == [50.0, 50.0, 100.0, 100.0]
+    assert predict.report("cfg", [merged])[3].startswith("3.00x")  # apply + dataloader, to its own plain loop
+    assert predict.sides([{**merged, "claim": {**claim, "rounds": []}}]).startswith("the claim's rounds: not kept")
