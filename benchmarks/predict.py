@@ -31,8 +31,8 @@ the winner is a compiled one; the search still picks the rest (``compile_dynamic
    repeated for at least ``--seconds``. Each ratio is the geometric mean over rounds of that
    round's pipeline over the plain loop's samples/s.
    With ``--apart``, each of those paths is built in a fresh process of its own beside the
-   plain loop alone, as a user's process holds one: in one holding all five, a photo winner's
-   ``apply`` + ``dataloader`` ran 2.53x, and 2.85-2.95x in a process of its own.
+   plain loop alone, as a user's process holds one (nothing another path built, compiled or
+   loaded shares its process).
 4. Steps 2-3 run in ``--processes`` fresh processes (3): on a small model a process's threads
    can hold one speed for its whole life and the next process another, so neither the claim
    (whose confirmation rounds run in 2 worker processes) nor its re-check rests on one. The
