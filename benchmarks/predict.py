@@ -199,14 +199,15 @@ def apart(results: list[dict[str, Any]]) -> dict[str, Any]:
     path's ratio to the plain loop of its own process, the plain loop's rates over all of them,
     the predictor's build and predict's first call from theirs."""
     merged: dict[str, Any] = {**results[0], "ratios": {"plain": 1.0}, "rates": {"plain": []}}
+    # Which path's process measured each figure besides the rates.
+    owner = {"first_predict_s": "predict", "build_s": "predictor", "compile_s": "predictor",
+             "n_compiles": "predictor", "served": "load().predict"}  # fmt: skip
     for r in results:
         path = next(k for k in r["rates"] if k != "plain")
         merged["ratios"][path] = ratios_to(r["rates"], "plain")[path]
         merged["rates"]["plain"] += r["rates"]["plain"]
         merged["rates"][path] = r["rates"][path]  # its own process's rates: for their medians only
-        for key in ("first_predict_s", "build_s", "compile_s", "n_compiles", "served"):
-            if r.get(key) is not None and r[key] == r[key] and (key != "n_compiles" or r[key]):
-                merged[key] = r[key]
+        merged.update({key: r[key] for key, by in owner.items() if by == path})
     return merged
 
 
@@ -235,8 +236,7 @@ def report(label: str, timed: list[dict[str, Any]]) -> list[Any]:
         label,
         said,
         f"{geomean([statistics.median(t['rates']['plain']) for t in timed]):,.0f}/s",
-        *(shown(k) for k in paths[:3]),
-        shown("load().predict") if "load().predict" in paths else "-",
+        *(shown(k) if k in paths else "-" for k in PATHS),  # a column per path, "-" where it was not timed
         f"{cost:+.1%} ({'met' if cost <= TARGET else 'not met'})",
         f"{max(within):.1%} ({'met' if max(within) <= TARGET else 'not met'})" if within else "-",
         f"{statistics.median(t['first_predict_s'] for t in timed):.1f} s",
