@@ -188,11 +188,12 @@ def start_runners(
     """One runner per worker: the single classic one, or one pinned worker process per device,
     started in parallel (each imports torch and builds the baseline's reference outputs). Worker
     processes share the compile cache in ``cache_dir`` (see :func:`compile_cache_env`)."""
-    from autotune.trial.runner import InProcessRunner, SubprocessRunner, pickle_spec
+    from autotune.trial.inprocess import InProcessRunner
+    from autotune.trial.runner import SubprocessRunner, pickle_spec
 
-    if isolation == "inprocess":
-        return [InProcessRunner(spec)]
     shared = compile_cache_env(cache_dir)
+    if isolation == "inprocess":
+        return [InProcessRunner(spec, shared)]
     if devices is None:
         cpu = str(spec.device).startswith("cpu")  # a fork server never touches CUDA, but is checked on CPUs only
         return [SubprocessRunner(pickle_spec(spec), trial_timeout, log_dir / "worker.log", shared, fork=cpu)]

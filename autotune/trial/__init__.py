@@ -9,7 +9,7 @@ __all__, __getattr__, __dir__ = exports(
         "TrialResult": "spec",
         "Runner": "runner",
         "SubprocessRunner": "runner",
-        "InProcessRunner": "runner",
+        "InProcessRunner": "inprocess",
         "Context": "context",
         "TrialContext": "inference",
         "TrainContext": "training",

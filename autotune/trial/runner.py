@@ -19,11 +19,10 @@ from typing import Any
 
 from autotune.errors import InputError, TrialError
 from autotune.export.scratch import Scratch
-from autotune.trial.alarm import Overrun, alarm
 from autotune.trial.forked import ForkServer, kill_worker, launch, stop_worker
 from autotune.trial.spec import TrialResult, pickle_spec
 
-__all__ = ["Runner", "SubprocessRunner", "InProcessRunner", "pickle_spec"]
+__all__ = ["Runner", "SubprocessRunner", "pickle_spec"]
 
 _FAULTS_NEEDING_RESTART = {"oom", "timeout", "crash", "error"}
 
@@ -111,52 +110,6 @@ class Runner:
 def _not_started(started: float) -> TrialResult:
     reason = "not started: the run's deadline had passed"
     return TrialResult("timeout", "deadline", reason, {"trial_s": time.perf_counter() - started, "ran": False})
-
-
-class InProcessRunner(Runner):
-    """Runs trials in this process: no protection from crashes. Timeouts interrupt the work with
-    an alarm, between Python steps: a native call that never returns is not interrupted."""
-
-    def __init__(self, spec: Any) -> None:
-        from autotune.trial.worker import make_context
-
-        self._ctx = make_context(spec)
-        self.info = self._ctx.info
-
-    def run(
-        self, config: dict[str, Any], timeout: float | None = None, fidelity: dict[str, Any] | None = None
-    ) -> TrialResult:
-        started = time.perf_counter()
-        asked = self.timeout if timeout is None else timeout
-        limit = self.bounded(asked)
-        if limit <= 0:
-            return _not_started(started)
-        from autotune.trial.phase import listen
-
-        listen(self.said)
-        try:
-            with alarm(limit):
-                result = self._ctx.run_trial(config, fidelity)
-        except Overrun:
-            reason = f"no result within {limit:g} s while running the trial; it was interrupted"
-            return TrialResult("timeout", "timeout", reason, {"trial_s": time.perf_counter() - started})
-        result.metrics["wall_s"] = time.perf_counter() - started
-        return result
-
-    def call(self, name: str, *args: Any, n_trials: int = 1) -> dict[str, Any]:
-        late = self._too_late(name, 0.0)
-        if late is not None:
-            raise late
-        asked = self.timeout * n_trials
-        limit = self.bounded(asked)
-        try:
-            with alarm(limit):
-                return getattr(self._ctx, name)(*args)
-        except Overrun:
-            kind = "deadline" if limit < asked else "timeout"
-            raise TrialError(kind, f"{name} gave no result within {limit:.1f} s; it was interrupted") from None
-        except Exception as exc:
-            raise TrialError("error", f"{name} failed: {type(exc).__name__}: {exc}") from exc
 
 
 class SubprocessRunner(Runner):

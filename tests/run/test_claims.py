@@ -14,8 +14,8 @@ from autotune.run.claims import CONFIRM_DRAWS, MAX_CLAIM_WIDTH, geomean, half_wi
 from autotune.run.output import _claim_fields
 from autotune.run.rounds import claim_speedup
 from autotune.trial.inference import TrialContext
+from autotune.trial.inprocess import InProcessRunner
 from autotune.trial.measure import MeasureSettings
-from autotune.trial.runner import InProcessRunner
 from autotune.trial.spec import WorkerSpec
 from tests.models import MLP, StateProbe, classification_data
 

@@ -9,8 +9,8 @@ import torch
 from autotune.config import Config
 from autotune.errors import TrialError
 from autotune.run.stages import overrun_margin
+from autotune.trial.inprocess import InProcessRunner
 from autotune.trial.measure import MeasureSettings
-from autotune.trial.runner import InProcessRunner
 from autotune.trial.spec import WorkerSpec
 from tests.models import MLP, HangAt, classification_data
 

@@ -121,3 +121,39 @@ def test_runs_on_one_machine_share_the_cache_unless_told_to_keep_one_each(tmp_pa
     assert "ov_convert_s" in records[0] and not records[0].get("ov_converted_cached")  # converted by the first
     assert records[1].get("ov_converted_cached") is True  # read by the second
     assert any((tmp_path / "shared").rglob("*")), "nothing was kept in the shared folder"
+
+
+def test_an_in_process_run_reads_the_conversions_a_run_before_it_made(tmp_path, monkeypatch):
+    """With ``isolation="inprocess"`` the trials ran with no cache named: every OpenVINO build
+    converted the model again (4-5 s of each build of real MiniLM), where a worker process reads
+    the first one's. The caller's environment is left as it was."""
+    import os
+
+    import autotune
+
+    pytest.importorskip("openvino")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "shared"))
+    monkeypatch.delenv("AUTOTUNE_OPENVINO_CACHE", raising=False)
+    records = []
+    for run in ("first", "second"):
+        result = autotune.optimize(
+            MLP(),
+            classification_data(256),
+            space={"base": None, "runtime": ["torch", "openvino"]},
+            fix={"runtime": "openvino"},
+            device="cpu",
+            out_dir=tmp_path / run,
+            n_trials=2,
+            n_val=64,
+            measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
+            n_verify_pairs=1,
+            export=(),
+            profile=False,
+            progress=False,
+            isolation="inprocess",
+        )
+        ran = [t.user_attrs for t in result.study.trials if t.user_attrs.get("config", {}).get("runtime") == "openvino"]
+        records.append(next(r for r in ran if r.get("status") == "ok"))
+        assert "AUTOTUNE_OPENVINO_CACHE" not in os.environ
+    assert "ov_convert_s" in records[0] and not records[0].get("ov_converted_cached")
+    assert records[1].get("ov_converted_cached") is True

@@ -18,8 +18,8 @@ from torch import nn
 
 from autotune.config import Config
 from autotune.errors import ConfigError
+from autotune.trial.inprocess import InProcessRunner
 from autotune.trial.measure import MeasureSettings
-from autotune.trial.runner import InProcessRunner
 from autotune.trial.spec import WorkerSpec
 from tests.models import SmallCNN
 from tests.trial.test_training import _cross_entropy, _digits

@@ -117,7 +117,7 @@ def test_explain_names_the_knobs_that_acted_on_the_bound_half():
 
 
 def test_a_failed_diagnosis_is_recorded_not_raised():
-    from autotune.trial.runner import InProcessRunner
+    from autotune.trial.inprocess import InProcessRunner
     from autotune.trial.spec import WorkerSpec
 
     _, _, space = autotune.plan(MLP(), classification_data(), space="quick", device="cpu", baseline_batch_size=8)

@@ -6,9 +6,9 @@ import torch
 
 from autotune.config import Config
 from autotune.errors import TrialError
+from autotune.trial.inprocess import InProcessRunner
 from autotune.trial.measure import MeasureSettings
 from autotune.trial.memory import check_host_memory, in_flight
-from autotune.trial.runner import InProcessRunner
 from autotune.trial.spec import WorkerSpec
 
 MIB = 2**20
