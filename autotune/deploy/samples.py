@@ -56,18 +56,28 @@ def predict_samples(pred: Any, samples: Sequence[Any], collate_fn: Any = None) -
 
 
 def _outputs(pred: Any, batches: Any, n: int) -> list[Any]:
-    """Each of ``n`` samples' own output (no batch axis), from ``(indices, batch)`` pairs run by ``pred``."""
-    from autotune.batching.outputs import split_samples
-    from autotune.export.parity import flat_inputs
-    from autotune.samples import map_tensors
+    """Each of ``n`` samples' own output (no batch axis), from ``(indices, batch)`` pairs run by
+    ``pred``. Each output leaf is joined once over the batches and put back in order
+    (:func:`~autotune.batching.outputs.gather_outputs`, as a predictor does): cutting every batch
+    into one piece per sample in Python took 45 ms of a 100-ms pass of the quickstart's 4,096
+    samples, and served the ONNX file at 0.7x the plain loop that its model alone ran 3x."""
+    import torch
 
-    outputs: list[Any] = [None] * n
+    from autotune.batching.outputs import gather_outputs
+    from autotune.export.parity import flat_inputs
+    from autotune.samples import MASK_KEY, sample_inputs
+
+    chunks, order = [], []
     for ids, batch in batches:
         names, tensors, _ = flat_inputs(batch)
         out = pred(dict(zip(names, tensors, strict=True)))
-        for i, piece in zip(ids, split_samples(out, batch), strict=False):
-            outputs[i] = map_tensors(lambda t: t[0], piece)
-    return outputs
+        inputs = sample_inputs(batch)
+        mask = None if inputs is None else inputs.get(MASK_KEY)
+        chunks.append((out, mask if isinstance(mask, torch.Tensor) else None))
+        order += list(ids)
+    if len(order) != n:  # each sample is in one batch: the order is a permutation of them
+        raise InputError(f"The batches held {len(order)} samples, where the dataset has {n}.")
+    return list(gather_outputs(chunks, order))  # a list, as load().predict has always given
 
 
 def _reads_ahead(config: Mapping[str, Any]) -> bool:
