@@ -19,11 +19,11 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ForkServer", "kill_worker", "launch", "stop_worker"]
+__all__ = ["ForkServer", "environ_with", "kill_worker", "launch", "stop_worker"]
 
 # The variables naming, in the fork server's environment, the payload its preload reads, the
 # file it writes once its imports are done, and the run's import path.
@@ -66,6 +66,31 @@ class _Forked:
         if self._process.exitcode is None:
             raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
         return self._process.exitcode
+
+
+@contextlib.contextmanager
+def environ_with(extra: Mapping[str, str]) -> Iterator[None]:
+    """While the block runs, this process's environment holds ``extra`` too; afterwards each of
+    its names is as it was (unset where it was unset).
+
+    Example:
+        >>> import os
+        >>> with environ_with({"AUTOTUNE_EXAMPLE": "1"}):
+        ...     os.environ["AUTOTUNE_EXAMPLE"]
+        '1'
+        >>> "AUTOTUNE_EXAMPLE" in os.environ
+        False
+    """
+    kept = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for k, v in kept.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 @contextlib.contextmanager
@@ -118,17 +143,8 @@ class ForkServer:
                 READY_ENV: str(self.ready),
                 PATH_ENV: os.pathsep.join(sys.path),
             }
-            kept = {k: os.environ.get(k) for k in extra}
-            os.environ.update(extra)
-            try:
-                with _start_method_left():
-                    _server().ensure_running()  # starts it now, importing beside the first worker's start
-            finally:
-                for k, v in kept.items():
-                    if v is None:
-                        os.environ.pop(k, None)
-                    else:
-                        os.environ[k] = v
+            with environ_with(extra), _start_method_left():
+                _server().ensure_running()  # starts it now, importing beside the first worker's start
             self.context = context
         except Exception:  # no server: workers start as fresh interpreters
             self.close()

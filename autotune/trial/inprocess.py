@@ -3,19 +3,18 @@ the run's caches of converted models shared as a worker process shares them."""
 
 from __future__ import annotations
 
-import contextlib
-import os
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any
 
 from autotune.errors import TrialError
 from autotune.trial.alarm import Overrun, alarm
+from autotune.trial.forked import environ_with
 from autotune.trial.runner import Runner, _not_started
 from autotune.trial.spec import TrialResult
 
-__all__ = ["InProcessRunner", "shared_caches"]
+__all__ = ["InProcessRunner"]
 
 # The run's caches that the library reads from the environment at each build (its OpenVINO
 # conversions and int8 models, its ONNX exports). inductor's and Triton's are left to the
@@ -24,41 +23,15 @@ __all__ = ["InProcessRunner", "shared_caches"]
 _SHARED = ("AUTOTUNE_OPENVINO_CACHE", "AUTOTUNE_ONNX_CACHE")
 
 
-@contextlib.contextmanager
-def shared_caches(env: Mapping[str, str]) -> Iterator[None]:
-    """While the block runs, this process's environment names the run's caches in ``env`` (a
-    worker's environment, :func:`~autotune.search.parallel.compile_cache_env`); afterwards it is
-    as it was.
-
-    Example:
-        >>> import os
-        >>> with shared_caches({"AUTOTUNE_ONNX_CACHE": "/tmp/c", "TRITON_CACHE_DIR": "/tmp/t"}):
-        ...     os.environ["AUTOTUNE_ONNX_CACHE"], "TRITON_CACHE_DIR" in os.environ
-        ('/tmp/c', False)
-        >>> "AUTOTUNE_ONNX_CACHE" in os.environ
-        False
-    """
-    wanted = {k: v for k, v in env.items() if k in _SHARED}
-    before = {k: os.environ.get(k) for k in wanted}
-    os.environ.update(wanted)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
 class InProcessRunner(Runner):
     """Runs trials in this process: no protection from crashes. Timeouts interrupt the work with
     an alarm, between Python steps: a native call that never returns is not interrupted.
 
     Args:
         spec: The trials' :class:`~autotune.trial.spec.WorkerSpec`.
-        env: The environment a worker process would get (the run's caches): without it, every
-            OpenVINO build of real MiniLM converted the model again (a trace and a conversion,
+        env: The environment a worker process would get (the run's caches; those of
+            :data:`_SHARED` are set while a trial or call runs, and put back after): without
+            it, every OpenVINO build of real MiniLM converted the model again (a trace and a conversion,
             4-5 s each) where a worker reads the first one's from the run's cache.
     """
 
@@ -67,8 +40,8 @@ class InProcessRunner(Runner):
     def __init__(self, spec: Any, env: Mapping[str, str] | None = None) -> None:
         from autotune.trial.worker import make_context
 
-        self._env = dict(env or {})
-        with shared_caches(self._env):
+        self._env = {k: v for k, v in (env or {}).items() if k in _SHARED}
+        with environ_with(self._env):
             self._ctx = make_context(spec)
         self.info = self._ctx.info
 
@@ -84,7 +57,7 @@ class InProcessRunner(Runner):
 
         listen(self.said)
         try:
-            with alarm(limit), shared_caches(self._env):
+            with alarm(limit), environ_with(self._env):
                 result = self._ctx.run_trial(config, fidelity)
         except Overrun:
             reason = f"no result within {limit:g} s while running the trial; it was interrupted"
@@ -99,7 +72,7 @@ class InProcessRunner(Runner):
         asked = self.timeout * n_trials
         limit = self.bounded(asked)
         try:
-            with alarm(limit), shared_caches(self._env):
+            with alarm(limit), environ_with(self._env):
                 return getattr(self._ctx, name)(*args)
         except Overrun:
             kind = "deadline" if limit < asked else "timeout"

@@ -83,57 +83,11 @@ def test_a_worker_forked_from_the_runs_server_reads_the_compile_cache_the_first_
     )
 
 
-def test_runs_on_one_machine_share_the_cache_unless_told_to_keep_one_each(tmp_path, monkeypatch):
-    """A first run of real MiniLM paid its compile (52-57 s) and NNCF's calibration (17-22 s)
-    that a warm run did not: runs share one cache per machine (and per torch and OpenVINO
-    version); AUTOTUNE_CACHE_DIR=run keeps one per run, a folder moves it."""
-    import autotune
-    from autotune.search.parallel import machine_cache_dir
-
-    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", "run")
-    assert machine_cache_dir(tmp_path / "out") == tmp_path / "out" / "compile-cache"
-    monkeypatch.delenv("AUTOTUNE_CACHE_DIR")
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
-    default = machine_cache_dir(tmp_path / "out")
-    assert default.parent == tmp_path / "home-cache" / "autotune" and default.name.startswith("torch-")
-    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "shared"))
-    pytest.importorskip("openvino")
-    records = []
-    for run in ("first", "second"):  # two runs, each with its own worker process and output folder
-        result = autotune.optimize(
-            MLP(),
-            classification_data(256),
-            space={"base": None, "runtime": ["torch", "openvino"]},
-            fix={"runtime": "openvino"},
-            device="cpu",
-            out_dir=tmp_path / run,
-            n_trials=2,
-            n_val=64,
-            measure={"n_windows": 2, "window_s": 0.05, "warmup_batches": 1, "n_remeasure": 0},
-            n_verify_pairs=1,
-            export=(),
-            profile=False,
-            progress=False,
-        )
-        ran = [t.user_attrs for t in result.study.trials if t.user_attrs.get("config", {}).get("runtime") == "openvino"]
-        records.append(next(r for r in ran if r.get("status") == "ok"))
-        assert not (tmp_path / run / "compile-cache").exists()
-    assert "ov_convert_s" in records[0] and not records[0].get("ov_converted_cached")  # converted by the first
-    assert records[1].get("ov_converted_cached") is True  # read by the second
-    assert any((tmp_path / "shared").rglob("*")), "nothing was kept in the shared folder"
-
-
-def test_an_in_process_run_reads_the_conversions_a_run_before_it_made(tmp_path, monkeypatch):
-    """With ``isolation="inprocess"`` the trials ran with no cache named: every OpenVINO build
-    converted the model again (4-5 s of each build of real MiniLM), where a worker process reads
-    the first one's. The caller's environment is left as it was."""
-    import os
-
+def _openvino_runs(tmp_path, after_each, **options):
+    """Two runs of one MLP with OpenVINO fixed on, each in its own output folder: the record of
+    each one's OpenVINO trial that ran, ``after_each(out_dir)`` called after each run."""
     import autotune
 
-    pytest.importorskip("openvino")
-    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "shared"))
-    monkeypatch.delenv("AUTOTUNE_OPENVINO_CACHE", raising=False)
     records = []
     for run in ("first", "second"):
         result = autotune.optimize(
@@ -150,10 +104,51 @@ def test_an_in_process_run_reads_the_conversions_a_run_before_it_made(tmp_path, 
             export=(),
             profile=False,
             progress=False,
-            isolation="inprocess",
+            **options,
         )
         ran = [t.user_attrs for t in result.study.trials if t.user_attrs.get("config", {}).get("runtime") == "openvino"]
         records.append(next(r for r in ran if r.get("status") == "ok"))
+        after_each(tmp_path / run)
+    return records
+
+
+def test_runs_on_one_machine_share_the_cache_unless_told_to_keep_one_each(tmp_path, monkeypatch):
+    """A first run of real MiniLM paid its compile (52-57 s) and NNCF's calibration (17-22 s)
+    that a warm run did not: runs share one cache per machine (and per torch and OpenVINO
+    version); AUTOTUNE_CACHE_DIR=run keeps one per run, a folder moves it."""
+    from autotune.search.parallel import machine_cache_dir
+
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", "run")
+    assert machine_cache_dir(tmp_path / "out") == tmp_path / "out" / "compile-cache"
+    monkeypatch.delenv("AUTOTUNE_CACHE_DIR")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "home-cache"))
+    default = machine_cache_dir(tmp_path / "out")
+    assert default.parent == tmp_path / "home-cache" / "autotune" and default.name.startswith("torch-")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "shared"))
+    pytest.importorskip("openvino")
+
+    def per_run_cache_left(out):
+        assert not (out / "compile-cache").exists()
+
+    records = _openvino_runs(tmp_path, per_run_cache_left)  # each run with its own worker process
+    assert "ov_convert_s" in records[0] and not records[0].get("ov_converted_cached")  # converted by the first
+    assert records[1].get("ov_converted_cached") is True  # read by the second
+    assert any((tmp_path / "shared").rglob("*")), "nothing was kept in the shared folder"
+
+
+def test_an_in_process_run_reads_the_conversions_a_run_before_it_made(tmp_path, monkeypatch):
+    """With ``isolation="inprocess"`` the trials ran with no cache named: every OpenVINO build
+    converted the model again (4-5 s of each build of real MiniLM), where a worker process reads
+    the first one's. The caller's environment is left as it was."""
+    import os
+
+    pytest.importorskip("openvino")
+    monkeypatch.setenv("AUTOTUNE_CACHE_DIR", str(tmp_path / "shared"))
+    monkeypatch.delenv("AUTOTUNE_OPENVINO_CACHE", raising=False)
+
+    def environment_put_back(out):
         assert "AUTOTUNE_OPENVINO_CACHE" not in os.environ
+
+    records = _openvino_runs(tmp_path, environment_put_back, isolation="inprocess")
     assert "ov_convert_s" in records[0] and not records[0].get("ov_converted_cached")
     assert records[1].get("ov_converted_cached") is True
